@@ -1,0 +1,352 @@
+/*
+ * TinyLoop INT4 — C API.
+ *
+ * Plain C99, cbindgen-compatible: fixed-width <stdint.h> types, typed opaque handles, status values as
+ * int32_t constants, no macros beyond the include guard, the export macro and the version numbers.
+ *
+ * Conventions (they hold for every function below unless its comment says otherwise):
+ *  - Functions that can fail return a tl_status: TL_OK (0) or a negative TL_ERR_* value. Values are never
+ *    renumbered; new ones are only appended.
+ *  - Each status-returning call resets the calling thread's error message; on failure it sets a message that
+ *    names the offending argument, tensor or file. tl_last_error_message() reads it.
+ *  - Output pointers are written only on success (except where documented).
+ *  - Option and result structs start with `uint32_t struct_size`, which the caller sets to sizeof(the struct)
+ *    it was compiled with (the *_init functions do it). A smaller size from an older caller is accepted: the
+ *    fields it lacks take their defaults. A size smaller than the first version of the struct, or larger than
+ *    the library knows, is TL_ERR_INVALID_ARGUMENT.
+ *  - Nothing in the library aborts or exits; C++ exceptions and CUDA errors become statuses.
+ *  - *_free(NULL) is a no-op.
+ *
+ * Thread safety: a loaded tl_model is read-only after tl_model_load returns; any number of threads may call
+ * the functions taking `const tl_model *` (tl_score included) on one model at the same time. A tl_weight
+ * created by tl_weight_create / tl_weight_quantize is likewise read-only and may be shared. Freeing an object
+ * while another thread uses it is the caller's bug. The log callback is process-global.
+ */
+#ifndef TINYLOOP_H
+#define TINYLOOP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(TINYLOOP_BUILDING_LIBRARY)
+#    define TL_API __declspec(dllexport)
+#  else
+#    define TL_API
+#  endif
+#else
+#  define TL_API __attribute__((visibility("default")))
+#endif
+
+#define TL_VERSION_MAJOR 0
+#define TL_VERSION_MINOR 1
+#define TL_VERSION_PATCH 0
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Status codes
+ * ------------------------------------------------------------------------------------------------------- */
+
+typedef int32_t tl_status;
+
+static const tl_status TL_OK = 0;
+/** An argument is NULL, out of range, or inconsistent with another argument. */
+static const tl_status TL_ERR_INVALID_ARGUMENT = -1;
+/** Host or device memory could not be allocated. */
+static const tl_status TL_ERR_OUT_OF_MEMORY = -2;
+/** A file could not be opened, mapped, read or written. */
+static const tl_status TL_ERR_IO = -3;
+/** A model file is malformed: bad header, offsets, dtypes, shapes, or values. */
+static const tl_status TL_ERR_FORMAT = -4;
+/** The request is valid but this build or this object does not support it. */
+static const tl_status TL_ERR_UNSUPPORTED = -5;
+/** A GPU was requested but the build has no CUDA support or the machine has no usable GPU. */
+static const tl_status TL_ERR_NO_DEVICE = -6;
+/** A CUDA runtime or library call failed; the message holds the CUDA error name. */
+static const tl_status TL_ERR_CUDA = -7;
+/** A bug in the library: an invariant did not hold. Please report it with the message. */
+static const tl_status TL_ERR_INTERNAL = -8;
+/** A caller-supplied buffer is smaller than required; the message gives the required size. */
+static const tl_status TL_ERR_BUFFER_TOO_SMALL = -9;
+/** A lookup by name or index found nothing. */
+static const tl_status TL_ERR_NOT_FOUND = -10;
+/** A progress callback asked to stop. */
+static const tl_status TL_ERR_CANCELLED = -11;
+
+/** Static English text for a status code ("unknown status" for values this library does not know). Never
+ *  NULL; the string lives for the whole process. Thread-safe. */
+TL_API const char *tl_status_string(tl_status status);
+
+/** The calling thread's message for its last failed call ("" if the last status-returning call succeeded).
+ *  Never NULL. Valid until the next call into this library on the same thread. Thread-safe (per thread). */
+TL_API const char *tl_last_error_message(void);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Version and build
+ * ------------------------------------------------------------------------------------------------------- */
+
+/** The library's version as (major << 16) | (minor << 8) | patch. Compare with the TL_VERSION_* macros of
+ *  the header you compiled against to detect a mismatched library. Thread-safe. */
+TL_API uint32_t tl_version(void);
+
+/** The version as "major.minor.patch". Static string. Thread-safe. */
+TL_API const char *tl_version_string(void);
+
+/** A JSON object describing the build: {"version", "compiler", "cuda" (bool), "cuda_version",
+ *  "cuda_architectures" (array of ints), "build_type"}. Static string. Thread-safe. */
+TL_API const char *tl_build_info(void);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Logging
+ * ------------------------------------------------------------------------------------------------------- */
+
+static const int32_t TL_LOG_ERROR = 0;
+static const int32_t TL_LOG_WARN = 1;
+static const int32_t TL_LOG_INFO = 2;
+static const int32_t TL_LOG_DEBUG = 3;
+
+/** Receives one line of text (no trailing newline) at a level. May be called from any thread the library
+ *  runs on; must not call back into the library. */
+typedef void (*tl_log_fn)(void *user_data, int32_t level, const char *message);
+
+/** Sets the process-global log callback and the most verbose level passed to it. `callback == NULL` turns
+ *  logging off (the default). Thread-safe; calls already under way may still reach the previous callback. */
+TL_API tl_status tl_set_log_callback(tl_log_fn callback, void *user_data, int32_t max_level);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Models
+ * ------------------------------------------------------------------------------------------------------- */
+
+/** A loaded model. Opaque. Created by tl_model_load, freed by tl_model_free. Read-only once loaded. */
+typedef struct tl_model tl_model;
+
+/** A quantized linear layer: W[k, n] = q[n, k] * s[n, g] + z[n, g], g = k / group_size (see docs/format.md).
+ *  Either borrowed from a model (valid until the model is freed; never pass it to tl_weight_free) or owned
+ *  by the caller (from tl_weight_create / tl_weight_quantize, freed with tl_weight_free). */
+typedef struct tl_weight tl_weight;
+
+typedef struct tl_load_options {
+    uint32_t struct_size;
+    /** 1 (default): memory-map the file; 0: read it into memory (for file systems that cannot map). */
+    int32_t use_mmap;
+    /** 1 (default): check every scale and zero, norm and embedding value for NaN/Inf at load time. */
+    int32_t validate_values;
+} tl_load_options;
+
+/** Fills `options` with the defaults and sets struct_size. TL_ERR_INVALID_ARGUMENT if options is NULL. */
+TL_API tl_status tl_load_options_init(tl_load_options *options);
+
+/** Loads a .tinyloop file (a safetensors file; docs/format.md). `options` may be NULL for the defaults.
+ *  On success *out_model owns the model; on failure *out_model is set to NULL. Statuses: TL_ERR_IO (cannot
+ *  open/map/read), TL_ERR_FORMAT (malformed; the message names the tensor and the problem),
+ *  TL_ERR_OUT_OF_MEMORY, TL_ERR_INVALID_ARGUMENT. Thread-safe (different calls share nothing). */
+TL_API tl_status tl_model_load(const char *path, const tl_load_options *options, tl_model **out_model);
+
+/** Frees a model and everything borrowed from it. NULL is a no-op. Not concurrent with other uses of it. */
+TL_API void tl_model_free(tl_model *model);
+
+typedef struct tl_model_properties {
+    uint32_t struct_size;
+    int32_t format_version;
+    int32_t d_model;
+    int32_t n_heads;
+    int32_t head_dim;
+    int32_t ffn;
+    int32_t vocab;
+    /** Number of unique blocks before the looped block. */
+    int32_t n_pre;
+    /** How many times the looped block is applied. */
+    int32_t n_loops;
+    int32_t max_seq;
+    /** Quantization group size along K; 0 means per row (one group of size K per output column). */
+    int32_t group_size;
+    int32_t bits;
+    float rope_theta;
+    float norm_eps;
+    /** Quantized linear layers (what tl_model_weight_at iterates). */
+    uint32_t n_quant_weights;
+    /** Linear layers stored unquantized (FP16/FP32). */
+    uint32_t n_dense_linears;
+    /** Tensors in the file. */
+    uint32_t n_tensors;
+    /** 1 if the head is quantized, 0 if dense, and 2 if tied to the embedding. */
+    int32_t head_kind;
+    /** 1 if any weight carries a frac4 / sign_bit channel. */
+    int32_t has_frac4;
+    int32_t has_sign_bit;
+    uint64_t file_bytes;
+    /** Bytes of all tensors' data in the file. */
+    uint64_t tensor_bytes;
+    /** Bytes of the quantized weights' codes, scales, zeros (and optional channels). */
+    uint64_t quant_weight_bytes;
+    /** Number of model parameters (a quantized weight counts K*N). */
+    uint64_t parameter_count;
+} tl_model_properties;
+
+/** Reads a model's configuration and counts into `*out` (whose struct_size the caller sets). */
+TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out);
+
+/** Number of quantized weights in the model, the range of tl_model_weight_at's index. */
+TL_API tl_status tl_model_weight_count(const tl_model *model, size_t *out_count);
+
+/** The index-th quantized weight, in file order of blocks: pre.0.attn_qkv, …, loop.mlp_down, head.
+ *  The weight is borrowed: valid until the model is freed. TL_ERR_NOT_FOUND when index is out of range. */
+TL_API tl_status tl_model_weight_at(const tl_model *model, size_t index, const tl_weight **out_weight);
+
+/** The quantized weight with this name (e.g. "loop.mlp_up"; docs/format.md). Borrowed like
+ *  tl_model_weight_at. TL_ERR_NOT_FOUND if there is none. */
+TL_API tl_status tl_model_find_weight(const tl_model *model, const char *name, const tl_weight **out_weight);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Quantized weights
+ * ------------------------------------------------------------------------------------------------------- */
+
+/** INT4 data from host memory. Layouts follow docs/format.md; all arrays are copied by tl_weight_create. */
+typedef struct tl_weight_desc {
+    uint32_t struct_size;
+    /** Input features (rows of W). Even, > 0. */
+    int32_t k;
+    /** Output features (columns of W). > 0. */
+    int32_t n;
+    /** Group size along K; must divide k. 0 or k means per row. */
+    int32_t group_size;
+    /** Must be 4. */
+    int32_t bits;
+    /** [n][k/2] bytes; code of (k, n) in byte [n][k/2], low nibble for even k. */
+    const uint8_t *codes;
+    /** [n][k/group_size] IEEE half-precision bit patterns. Finite. */
+    const uint16_t *scales;
+    /** [n][k/group_size] half-precision offsets z (W = q*s + z). Finite. */
+    const uint16_t *zeros;
+    /** Optional (NULL): [n][k/2] next 4 bits below each code, same nibble order as codes. */
+    const uint8_t *frac4;
+    /** Optional (NULL): [n][k/8] one bit per code, bit (k % 8) of byte [n][k/8]. */
+    const uint8_t *sign_bit;
+    /** Optional (NULL): a name for messages and lookups. Copied. */
+    const char *name;
+} tl_weight_desc;
+
+/** Fills `desc` with zeros/NULLs, bits = 4, and sets struct_size. */
+TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc);
+
+/** Creates an owned weight from host arrays (copied; the caller keeps its arrays). Validates sizes and that
+ *  every scale and zero is finite. */
+TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_weight);
+
+static const int32_t TL_QUANT_ASYMMETRIC = 0;
+static const int32_t TL_QUANT_SYMMETRIC = 1;
+
+typedef struct tl_quantize_options {
+    uint32_t struct_size;
+    /** TL_QUANT_ASYMMETRIC (default: min-max, W = q*s + z) or TL_QUANT_SYMMETRIC (W = (q - 8)*s, stored as
+     *  z = -8*s so that every weight follows the same formula). */
+    int32_t method;
+    /** Group size along K; 0 (default) means per row. */
+    int32_t group_size;
+    /** Must be 4 (default). */
+    int32_t bits;
+} tl_quantize_options;
+
+/** Fills `options` with the defaults and sets struct_size. */
+TL_API tl_status tl_quantize_options_init(tl_quantize_options *options);
+
+/** Quantizes a row-major FP32 matrix w[n][k] (row n holds W[:, n], like a PyTorch Linear weight) into an
+ *  owned weight. `options` may be NULL for the defaults. Values must be finite. */
+TL_API tl_status tl_weight_quantize(const float *w, int32_t k, int32_t n, const tl_quantize_options *options,
+                                    tl_weight **out_weight);
+
+/** Frees an owned weight. NULL is a no-op. A weight borrowed from a model is left alone (its model owns it). */
+TL_API void tl_weight_free(tl_weight *weight);
+
+typedef struct tl_weight_properties {
+    uint32_t struct_size;
+    int32_t k;
+    int32_t n;
+    /** The actual group size along K (k for a per-row weight). */
+    int32_t group_size;
+    int32_t n_groups;
+    int32_t bits;
+    int32_t has_frac4;
+    int32_t has_sign_bit;
+    /** 1 if borrowed from a model, 0 if owned by the caller. */
+    int32_t borrowed;
+    /** Bytes of codes, scales, zeros and optional channels. */
+    uint64_t bytes;
+    /** The weight's name ("" if none). Valid while the weight lives. */
+    const char *name;
+} tl_weight_properties;
+
+/** Reads a weight's shape and storage facts into `*out` (whose struct_size the caller sets). */
+TL_API tl_status tl_weight_info(const tl_weight *weight, tl_weight_properties *out);
+
+/** Dequantizes on the host into out[n][k] (row-major, out_len >= k*n floats): out[n*k + i] = W[i, n].
+ *  TL_ERR_BUFFER_TOO_SMALL if out_len is short. */
+TL_API tl_status tl_weight_dequantize(const tl_weight *weight, float *out, size_t out_len);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Scoring
+ * ------------------------------------------------------------------------------------------------------- */
+
+static const int32_t TL_BACKEND_AUTO = 0;
+static const int32_t TL_BACKEND_CPU = 1;
+static const int32_t TL_BACKEND_CUDA = 2;
+
+/** Progress: `done` of `total` tokens processed. Return 0 to go on, non-zero to stop (the call then returns
+ *  TL_ERR_CANCELLED). Called on the thread that called tl_score. */
+typedef int32_t (*tl_progress_fn)(void *user_data, uint64_t done, uint64_t total);
+
+typedef struct tl_score_options {
+    uint32_t struct_size;
+    /** TL_BACKEND_AUTO (default): CUDA where this build and machine have a GPU, else the CPU. */
+    int32_t backend;
+    /** CPU worker threads; 0 (default) = the machine's hardware concurrency. */
+    int32_t n_threads;
+    /** Window length in tokens, 2..max_seq; 0 (default) = the model's max_seq. A longer sequence is scored
+     *  in windows that overlap by one token, so every token but the first is predicted exactly once, with at
+     *  most `window - 1` tokens of context (docs/architecture.md). */
+    int32_t window;
+    /** Optional progress callback and its user data. */
+    tl_progress_fn progress;
+    void *progress_user_data;
+    /** Optional: receives each predicted position's NLL (natural log), token_nll[i] for token i + 1.
+     *  Must hold token_nll_len >= n_tokens - 1 floats when not NULL. */
+    float *token_nll;
+    size_t token_nll_len;
+} tl_score_options;
+
+/** Fills `options` with the defaults and sets struct_size. */
+TL_API tl_status tl_score_options_init(tl_score_options *options);
+
+typedef struct tl_score_result {
+    uint32_t struct_size;
+    /** Sum over scored tokens of -log p(token | prefix), natural log, accumulated in double. */
+    double nll_sum;
+    /** Number of tokens predicted (n_tokens - 1). */
+    uint64_t tokens_scored;
+    /** exp(nll_sum / tokens_scored). */
+    double perplexity;
+    /** The backend that ran (TL_BACKEND_CPU or TL_BACKEND_CUDA). */
+    int32_t backend;
+    /** Windows the sequence was split into. */
+    int32_t n_windows;
+    /** Wall-clock seconds spent in the call. */
+    double seconds;
+} tl_score_result;
+
+/** Fills `result` with zeros and sets struct_size. */
+TL_API tl_status tl_score_result_init(tl_score_result *result);
+
+/** Scores a token sequence: the NLL of each token given those before it. tokens[i] must be in
+ *  [0, vocab); n_tokens >= 2. `options` may be NULL for the defaults; `out_result` must have its
+ *  struct_size set (tl_score_result_init). Thread-safe on a shared model. */
+TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
+                          const tl_score_options *options, tl_score_result *out_result);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TINYLOOP_H */

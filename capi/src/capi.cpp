@@ -1,0 +1,1 @@
+#include "tinyloop.h"

@@ -1,0 +1,2 @@
+#include "tinyloop.h"
+int main() { return 0; }

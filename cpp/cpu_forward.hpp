@@ -1,0 +1,45 @@
+// The CPU reference backend: exact dequantization, FP32 activations and accumulation, NLL in double.
+// It is the ground truth every GPU path is compared with.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "model.hpp"
+
+namespace tl {
+
+struct ScoreOptions {
+    int32_t n_threads = 0;  // 0 = hardware concurrency
+    int32_t window = 0;     // 0 = max_seq; windows overlap by one token
+    // Called with (tokens done, total); returning false cancels (TL_ERR_CANCELLED).
+    std::function<bool(uint64_t, uint64_t)> progress;
+    float *token_nll = nullptr;  // optional [n_tokens - 1]
+};
+
+struct ScoreResult {
+    double nll_sum = 0.0;
+    uint64_t tokens_scored = 0;
+    int32_t n_windows = 0;
+};
+
+// Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
+ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);
+
+// ---- Forward pieces, exposed for the unit tests. Row-major; T = sequence length. ----
+
+// y[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * gain[i]
+void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, float eps);
+
+// Rotary embedding in place on q or k laid out [T][n_heads][head_dim], rotate-half convention:
+// pairs (i, i + head_dim/2) rotated by angle pos * theta^(-2i/head_dim).
+void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0);
+
+// Causal multi-head attention: qkv [T][3][n_heads][head_dim] (after RoPE on q and k) -> out [T][n_heads*head_dim].
+void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads);
+
+// y[m][n] = sum_k x[m][k] * W[k][n] with W from a Linear (dequantized exactly), FP32 accumulation.
+void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads);
+
+}  // namespace tl

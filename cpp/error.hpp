@@ -1,0 +1,28 @@
+// Errors inside the library: every failure is a tl::Error carrying a tl_status and a message; the C API's
+// exception barrier (capi/src/capi.cpp) turns it into the status and the thread's last error message.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "tinyloop.h"
+
+namespace tl {
+
+class Error : public std::runtime_error {
+public:
+    Error(tl_status code, const std::string &message) : std::runtime_error(message), code_(code) {}
+    tl_status code() const noexcept { return code_; }
+
+private:
+    tl_status code_;
+};
+
+[[noreturn]] inline void fail(tl_status code, const std::string &message) { throw Error(code, message); }
+
+// Library-wide logging through the callback set with tl_set_log_callback (no-op when none is set).
+void log(int32_t level, const std::string &message);
+bool log_enabled(int32_t level);
+
+}  // namespace tl

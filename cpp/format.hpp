@@ -1,0 +1,51 @@
+// The .tinyloop file format: a safetensors file whose __metadata__ carries the model config
+// (docs/format.md). Loading validates everything before any tensor is used; writing is used by the CLI's
+// quantize/make-model commands and by tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+
+namespace tl {
+
+constexpr int32_t kFormatVersion = 1;
+
+struct LoadOptions {
+    bool use_mmap = true;
+    bool validate_values = true;  // NaN/Inf scan of scales, zeros, norms, embedding, dense weights
+};
+
+// Loads and validates a .tinyloop file. Throws tl::Error: TL_ERR_IO (open/map/read) or TL_ERR_FORMAT
+// (message names the tensor and the problem).
+std::unique_ptr<Model> load_model(const std::string &path, const LoadOptions &options);
+
+// One tensor to write: `data` holds `dtype_size(dtype) * prod(shape)` bytes.
+struct TensorView {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    const void *data;
+};
+
+// Writes a safetensors file (tensors in the given order, 8-byte aligned data) atomically: to `path + ".tmp"`
+// then renamed. Throws TL_ERR_IO.
+void write_safetensors(const std::string &path, const std::map<std::string, std::string> &metadata,
+                       const std::vector<TensorView> &tensors);
+
+// Serializes a model with the documented tensor names (quantized or dense linears, tied or separate head).
+void save_model(const std::string &path, const Model &model);
+
+// The config as the JSON text stored in __metadata__["config"], and back (throws TL_ERR_FORMAT).
+std::string config_to_json(const ModelConfig &config);
+ModelConfig config_from_json(const std::string &text);
+
+// Sanity limits checked on every config (TL_ERR_FORMAT with the field name when violated).
+void validate_config(const ModelConfig &config);
+
+}  // namespace tl

@@ -1,0 +1,78 @@
+#include "model.hpp"
+
+#include <cstring>
+
+#include "error.hpp"
+#include "half.hpp"
+
+namespace tl {
+
+const char *dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::F16: return "F16";
+        case DType::F32: return "F32";
+        case DType::BF16: return "BF16";
+        case DType::U8: return "U8";
+        case DType::I32: return "I32";
+    }
+    return "?";
+}
+
+size_t dtype_size(DType dtype) {
+    switch (dtype) {
+        case DType::F16:
+        case DType::BF16: return 2;
+        case DType::F32:
+        case DType::I32: return 4;
+        case DType::U8: return 1;
+    }
+    return 0;
+}
+
+float load_float(DType dtype, const void *data, size_t i) {
+    switch (dtype) {
+        case DType::F16: return half_to_float(static_cast<const uint16_t *>(data)[i]);
+        case DType::F32: return static_cast<const float *>(data)[i];
+        case DType::BF16: {
+            const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t *>(data)[i]) << 16;
+            float f;
+            std::memcpy(&f, &bits, sizeof f);
+            return f;
+        }
+        default: fail(TL_ERR_INTERNAL, std::string("load_float on non-float dtype ") + dtype_name(dtype));
+    }
+}
+
+size_t Linear::quant_bytes() const {
+    if (!quantized) return 0;
+    const size_t kn = static_cast<size_t>(k) * static_cast<size_t>(n);
+    const size_t groups = static_cast<size_t>(n_groups()) * static_cast<size_t>(n);
+    size_t bytes = kn / 2 + groups * 2 * sizeof(uint16_t);
+    if (frac4) bytes += kn / 2;
+    if (sign_bit) bytes += kn / 8;
+    return bytes;
+}
+
+Linear *Block::linear(int i) {
+    switch (i) {
+        case 0: return &attn_qkv;
+        case 1: return &attn_out;
+        case 2: return &mlp_gate;
+        case 3: return &mlp_up;
+        case 4: return &mlp_down;
+        default: return nullptr;
+    }
+}
+
+const Linear *Block::linear(int i) const { return const_cast<Block *>(this)->linear(i); }
+
+std::vector<const Linear *> Model::linears() const {
+    std::vector<const Linear *> out;
+    for (const Block &b : pre)
+        for (int i = 0; i < 5; ++i) out.push_back(b.linear(i));
+    for (int i = 0; i < 5; ++i) out.push_back(loop.linear(i));
+    if (head_kind != HeadKind::Tied) out.push_back(&head);
+    return out;
+}
+
+}  // namespace tl

@@ -1,0 +1,111 @@
+// The in-memory model: configuration, linear layers (quantized or dense) and blocks. Tensor data are views
+// into the memory-mapped file (or into buffers owned through `keepalive`); a loaded Model is read-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tl {
+
+enum class DType : uint8_t { F16, F32, BF16, U8, I32 };
+
+const char *dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+struct ModelConfig {
+    int32_t d_model = 0;
+    int32_t n_heads = 0;
+    int32_t head_dim = 0;
+    int32_t ffn = 0;
+    int32_t vocab = 0;
+    int32_t pre = 0;    // unique blocks before the looped block
+    int32_t loops = 0;  // applications of the looped block
+    int32_t max_seq = 0;
+    int32_t group_size = 0;  // 0 = per row
+    int32_t bits = 4;
+    float rope_theta = 10000.0f;
+    float norm_eps = 1e-5f;
+
+    int32_t attn_dim() const { return n_heads * head_dim; }
+};
+
+// Y[m, n] = sum_k X[m, k] * W[k, n]. Storage is out-major ("[N, K]", like a PyTorch Linear weight):
+//   quantized: codes [n][k/2] (low nibble = even k), scales/zeros [n][groups] FP16, W = q*s + z;
+//   dense:     values [n][k] in F16 or F32.
+struct Linear {
+    std::string name;  // e.g. "pre.0.attn_qkv", "loop.mlp_down", "head"
+    int32_t k = 0;
+    int32_t n = 0;
+    bool quantized = false;
+
+    // Quantized storage.
+    int32_t bits = 4;
+    int32_t group_size = 0;  // actual group size along K (== k for per-row)
+    const uint8_t *codes = nullptr;
+    const uint16_t *scales = nullptr;
+    const uint16_t *zeros = nullptr;
+    const uint8_t *frac4 = nullptr;     // optional [n][k/2]
+    const uint8_t *sign_bit = nullptr;  // optional [n][k/8]
+
+    // Dense storage.
+    DType dense_dtype = DType::F32;
+    const void *dense = nullptr;
+
+    // Keeps owned storage (or the mapped file) alive as long as this Linear is.
+    std::shared_ptr<const void> keepalive;
+
+    int32_t n_groups() const { return quantized ? k / group_size : 0; }
+    size_t quant_bytes() const;  // codes + scales + zeros + optional channels
+};
+
+struct Block {
+    std::vector<float> attn_norm;  // [d_model]
+    std::vector<float> mlp_norm;   // [d_model]
+    Linear attn_qkv;  // K = d_model, N = 3 * n_heads * head_dim; output columns [q | k | v], head-major
+    Linear attn_out;  // K = n_heads * head_dim, N = d_model
+    Linear mlp_gate;  // K = d_model, N = ffn
+    Linear mlp_up;    // K = d_model, N = ffn
+    Linear mlp_down;  // K = ffn, N = d_model
+
+    static constexpr const char *kLinearNames[5] = {"attn_qkv", "attn_out", "mlp_gate", "mlp_up", "mlp_down"};
+    Linear *linear(int i);
+    const Linear *linear(int i) const;
+};
+
+enum class HeadKind : int32_t { Quantized = 1, Dense = 2, Tied = 3 };
+
+struct Model {
+    ModelConfig config;
+    int32_t format_version = 1;
+
+    // Token embedding [vocab][d_model], F16 or F32.
+    DType embed_dtype = DType::F32;
+    const void *embed = nullptr;
+
+    std::vector<Block> pre;  // config.pre unique blocks
+    Block loop;              // applied config.loops times
+    std::vector<float> final_norm;  // [d_model]
+
+    // Head [vocab][d_model]: quantized, dense, or tied to the embedding (then head.dense == embed).
+    HeadKind head_kind = HeadKind::Tied;
+    Linear head;
+
+    // Facts about the file, for tl_model_info.
+    uint64_t file_bytes = 0;
+    uint64_t tensor_bytes = 0;
+    uint32_t n_tensors = 0;
+
+    std::shared_ptr<const void> keepalive;  // the mapping or the buffer the views point into
+
+    // Every Linear in canonical order: pre.0.attn_qkv … pre.{P-1}.mlp_down, loop.attn_qkv … loop.mlp_down,
+    // head (the head only when it is not tied).
+    std::vector<const Linear *> linears() const;
+};
+
+// Reads element i of an F16/F32/BF16 array as float.
+float load_float(DType dtype, const void *data, size_t i);
+
+}  // namespace tl

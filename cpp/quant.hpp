@@ -1,0 +1,50 @@
+// Host-side INT4 quantization and dequantization.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+
+namespace tl {
+
+enum class QuantMethod { Asymmetric, Symmetric };
+
+// Owned INT4 storage in the file's layout (see Linear).
+struct QuantizedMatrix {
+    int32_t k = 0;
+    int32_t n = 0;
+    int32_t group_size = 0;  // actual, == k for per-row
+    int32_t bits = 4;
+    std::vector<uint8_t> codes;    // [n][k/2]
+    std::vector<uint16_t> scales;  // [n][k/group_size] FP16 bits
+    std::vector<uint16_t> zeros;   // [n][k/group_size] FP16 bits
+    std::vector<uint8_t> frac4;    // empty or [n][k/2]
+    std::vector<uint8_t> sign_bit; // empty or [n][k/8]
+};
+
+// Min-max quantization of w[n][k] (row n = output column n). group_size 0 means per row.
+//   Asymmetric: s = (max - min) / 15, z = min, q = clamp(round((w - z) / s), 0, 15)  =>  W = q*s + z.
+//   Symmetric:  s = max(max / 7, -min / 8) (the second source document's maxq/minq rule), q = clamp(round(w / s),
+//               -8, 7) + 8, stored with z = -8*s so that W = q*s + z = (q - 8)*s holds for both.
+// s and z are rounded to FP16 first and q is computed against the rounded values. A constant group gets
+// s = 0 only if its range is 0 (then W = z exactly).
+QuantizedMatrix quantize_minmax(const float *w, int32_t k, int32_t n, int32_t group_size, QuantMethod method);
+
+// A Linear that owns `m` (through keepalive).
+Linear make_quantized_linear(std::string name, QuantizedMatrix m);
+// A dense F32 Linear that owns a copy of w[n][k].
+Linear make_dense_linear(std::string name, const float *w, int32_t k, int32_t n);
+
+// The INT4 code of W[kk, nn].
+inline uint8_t code_at(const Linear &w, int32_t kk, int32_t nn) {
+    const uint8_t byte = w.codes[static_cast<size_t>(nn) * (w.k / 2) + kk / 2];
+    return (kk & 1) ? (byte >> 4) : (byte & 0x0F);
+}
+
+// Dequantizes (or converts, for dense) rows [n0, n1) of W into out[(nn - n0) * k + kk] = W[kk, nn], exactly:
+// q*s + z computed in FP32 from the FP16 s and z.
+void dequantize_rows(const Linear &w, int32_t n0, int32_t n1, float *out);
+
+}  // namespace tl
