@@ -1,2 +1,478 @@
-// Placeholder while this file is being written; replaced before any commit that claims the feature.
 #include "cpu_forward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "quant.hpp"
+#include "thread_pool.hpp"
+
+namespace tl {
+
+namespace {
+
+// ---- Linear layers ----
+
+// GCC/Clang vector extensions. Vec4 is one SSE/NEON register; Vec8 one AVX register, used only inside
+// target("avx2") code (elsewhere it is lowered through memory). The arithmetic is lane-wise multiply then add
+// (AVX2 without FMA), so every output is the same sequential FP32 sum over k on either path: results depend
+// neither on the tiling, nor on the thread count, nor on which kernel ran.
+typedef float Vec4 __attribute__((vector_size(16)));
+typedef float Vec8 __attribute__((vector_size(32)));
+constexpr int32_t kPanel = 8;      // columns per micro-kernel panel
+constexpr int32_t kTileCols = 32;  // columns per task: dequantized once, then used by all M rows
+constexpr int32_t kRows = 8;       // rows per row_block call
+
+// One worker's buffers for a column tile: the dequantized rows of W and the same values panel-major.
+struct TileScratch {
+    std::vector<float> rows;    // [cols][K]
+    std::vector<float> panels;  // [cols / kPanel][K][kPanel]
+};
+
+// y[r][j] = sum_k x[r][k] * panel[k][j] for r < R, j < cols <= kPanel. Inlined into each target's entry point
+// so V's operations compile for that target; R * kPanel / lanes accumulators stay in registers.
+template <class V, int R>
+__attribute__((always_inline)) inline void micro_kernel(const float *x, size_t ldx, const float *panel, int32_t K,
+                                                        float *y, size_t ldy, int32_t cols) {
+    constexpr int kLanes = sizeof(V) / sizeof(float), kVecs = kPanel / kLanes;
+    V acc[R][kVecs];
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < kVecs; ++v) acc[r][v] = V{};
+    for (int32_t k = 0; k < K; ++k) {
+        V w[kVecs];
+        for (int v = 0; v < kVecs; ++v) {
+            std::memcpy(&w[v], panel + static_cast<size_t>(k) * kPanel + v * kLanes, sizeof(V));
+        }
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < kVecs; ++v) acc[r][v] += x[r * ldx + k] * w[v];
+    }
+    for (int r = 0; r < R; ++r)
+        for (int32_t j = 0; j < cols; ++j) y[r * ldy + j] = acc[r][j / kLanes][j % kLanes];
+}
+
+// micro_kernel<V, rows> for a run-time rows <= R.
+template <class V, int R>
+__attribute__((always_inline)) inline void micro_kernel_rows(int32_t rows, const float *x, size_t ldx,
+                                                             const float *panel, int32_t K, float *y, size_t ldy,
+                                                             int32_t cols) {
+    if constexpr (R > 1) {
+        if (rows < R) return micro_kernel_rows<V, R - 1>(rows, x, ldx, panel, K, y, ldy, cols);
+    }
+    micro_kernel<V, R>(x, ldx, panel, K, y, ldy, cols);
+}
+
+// Up to kRows rows times one panel: y[r][j] = sum_k x[r][k] * panel[k][j].
+using RowBlockFn = void (*)(int32_t rows, const float *x, size_t ldx, const float *panel, int32_t K, float *y,
+                            size_t ldy, int32_t cols);
+
+// Portable: 4 rows per call, 4 x 2 Vec4 accumulators plus operands fill 16 SSE registers.
+void row_block_portable(int32_t rows, const float *x, size_t ldx, const float *panel, int32_t K, float *y,
+                        size_t ldy, int32_t cols) {
+    for (int32_t r = 0; r < rows; r += 4) {
+        micro_kernel_rows<Vec4, 4>(std::min(4, rows - r), x + r * ldx, ldx, panel, K, y + r * ldy, ldy, cols);
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TL_CPU_AVX2 1
+// AVX2: 8 rows x one Vec8 accumulator each.
+__attribute__((target("avx2"))) void row_block_avx2(int32_t rows, const float *x, size_t ldx, const float *panel,
+                                                    int32_t K, float *y, size_t ldy, int32_t cols) {
+    micro_kernel_rows<Vec8, kRows>(rows, x, ldx, panel, K, y, ldy, cols);
+}
+#endif
+
+// The widest kernel this CPU runs, chosen once. TINYLOOP_CPU_ISA=baseline forces the portable one, so tests can
+// exercise it on AVX2 machines.
+RowBlockFn row_block_kernel() {
+    static const RowBlockFn kernel = [] {
+        const char *isa = std::getenv("TINYLOOP_CPU_ISA");
+        const bool baseline = isa != nullptr && std::strcmp(isa, "baseline") == 0;
+#ifdef TL_CPU_AVX2
+        __builtin_cpu_init();
+        if (!baseline && __builtin_cpu_supports("avx2")) return &row_block_avx2;
+#endif
+        (void)baseline;
+        return &row_block_portable;
+    }();
+    return kernel;
+}
+
+// Columns [n0, n1) (at most kTileCols) of y = x W for all M rows; y has row stride ldy.
+void linear_tile(const Linear &w, const float *x, int32_t M, int32_t n0, int32_t n1, float *y, size_t ldy,
+                 TileScratch &scratch) {
+    const size_t K = static_cast<size_t>(w.k);
+    const int32_t cols = n1 - n0;
+    const int32_t n_panels = (cols + kPanel - 1) / kPanel;
+    scratch.rows.resize(kTileCols * K);
+    scratch.panels.resize(kTileCols * K);
+    dequantize_rows(w, n0, n1, scratch.rows.data());
+    float *panels = scratch.panels.data();
+    for (int32_t p = 0; p < n_panels; ++p)
+        for (size_t k = 0; k < K; ++k)
+            for (int32_t j = 0; j < kPanel; ++j) {
+                const int32_t c = p * kPanel + j;
+                panels[(p * K + k) * kPanel + j] = c < cols ? scratch.rows[c * K + k] : 0.0f;
+            }
+    const RowBlockFn row_block = row_block_kernel();
+    // Rows outer, panels inner: the few x rows in use stay in L1 while every panel passes by.
+    for (int32_t m = 0; m < M; m += kRows)
+        for (int32_t p = 0; p < n_panels; ++p) {
+            row_block(std::min(kRows, M - m), x + m * K, K, panels + p * K * kPanel, w.k, y + m * ldy + n0 + p * kPanel,
+                      ldy, std::min(kPanel, cols - p * kPanel));
+        }
+}
+
+// The pool and each worker's scratch, for one call.
+struct Context {
+    explicit Context(int32_t n_threads) : pool(n_threads), tiles(pool.size()), work(pool.size()) {}
+    ThreadPool pool;
+    std::vector<TileScratch> tiles;
+    std::vector<std::vector<float>> work;  // attention scores, head logits
+    std::vector<float> kv_panels;          // attention keys and values of every head, packed
+};
+
+// y = x W over all M rows, one task per column tile.
+void linear(Context &ctx, const Linear &w, const float *x, float *y, int32_t M) {
+    const size_t n_tiles = (w.n + kTileCols - 1) / kTileCols;
+    ctx.pool.parallel_for(n_tiles, [&](size_t tile, int32_t worker) {
+        const int32_t n0 = static_cast<int32_t>(tile) * kTileCols;
+        linear_tile(w, x, M, n0, std::min(w.n, n0 + kTileCols), y, w.n, ctx.tiles[worker]);
+    });
+}
+
+// Runs fn(t0, t1) over chunks of rows [0, T) in parallel, for the cheap row-wise steps.
+template <class Fn>
+void for_row_chunks(Context &ctx, int32_t T, Fn fn) {
+    constexpr int32_t kChunk = 32;
+    ctx.pool.parallel_for((T + kChunk - 1) / kChunk, [&](size_t i, int32_t) {
+        const int32_t t0 = static_cast<int32_t>(i) * kChunk;
+        fn(t0, std::min(T, t0 + kChunk));
+    });
+}
+
+// ---- RoPE ----
+
+// cos and sin of pos * theta^(-2i/head_dim) for pos in [pos0, pos0 + T), i < head_dim/2; computed in double
+// so long positions lose no accuracy, then rounded to float.
+struct RopeTable {
+    int32_t half = 0;
+    std::vector<float> cos, sin;  // [T][half]
+};
+
+RopeTable make_rope_table(int32_t T, int32_t head_dim, float theta, int32_t pos0) {
+    RopeTable table;
+    table.half = head_dim / 2;
+    table.cos.resize(static_cast<size_t>(T) * table.half);
+    table.sin.resize(table.cos.size());
+    for (int32_t i = 0; i < table.half; ++i) {
+        const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+        for (int32_t t = 0; t < T; ++t) {
+            const double angle = static_cast<double>(pos0 + t) * inv_freq;
+            table.cos[static_cast<size_t>(t) * table.half + i] = static_cast<float>(std::cos(angle));
+            table.sin[static_cast<size_t>(t) * table.half + i] = static_cast<float>(std::sin(angle));
+        }
+    }
+    return table;
+}
+
+// Rotates rows [t0, t1) of x ([T][n_heads][head_dim] with row stride `stride`): pairs (i, i + half).
+void apply_rope(float *x, size_t stride, int32_t t0, int32_t t1, int32_t n_heads, const RopeTable &table) {
+    const int32_t half = table.half;
+    for (int32_t t = t0; t < t1; ++t) {
+        const float *c = table.cos.data() + static_cast<size_t>(t) * half;
+        const float *s = table.sin.data() + static_cast<size_t>(t) * half;
+        for (int32_t h = 0; h < n_heads; ++h) {
+            float *v = x + t * stride + static_cast<size_t>(h) * 2 * half;
+            for (int32_t i = 0; i < half; ++i) {
+                const float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * s[i];
+                v[i + half] = a * s[i] + b * c[i];
+            }
+        }
+    }
+}
+
+void check_head_dim(int32_t n_heads, int32_t head_dim) {
+    if (n_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "n_heads = " + std::to_string(n_heads) + ", head_dim = " +
+                                          std::to_string(head_dim) + " (need both > 0, head_dim even)");
+    }
+}
+
+// ---- Attention ----
+
+// Both products are panel products like the linears': scores = q K^T with key panels [8 keys][head_dim],
+// out = p V with value panels [keys][8 dims]. Sums run over head_dim and over keys in order, as written.
+void attention(Context &ctx, const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim) {
+    const size_t A = static_cast<size_t>(n_heads) * head_dim, stride = 3 * A;
+    const size_t keys = static_cast<size_t>((T + kPanel - 1) / kPanel) * kPanel;  // T rounded up to panels
+    const int32_t dim_panels = (head_dim + kPanel - 1) / kPanel;
+    const size_t key_floats = keys * head_dim, per_head = key_floats + dim_panels * keys * kPanel;
+    const RowBlockFn row_block = row_block_kernel();
+
+    // Each head's keys and values, packed once for all its query blocks (padding stays zero).
+    ctx.kv_panels.assign(n_heads * per_head, 0.0f);
+    ctx.pool.parallel_for(n_heads, [&](size_t h, int32_t) {
+        float *key_panels = ctx.kv_panels.data() + h * per_head;  // [keys / 8][head_dim][8]
+        float *value_panels = key_panels + key_floats;            // [dim_panels][keys][8]
+        for (int32_t j = 0; j < T; ++j) {
+            const float *k = qkv + j * stride + A + h * head_dim;
+            float *kp = key_panels + static_cast<size_t>(j / kPanel) * head_dim * kPanel + j % kPanel;
+            for (int32_t d = 0; d < head_dim; ++d) kp[d * kPanel] = k[d];
+            const float *v = qkv + j * stride + 2 * A + h * head_dim;
+            for (int32_t d0 = 0; d0 < head_dim; d0 += kPanel) {
+                std::memcpy(value_panels + (d0 / kPanel * keys + j) * kPanel, v + d0,
+                            std::min(kPanel, head_dim - d0) * sizeof(float));
+            }
+        }
+    });
+
+    constexpr int32_t kQueryBlock = 64;  // (head, query block) tasks keep all threads busy even with few heads
+    const int32_t n_blocks = (T + kQueryBlock - 1) / kQueryBlock;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    ctx.pool.parallel_for(static_cast<size_t>(n_heads) * n_blocks, [&](size_t task, int32_t worker) {
+        // Causal: later query blocks cost more, so they are handed out first.
+        const int32_t block = n_blocks - 1 - static_cast<int32_t>(task / n_heads);
+        const size_t h = task % n_heads;
+        const float *key_panels = ctx.kv_panels.data() + h * per_head;
+        const float *value_panels = key_panels + key_floats;
+        std::vector<float> &scores = ctx.work[worker];  // [kRows][keys]
+        scores.resize(kRows * keys);
+        const int32_t t1 = std::min(T, (block + 1) * kQueryBlock);
+        for (int32_t t = block * kQueryBlock; t < t1; t += kRows) {
+            const int32_t rows = std::min(kRows, t1 - t);
+            const int32_t n_keys = t + rows;  // keys the last row sees
+            const float *q = qkv + t * stride + h * head_dim;
+            for (int32_t j0 = 0; j0 < n_keys; j0 += kPanel) {
+                row_block(rows, q, stride, key_panels + static_cast<size_t>(j0) * head_dim, head_dim,
+                          scores.data() + j0, keys, std::min(kPanel, n_keys - j0));
+            }
+            float sums[kRows];
+            for (int32_t r = 0; r < rows; ++r) {
+                float *s = scores.data() + r * keys;
+                const int32_t n = t + r + 1;
+                float mx = -std::numeric_limits<float>::infinity();
+                for (int32_t j = 0; j < n; ++j) mx = std::max(mx, s[j] *= scale);
+                sums[r] = 0.0f;
+                for (int32_t j = 0; j < n; ++j) sums[r] += (s[j] = std::exp(s[j] - mx));
+                std::fill(s + n, s + n_keys, 0.0f);  // masked keys weigh exactly nothing
+            }
+            float *o = out + t * A + h * head_dim;
+            for (int32_t p = 0; p < dim_panels; ++p) {
+                row_block(rows, scores.data(), keys, value_panels + p * keys * kPanel, n_keys, o + p * kPanel, A,
+                          std::min(kPanel, head_dim - p * kPanel));
+            }
+            for (int32_t r = 0; r < rows; ++r)
+                for (int32_t d = 0; d < head_dim; ++d) o[r * A + d] /= sums[r];
+        }
+    });
+}
+
+// ---- The model ----
+
+void check_linear(const Linear &w, const std::string &name, int32_t k, int32_t n) {
+    if (w.k != k || w.n != n) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " is [K=" + std::to_string(w.k) + ", N=" +
+                                          std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
+                                          ", N=" + std::to_string(n) + "]");
+    }
+    const bool complete = w.quantized ? (w.codes && w.scales && w.zeros && w.group_size > 0 &&
+                                         w.k % w.group_size == 0 && w.k % 2 == 0)
+                                      : w.dense != nullptr;
+    if (!complete) fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has missing or inconsistent storage");
+}
+
+void check_block(const ModelConfig &c, const Block &b, const std::string &prefix) {
+    const int32_t D = c.d_model, A = c.attn_dim(), F = c.ffn;
+    if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
+    }
+    check_linear(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
+    check_linear(b.attn_out, prefix + ".attn_out", A, D);
+    check_linear(b.mlp_gate, prefix + ".mlp_gate", D, F);
+    check_linear(b.mlp_up, prefix + ".mlp_up", D, F);
+    check_linear(b.mlp_down, prefix + ".mlp_down", F, D);
+}
+
+// A Model may be assembled by hand, so its shapes are checked before any pointer is followed.
+void check_model(const Model &model) {
+    const ModelConfig &c = model.config;
+    if (c.d_model <= 0 || c.ffn <= 0 || c.vocab <= 0 || c.pre < 0 || c.loops < 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: config has a non-positive dimension");
+    }
+    check_head_dim(c.n_heads, c.head_dim);
+    if (model.embed == nullptr || model.final_norm.size() != static_cast<size_t>(c.d_model) ||
+        model.pre.size() != static_cast<size_t>(c.pre)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: embedding, final norm or pre blocks do not match the config");
+    }
+    for (size_t i = 0; i < model.pre.size(); ++i) check_block(c, model.pre[i], "pre." + std::to_string(i));
+    check_block(c, model.loop, "loop");
+    check_linear(model.head, "head", c.d_model, c.vocab);
+}
+
+// Activations of one window, allocated once per call for the longest window.
+struct Activations {
+    Activations(const ModelConfig &c, int32_t L)
+        : x(static_cast<size_t>(L) * c.d_model), xn(x.size()), proj(x.size()),
+          qkv(static_cast<size_t>(L) * 3 * c.attn_dim()), att(static_cast<size_t>(L) * c.attn_dim()),
+          gate(static_cast<size_t>(L) * c.ffn), up(gate.size()),
+          rope(make_rope_table(L, c.head_dim, c.rope_theta, 0)) {}
+    std::vector<float> x, xn, proj, qkv, att, gate, up;
+    RopeTable rope;
+};
+
+void block_forward(Context &ctx, const ModelConfig &c, const Block &b, Activations &a, int32_t T) {
+    const size_t D = static_cast<size_t>(c.d_model), F = static_cast<size_t>(c.ffn);
+    const size_t A = static_cast<size_t>(c.attn_dim());
+    float *x = a.x.data(), *xn = a.xn.data(), *proj = a.proj.data();
+    for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
+        rmsnorm(x + t0 * D, b.attn_norm.data(), xn + t0 * D, t1 - t0, c.d_model, c.norm_eps);
+    });
+    linear(ctx, b.attn_qkv, xn, a.qkv.data(), T);
+    // q and k are adjacent in each row, so they rotate together as 2 * n_heads heads.
+    for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
+        apply_rope(a.qkv.data(), 3 * A, t0, t1, 2 * c.n_heads, a.rope);
+    });
+    attention(ctx, a.qkv.data(), a.att.data(), T, c.n_heads, c.head_dim);
+    linear(ctx, b.attn_out, a.att.data(), proj, T);
+    for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
+        for (size_t i = t0 * D; i < t1 * D; ++i) x[i] += proj[i];
+        rmsnorm(x + t0 * D, b.mlp_norm.data(), xn + t0 * D, t1 - t0, c.d_model, c.norm_eps);
+    });
+    linear(ctx, b.mlp_gate, xn, a.gate.data(), T);
+    linear(ctx, b.mlp_up, xn, a.up.data(), T);
+    for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
+        for (size_t i = t0 * F; i < t1 * F; ++i) {
+            const float g = a.gate[i];
+            a.gate[i] = g / (1.0f + std::exp(-g)) * a.up[i];
+        }
+    });
+    linear(ctx, b.mlp_down, a.gate.data(), proj, T);
+    for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
+        for (size_t i = t0 * D; i < t1 * D; ++i) x[i] += proj[i];
+    });
+}
+
+// nll[t] = -log softmax(h[t] head)[tokens[t + 1]] for t < T - 1. Positions are processed in chunks, each
+// chunk's logits in its worker's scratch, so the [T, vocab] logits never exist at once.
+void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *tokens, int32_t T, double *nll) {
+    constexpr size_t kLogitBudget = size_t(1) << 20;  // floats of logits per worker
+    const int32_t V = head.n, D = head.k, M = T - 1;
+    const int32_t chunk = static_cast<int32_t>(std::clamp<size_t>(kLogitBudget / V, 1, 64));
+    ctx.pool.parallel_for((M + chunk - 1) / chunk, [&](size_t i, int32_t worker) {
+        const int32_t t0 = static_cast<int32_t>(i) * chunk, rows = std::min(chunk, M - t0);
+        std::vector<float> &logits = ctx.work[worker];
+        logits.resize(static_cast<size_t>(rows) * V);
+        for (int32_t n0 = 0; n0 < V; n0 += kTileCols) {
+            linear_tile(head, h + static_cast<size_t>(t0) * D, rows, n0, std::min(V, n0 + kTileCols),
+                        logits.data(), V, ctx.tiles[worker]);
+        }
+        for (int32_t r = 0; r < rows; ++r) {
+            const float *l = logits.data() + static_cast<size_t>(r) * V;
+            const float mx = *std::max_element(l, l + V);
+            double sum = 0.0;
+            for (int32_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(l[v]) - mx);
+            nll[t0 + r] = mx + std::log(sum) - l[tokens[t0 + r + 1]];
+        }
+    });
+}
+
+void score_window(Context &ctx, const Model &model, const int32_t *tokens, int32_t T, Activations &a, double *nll) {
+    const ModelConfig &c = model.config;
+    const size_t D = static_cast<size_t>(c.d_model);
+    for (int32_t t = 0; t < T; ++t)
+        for (size_t d = 0; d < D; ++d)
+            a.x[t * D + d] = load_float(model.embed_dtype, model.embed, static_cast<size_t>(tokens[t]) * D + d);
+    for (const Block &b : model.pre) block_forward(ctx, c, b, a, T);
+    for (int32_t l = 0; l < c.loops; ++l) block_forward(ctx, c, model.loop, a, T);
+    for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
+        rmsnorm(a.x.data() + t0 * D, model.final_norm.data(), a.xn.data() + t0 * D, t1 - t0, c.d_model, c.norm_eps);
+    });
+    head_nll(ctx, model.head, a.xn.data(), tokens, T, nll);
+}
+
+}  // namespace
+
+ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
+    check_model(model);
+    const ModelConfig &c = model.config;
+    if (tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "tokens is NULL");
+    if (n_tokens < 2) {
+        fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + ": at least 2 tokens are needed");
+    }
+    for (size_t i = 0; i < n_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= c.vocab) {
+            fail(TL_ERR_INVALID_ARGUMENT, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
+                                              " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
+        }
+    }
+    if (options.window != 0 && (options.window < 2 || options.window > c.max_seq)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "window = " + std::to_string(options.window) + " is outside [2, max_seq = " +
+                                          std::to_string(c.max_seq) + "]");
+    }
+    const int32_t L = options.window != 0 ? options.window : c.max_seq;
+    if (L < 2) fail(TL_ERR_INVALID_ARGUMENT, "model: max_seq = " + std::to_string(c.max_seq) + " is below 2");
+    const size_t stride = static_cast<size_t>(L) - 1;
+    const size_t n_windows = (n_tokens - 1 + stride - 1) / stride;
+    if (n_windows > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+        fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + " needs too many windows");
+    }
+
+    Context ctx(options.n_threads);
+    Activations activations(c, L);
+    std::vector<double> nll(stride);
+    ScoreResult result;
+    result.n_windows = static_cast<int32_t>(n_windows);
+    for (size_t w = 0; w < n_windows; ++w) {
+        const size_t start = w * stride;
+        const int32_t len = static_cast<int32_t>(std::min<size_t>(L, n_tokens - start));
+        score_window(ctx, model, tokens + start, len, activations, nll.data());
+        for (int32_t p = 0; p + 1 < len; ++p) {
+            result.nll_sum += nll[p];
+            if (options.token_nll) options.token_nll[start + p] = static_cast<float>(nll[p]);
+        }
+        result.tokens_scored += static_cast<uint64_t>(len - 1);
+        if (options.progress && !options.progress(result.tokens_scored, n_tokens - 1)) {
+            fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
+                                       std::to_string(result.tokens_scored) + " of " +
+                                       std::to_string(n_tokens - 1) + " tokens");
+        }
+    }
+    return result;
+}
+
+void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, float eps) {
+    for (int32_t t = 0; t < T; ++t) {
+        const float *xt = x + static_cast<size_t>(t) * d;
+        float *yt = y + static_cast<size_t>(t) * d;
+        float sum_sq = 0.0f;
+        for (int32_t i = 0; i < d; ++i) sum_sq += xt[i] * xt[i];
+        const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+        for (int32_t i = 0; i < d; ++i) yt[i] = xt[i] * inv_rms * gain[i];
+    }
+}
+
+void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0) {
+    check_head_dim(n_heads, head_dim);
+    const RopeTable table = make_rope_table(T, head_dim, theta, pos0);
+    apply_rope(x, static_cast<size_t>(n_heads) * head_dim, 0, T, n_heads, table);
+}
+
+void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads) {
+    check_head_dim(n_heads, head_dim);
+    Context ctx(n_threads);
+    attention(ctx, qkv, out, T, n_heads, head_dim);
+}
+
+void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads) {
+    Context ctx(n_threads);
+    linear(ctx, w, x, y, M);
+}
+
+}  // namespace tl

@@ -1,2 +1,805 @@
-// Placeholder while this file is being written; replaced before any commit that claims the feature.
+// The .tinyloop loader and writer (docs/format.md). Every byte of the file is distrusted: the header is parsed
+// and checked in full, against itself and against the config, before a tensor view is handed out, and all size
+// arithmetic is overflow-checked.
 #include "format.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "error.hpp"
+
+namespace tl {
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;  // the reference safetensors reader's limit
+constexpr const char *kMetadataKey = "__metadata__";
+constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".weight"};
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string quoted(const std::string &s) { return "'" + s + "'"; }
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+// Product of `shape` times `elem_size`, or false if it does not fit in 64 bits.
+bool checked_bytes(const std::vector<int64_t> &shape, uint64_t elem_size, uint64_t *out) {
+    uint64_t bytes = elem_size;
+    for (int64_t dim : shape)
+        if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) return false;
+    *out = bytes;
+    return true;
+}
+
+bool parse_dtype(const std::string &text, DType *out) {
+    for (DType d : {DType::F16, DType::F32, DType::BF16, DType::U8, DType::I32}) {
+        if (text == dtype_name(d)) {
+            *out = d;
+            return true;
+        }
+    }
+    return false;
+}
+
+// Index of the first NaN/Inf among `count` values, or `count`. Reads through memcpy so that alignment never
+// matters, and tests the exponent bits directly rather than converting every value to float.
+size_t first_nonfinite(DType dtype, const void *data, size_t count) {
+    const auto *bytes = static_cast<const uint8_t *>(data);
+    for (size_t i = 0; i < count; ++i) {
+        if (dtype == DType::F32) {
+            uint32_t v;
+            std::memcpy(&v, bytes + 4 * i, 4);
+            if ((v & 0x7F800000u) == 0x7F800000u) return i;
+        } else {
+            uint16_t v;
+            std::memcpy(&v, bytes + 2 * i, 2);
+            const uint16_t exp_mask = dtype == DType::F16 ? 0x7C00u : 0x7F80u;
+            if ((v & exp_mask) == exp_mask) return i;
+        }
+    }
+    return count;
+}
+
+// ---- Reading the file ----
+
+struct FileBytes {
+    const uint8_t *data = nullptr;
+    size_t size = 0;
+    std::shared_ptr<const void> owner;  // the mapping or the buffer
+};
+
+struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+};
+
+FileBytes open_file(const std::string &path, bool use_mmap) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(TL_ERR_IO, "cannot open " + quoted(path) + ": " + errno_text(errno));
+    const FdCloser closer{fd};
+    struct stat st;
+    if (::fstat(fd, &st) != 0) fail(TL_ERR_IO, "cannot stat " + quoted(path) + ": " + errno_text(errno));
+    if (!S_ISREG(st.st_mode)) fail(TL_ERR_IO, quoted(path) + " is not a regular file");
+    FileBytes file;
+    file.size = static_cast<size_t>(st.st_size);
+    if (file.size < 8) {
+        fail(TL_ERR_FORMAT,
+             quoted(path) + ": file is " + std::to_string(file.size) + " bytes, shorter than the 8-byte header length");
+    }
+    if (use_mmap) {
+        void *map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) fail(TL_ERR_IO, "cannot map " + quoted(path) + ": " + errno_text(errno));
+        const size_t size = file.size;
+        file.owner = std::shared_ptr<const void>(map, [size](const void *p) { ::munmap(const_cast<void *>(p), size); });
+        file.data = static_cast<const uint8_t *>(map);
+        return file;
+    }
+    auto buffer = std::make_shared<std::vector<uint8_t>>(file.size);
+    size_t done = 0;
+    while (done < file.size) {
+        const size_t chunk = std::min<size_t>(file.size - done, size_t{1} << 30);
+        const ssize_t got = ::pread(fd, buffer->data() + done, chunk, static_cast<off_t>(done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) fail(TL_ERR_IO, "cannot read " + quoted(path) + ": " + errno_text(errno));
+        if (got == 0) fail(TL_ERR_IO, "cannot read " + quoted(path) + ": the file shrank while being read");
+        done += static_cast<size_t>(got);
+    }
+    file.data = buffer->data();
+    file.owner = std::move(buffer);
+    return file;
+}
+
+// ---- The header ----
+
+struct TensorEntry {
+    std::string name;
+    DType dtype = DType::U8;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0;  // byte range within the data section
+    uint64_t end = 0;
+    const uint8_t *bytes = nullptr;  // begin's address in the file
+};
+
+struct Header {
+    json root;
+    const uint8_t *data = nullptr;  // the data section
+    uint64_t data_size = 0;
+    std::map<std::string, std::string> metadata;
+    std::map<std::string, TensorEntry> tensors;
+};
+
+// A JSON value for a message: numbers as written, anything else by its type (it may be large).
+std::string describe(const json &value) {
+    return value.is_number() ? value.dump() : std::string("a ") + value.type_name();
+}
+
+// A non-negative JSON integer (nlohmann stores those that fit in int64 as signed, larger ones as unsigned).
+bool json_uint(const json &value, uint64_t *out) {
+    if (value.is_number_unsigned()) {
+        *out = value.get<uint64_t>();
+        return true;
+    }
+    if (value.is_number_integer() && value.get<int64_t>() >= 0) {
+        *out = static_cast<uint64_t>(value.get<int64_t>());
+        return true;
+    }
+    return false;
+}
+
+TensorEntry parse_tensor_entry(const std::string &name, const json &entry, const uint8_t *data, uint64_t data_size) {
+    const std::string where = "tensor " + quoted(name) + ": ";
+    if (!entry.is_object()) fail(TL_ERR_FORMAT, where + "header entry is not a JSON object");
+    TensorEntry t;
+    t.name = name;
+
+    const auto dtype = entry.find("dtype");
+    if (dtype == entry.end() || !dtype->is_string()) fail(TL_ERR_FORMAT, where + "missing or non-string dtype");
+    if (!parse_dtype(dtype->get<std::string>(), &t.dtype)) {
+        fail(TL_ERR_FORMAT,
+             where + "dtype " + quoted(dtype->get<std::string>()) + " is not one of F16, F32, BF16, U8, I32");
+    }
+
+    const auto shape = entry.find("shape");
+    if (shape == entry.end() || !shape->is_array()) fail(TL_ERR_FORMAT, where + "missing or non-list shape");
+    for (const json &dim : *shape) {
+        uint64_t d;
+        if (!json_uint(dim, &d) || d > static_cast<uint64_t>(INT64_MAX)) {
+            fail(TL_ERR_FORMAT, where + "shape is not a list of non-negative integers (element " +
+                                    std::to_string(t.shape.size()) + " is " + describe(dim) + ")");
+        }
+        t.shape.push_back(static_cast<int64_t>(d));
+    }
+    uint64_t expected_bytes;
+    if (!checked_bytes(t.shape, dtype_size(t.dtype), &expected_bytes)) {
+        fail(TL_ERR_FORMAT, where + "shape " + shape_text(t.shape) + " is too large (byte size overflows)");
+    }
+
+    const auto offsets = entry.find("data_offsets");
+    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 || !json_uint((*offsets)[0], &t.begin) ||
+        !json_uint((*offsets)[1], &t.end)) {
+        fail(TL_ERR_FORMAT, where + "data_offsets must be two non-negative integers [begin, end]");
+    }
+    if (t.begin > t.end) {
+        fail(TL_ERR_FORMAT,
+             where + "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] have begin > end");
+    }
+    if (t.end > data_size) {
+        fail(TL_ERR_FORMAT, where + "data_offsets end " + std::to_string(t.end) +
+                                " is past the end of the data section (" + std::to_string(data_size) +
+                                " bytes; the file may be truncated)");
+    }
+    if (t.end - t.begin != expected_bytes) {
+        fail(TL_ERR_FORMAT, where + "data_offsets span " + std::to_string(t.end - t.begin) + " bytes but shape " +
+                                shape_text(t.shape) + " of " + dtype_name(t.dtype) + " needs " +
+                                std::to_string(expected_bytes));
+    }
+    t.bytes = data + t.begin;
+    return t;
+}
+
+void check_no_overlap(const std::map<std::string, TensorEntry> &tensors) {
+    std::vector<const TensorEntry *> by_offset;
+    for (const auto &kv : tensors)
+        if (kv.second.end > kv.second.begin) by_offset.push_back(&kv.second);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const TensorEntry *a, const TensorEntry *b) { return a->begin < b->begin; });
+    for (size_t i = 1; i < by_offset.size(); ++i) {
+        const TensorEntry &prev = *by_offset[i - 1];
+        const TensorEntry &cur = *by_offset[i];
+        if (cur.begin < prev.end) {
+            fail(TL_ERR_FORMAT, "tensor " + quoted(cur.name) + " overlaps tensor " + quoted(prev.name) +
+                                    " in the data section (bytes " + std::to_string(cur.begin) + " < " +
+                                    std::to_string(prev.end) + ")");
+        }
+    }
+}
+
+// The length prefix, the JSON and __metadata__; tensor entries are parsed later, once the metadata says the
+// file is a version this library reads.
+Header parse_header(const FileBytes &file) {
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file.data[i];  // little-endian
+    if (header_len == 0) fail(TL_ERR_FORMAT, "header length is 0");
+    if (header_len > kMaxHeaderBytes) {
+        fail(TL_ERR_FORMAT, "header length " + std::to_string(header_len) + " exceeds the " +
+                                std::to_string(kMaxHeaderBytes) + "-byte limit");
+    }
+    if (header_len > file.size - 8) {
+        fail(TL_ERR_FORMAT, "header length " + std::to_string(header_len) + " runs past the end of the file (" +
+                                std::to_string(file.size) + " bytes; the file may be truncated)");
+    }
+    Header header;
+    const uint8_t *text = file.data + 8;
+    try {
+        header.root = json::parse(text, text + header_len);
+    } catch (const json::exception &e) {
+        fail(TL_ERR_FORMAT, std::string("header is not valid JSON: ") + e.what());
+    }
+    if (!header.root.is_object()) fail(TL_ERR_FORMAT, "header JSON is not an object");
+    header.data = text + header_len;
+    header.data_size = file.size - 8 - header_len;
+
+    const auto meta = header.root.find(kMetadataKey);
+    if (meta == header.root.end()) fail(TL_ERR_FORMAT, "header has no __metadata__ (not a .tinyloop file)");
+    if (!meta->is_object()) fail(TL_ERR_FORMAT, "__metadata__ is not a JSON object");
+    for (const auto &kv : meta->items()) {
+        if (!kv.value().is_string()) fail(TL_ERR_FORMAT, "__metadata__ value " + quoted(kv.key()) + " is not a string");
+        header.metadata[kv.key()] = kv.value().get<std::string>();
+    }
+    return header;
+}
+
+void parse_tensor_entries(Header *header) {
+    for (const auto &kv : header->root.items()) {
+        if (kv.key() == kMetadataKey) continue;
+        header->tensors.emplace(kv.key(), parse_tensor_entry(kv.key(), kv.value(), header->data, header->data_size));
+    }
+    header->root = json();  // no longer needed; frees the parsed header
+    check_no_overlap(header->tensors);
+}
+
+const std::string &metadata_field(const Header &header, const std::string &key) {
+    const auto it = header.metadata.find(key);
+    if (it == header.metadata.end()) fail(TL_ERR_FORMAT, "__metadata__ has no " + quoted(key));
+    return it->second;
+}
+
+int32_t parse_format_version(const std::string &text) {
+    int64_t version = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), version);
+    if (ec != std::errc() || end != text.data() + text.size() || version < 1) {
+        fail(TL_ERR_FORMAT, "__metadata__ format_version " + quoted(text) + " is not a positive integer");
+    }
+    if (version > kFormatVersion) {
+        fail(TL_ERR_FORMAT,
+             "unsupported format_version " + text + " (this library reads " + std::to_string(kFormatVersion) + ")");
+    }
+    return static_cast<int32_t>(version);
+}
+
+// ---- Building the model from validated entries ----
+
+std::string block_prefix(int32_t pre_index) {
+    return pre_index < 0 ? "loop." : "pre." + std::to_string(pre_index) + ".";
+}
+
+// Every tensor name a file with this config may hold; anything else is a typo or a stale file.
+std::set<std::string> known_tensor_names(const ModelConfig &c) {
+    std::set<std::string> names = {"embed.weight", "final_norm.weight"};
+    auto add_linear = [&](const std::string &linear) {
+        for (const char *suffix : kLinearSuffixes) names.insert(linear + suffix);
+    };
+    for (int32_t i = -1; i < c.pre; ++i) {
+        const std::string prefix = block_prefix(i);
+        names.insert(prefix + "attn_norm.weight");
+        names.insert(prefix + "mlp_norm.weight");
+        for (const char *linear : Block::kLinearNames) add_linear(prefix + linear);
+    }
+    add_linear("head");
+    return names;
+}
+
+// Keeps the file and any aligned copies alive for every view handed out.
+struct Storage {
+    std::shared_ptr<const void> file;
+    std::vector<std::unique_ptr<uint64_t[]>> copies;
+};
+
+class ModelReader {
+public:
+    ModelReader(Header header, std::shared_ptr<Storage> storage, const ModelConfig &config, const LoadOptions &options)
+        : header_(std::move(header)), storage_(std::move(storage)), config_(config), options_(options) {}
+
+    const TensorEntry *find(const std::string &name) const {
+        const auto it = header_.tensors.find(name);
+        return it == header_.tensors.end() ? nullptr : &it->second;
+    }
+
+    const TensorEntry &require(const std::string &name) const {
+        const TensorEntry *t = find(name);
+        if (!t) fail(TL_ERR_FORMAT, "missing tensor " + quoted(name));
+        return *t;
+    }
+
+    void check(const TensorEntry &t, std::initializer_list<DType> dtypes, const std::vector<int64_t> &shape,
+               const std::string &shape_meaning) const {
+        if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
+            std::string allowed;
+            for (DType d : dtypes) allowed += std::string(allowed.empty() ? "" : "/") + dtype_name(d);
+            fail(TL_ERR_FORMAT,
+                 "tensor " + quoted(t.name) + ": dtype " + dtype_name(t.dtype) + ", expected " + allowed);
+        }
+        if (t.shape != shape) {
+            fail(TL_ERR_FORMAT, "tensor " + quoted(t.name) + ": shape " + shape_text(t.shape) + ", expected " +
+                                    shape_text(shape) + " " + shape_meaning);
+        }
+    }
+
+    void check_finite(const TensorEntry &t) const {
+        if (!options_.validate_values) return;
+        const size_t count = (t.end - t.begin) / dtype_size(t.dtype);
+        const size_t bad = first_nonfinite(t.dtype, t.bytes, count);
+        if (bad != count) {
+            alignas(4) uint8_t value[4];
+            std::memcpy(value, t.bytes + bad * dtype_size(t.dtype), dtype_size(t.dtype));
+            fail(TL_ERR_FORMAT, "tensor " + quoted(t.name) + ": non-finite value (" +
+                                    std::to_string(load_float(t.dtype, value, 0)) + ") at index " +
+                                    std::to_string(bad));
+        }
+    }
+
+    // The tensor's data at an address aligned for its dtype: in place when the file allows, else a copy (files
+    // from other writers need not align tensors, and a misaligned typed read is undefined behaviour).
+    const void *aligned(const TensorEntry &t) const {
+        const size_t align = dtype_size(t.dtype);
+        if (reinterpret_cast<uintptr_t>(t.bytes) % align == 0) return t.bytes;
+        const size_t n = static_cast<size_t>(t.end - t.begin);
+        storage_->copies.emplace_back(new uint64_t[(n + 7) / 8]);
+        std::memcpy(storage_->copies.back().get(), t.bytes, n);
+        return storage_->copies.back().get();
+    }
+
+    std::vector<float> load_norm(const std::string &name) const {
+        const TensorEntry &t = require(name);
+        check(t, {DType::F16, DType::F32, DType::BF16}, {config_.d_model}, "([D])");
+        check_finite(t);
+        const void *data = aligned(t);
+        std::vector<float> out(static_cast<size_t>(config_.d_model));
+        for (size_t i = 0; i < out.size(); ++i) out[i] = load_float(t.dtype, data, i);
+        return out;
+    }
+
+    Linear load_linear(const std::string &name, int32_t k, int32_t n) const {
+        Linear lin;
+        lin.name = name;
+        lin.k = k;
+        lin.n = n;
+        lin.keepalive = storage_;
+        const std::string kn = "(K = " + std::to_string(k) + ", N = " + std::to_string(n) + ")";
+        const TensorEntry *qweight = find(name + ".qweight");
+        const TensorEntry *weight = find(name + ".weight");
+        if (qweight && weight) {
+            fail(TL_ERR_FORMAT, "linear " + quoted(name) + " has both a dense " + quoted(name + ".weight") +
+                                    " and a quantized " + quoted(name + ".qweight") + "; a linear is one or the other");
+        }
+        if (weight) {
+            for (const char *suffix : {".scales", ".zeros", ".frac4", ".sign_bit"}) {
+                if (find(name + suffix)) {
+                    fail(TL_ERR_FORMAT, "tensor " + quoted(name + suffix) + " belongs to a quantized linear, but " +
+                                            quoted(name) + " is dense (it has " + quoted(name + ".weight") + ")");
+                }
+            }
+            check(*weight, {DType::F16, DType::F32, DType::BF16}, {n, k}, "([N, K] " + kn + ")");
+            check_finite(*weight);
+            lin.dense_dtype = weight->dtype;
+            lin.dense = aligned(*weight);
+            return lin;
+        }
+        if (!qweight) {
+            fail(TL_ERR_FORMAT, "missing tensor " + quoted(name + ".qweight") + " (or " + quoted(name + ".weight") +
+                                    " for a dense linear)");
+        }
+        if (k % 2 != 0) {
+            fail(TL_ERR_FORMAT, "linear " + quoted(name) + ": K = " + std::to_string(k) +
+                                    " is odd; INT4 codes are packed two per byte");
+        }
+        check(*qweight, {DType::U8}, {n, k / 2}, "([N, K/2] " + kn + ")");
+
+        // The group count comes from the scales' shape; it must agree with the config's group size.
+        const TensorEntry &scales = require(name + ".scales");
+        const TensorEntry &zeros = require(name + ".zeros");
+        if (scales.shape.size() != 2 || scales.shape[1] < 1 || k % scales.shape[1] != 0) {
+            fail(TL_ERR_FORMAT, "tensor " + quoted(scales.name) + ": shape " + shape_text(scales.shape) +
+                                    ", expected [N, G] with G groups dividing K " + kn);
+        }
+        const int64_t groups = scales.shape[1];
+        const int32_t group_size = static_cast<int32_t>(k / groups);
+        const int32_t config_group = config_.group_size == 0 ? k : config_.group_size;
+        if (group_size != config_group) {
+            fail(TL_ERR_FORMAT, "tensor " + quoted(scales.name) + ": " + std::to_string(groups) + " groups of " +
+                                    std::to_string(group_size) + " along K = " + std::to_string(k) +
+                                    ", but the config's group_size " + std::to_string(config_.group_size) +
+                                    " means groups of " + std::to_string(config_group));
+        }
+        check(scales, {DType::F16}, {n, groups}, "([N, G] " + kn + ")");
+        check(zeros, {DType::F16}, {n, groups}, "([N, G] " + kn + ")");
+        check_finite(scales);
+        check_finite(zeros);
+        lin.quantized = true;
+        lin.bits = config_.bits;
+        lin.group_size = group_size;
+        lin.codes = qweight->bytes;
+        lin.scales = static_cast<const uint16_t *>(aligned(scales));
+        lin.zeros = static_cast<const uint16_t *>(aligned(zeros));
+        if (const TensorEntry *frac4 = find(name + ".frac4")) {
+            check(*frac4, {DType::U8}, {n, k / 2}, "([N, K/2] " + kn + ")");
+            lin.frac4 = frac4->bytes;
+        }
+        if (const TensorEntry *sign_bit = find(name + ".sign_bit")) {
+            if (k % 8 != 0) {
+                fail(TL_ERR_FORMAT, "tensor " + quoted(sign_bit->name) + ": K = " + std::to_string(k) +
+                                        " is not a multiple of 8, which a sign_bit channel requires");
+            }
+            check(*sign_bit, {DType::U8}, {n, k / 8}, "([N, K/8] " + kn + ")");
+            lin.sign_bit = sign_bit->bytes;
+        }
+        return lin;
+    }
+
+    void load_block(int32_t pre_index, Block *block) const {
+        const std::string prefix = block_prefix(pre_index);
+        const int32_t d = config_.d_model, a = config_.attn_dim(), f = config_.ffn;
+        block->attn_norm = load_norm(prefix + "attn_norm.weight");
+        block->mlp_norm = load_norm(prefix + "mlp_norm.weight");
+        block->attn_qkv = load_linear(prefix + "attn_qkv", d, 3 * a);
+        block->attn_out = load_linear(prefix + "attn_out", a, d);
+        block->mlp_gate = load_linear(prefix + "mlp_gate", d, f);
+        block->mlp_up = load_linear(prefix + "mlp_up", d, f);
+        block->mlp_down = load_linear(prefix + "mlp_down", f, d);
+    }
+
+    std::unique_ptr<Model> build() const {
+        const std::set<std::string> known = known_tensor_names(config_);
+        for (const auto &kv : header_.tensors)
+            if (!known.count(kv.first)) fail(TL_ERR_FORMAT, "unexpected tensor " + quoted(kv.first));
+
+        auto model = std::make_unique<Model>();
+        model->config = config_;
+        model->keepalive = storage_;
+        const int32_t d = config_.d_model, v = config_.vocab;
+
+        const TensorEntry &embed = require("embed.weight");
+        check(embed, {DType::F16, DType::F32, DType::BF16}, {v, d}, "([V, D])");
+        check_finite(embed);
+        model->embed_dtype = embed.dtype;
+        model->embed = aligned(embed);
+
+        model->pre.resize(static_cast<size_t>(config_.pre));
+        for (int32_t i = 0; i < config_.pre; ++i) load_block(i, &model->pre[static_cast<size_t>(i)]);
+        load_block(-1, &model->loop);
+        model->final_norm = load_norm("final_norm.weight");
+
+        bool any_head_tensor = false;
+        for (const char *suffix : kLinearSuffixes)
+            any_head_tensor = any_head_tensor || find(std::string("head") + suffix);
+        if (any_head_tensor) {
+            model->head = load_linear("head", d, v);
+            model->head_kind = model->head.quantized ? HeadKind::Quantized : HeadKind::Dense;
+        } else {
+            model->head_kind = HeadKind::Tied;
+            model->head.name = "head";
+            model->head.k = d;
+            model->head.n = v;
+            model->head.dense_dtype = model->embed_dtype;
+            model->head.dense = model->embed;
+            model->head.keepalive = storage_;
+        }
+
+        for (const auto &kv : header_.tensors) model->tensor_bytes += kv.second.end - kv.second.begin;
+        model->n_tensors = static_cast<uint32_t>(header_.tensors.size());
+        return model;
+    }
+
+private:
+    Header header_;
+    std::shared_ptr<Storage> storage_;
+    ModelConfig config_;
+    LoadOptions options_;
+};
+
+// ---- Config JSON ----
+
+struct IntField {
+    const char *name;
+    int32_t ModelConfig::*member;
+};
+struct FloatField {
+    const char *name;
+    float ModelConfig::*member;
+};
+constexpr IntField kIntFields[] = {{"d_model", &ModelConfig::d_model},       {"n_heads", &ModelConfig::n_heads},
+                                   {"head_dim", &ModelConfig::head_dim},     {"ffn", &ModelConfig::ffn},
+                                   {"vocab", &ModelConfig::vocab},           {"pre", &ModelConfig::pre},
+                                   {"loops", &ModelConfig::loops},           {"max_seq", &ModelConfig::max_seq},
+                                   {"group_size", &ModelConfig::group_size}, {"bits", &ModelConfig::bits}};
+constexpr FloatField kFloatFields[] = {{"rope_theta", &ModelConfig::rope_theta}, {"norm_eps", &ModelConfig::norm_eps}};
+
+// The float's shortest round-tripping decimal as a double, so that 1e-5f is stored as 1e-05 and not as the
+// double nearest to the float (9.99999974737875e-06); reading it back as float gives the same bits.
+double shortest_decimal(float value) {
+    char text[32];
+    const auto result = std::to_chars(text, text + sizeof text, value);
+    double out = value;
+    std::from_chars(text, result.ptr, out);
+    return out;
+}
+
+void check_range(const char *field, int64_t value, int64_t lo, int64_t hi) {
+    if (value < lo || value > hi) {
+        fail(TL_ERR_FORMAT, std::string("config: ") + field + " = " + std::to_string(value) + " is out of range [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+}
+
+}  // namespace
+
+std::string config_to_json(const ModelConfig &config) {
+    ordered_json j;
+    for (const IntField &f : kIntFields) j[f.name] = config.*f.member;
+    for (const FloatField &f : kFloatFields) j[f.name] = shortest_decimal(config.*f.member);
+    return j.dump();
+}
+
+ModelConfig config_from_json(const std::string &text) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception &e) {
+        fail(TL_ERR_FORMAT, std::string("config is not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) fail(TL_ERR_FORMAT, "config is not a JSON object");
+    auto field = [&](const char *name) -> const json & {
+        const auto it = j.find(name);
+        if (it == j.end()) fail(TL_ERR_FORMAT, std::string("config: missing field '") + name + "'");
+        return *it;
+    };
+    ModelConfig config;
+    for (const IntField &f : kIntFields) {
+        const json &value = field(f.name);
+        if (!value.is_number_integer() ||
+            (value.is_number_unsigned() ? value.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                                        : value.get<int64_t>() < INT32_MIN || value.get<int64_t>() > INT32_MAX)) {
+            fail(TL_ERR_FORMAT,
+                 std::string("config: field '") + f.name + "' must be a 32-bit integer, got " + describe(value));
+        }
+        config.*f.member = static_cast<int32_t>(value.get<int64_t>());
+    }
+    for (const FloatField &f : kFloatFields) {
+        const json &value = field(f.name);
+        if (!value.is_number())
+            fail(TL_ERR_FORMAT, std::string("config: field '") + f.name + "' must be a number, got " + describe(value));
+        config.*f.member = static_cast<float>(value.get<double>());
+    }
+    return config;
+}
+
+void validate_config(const ModelConfig &c) {
+    check_range("d_model", c.d_model, 1, 65536);
+    check_range("n_heads", c.n_heads, 1, 65536);
+    check_range("head_dim", c.head_dim, 2, 1024);
+    if (c.head_dim % 2 != 0) {
+        fail(TL_ERR_FORMAT,
+             "config: head_dim = " + std::to_string(c.head_dim) + " is odd (rotary embeddings rotate pairs)");
+    }
+    const int64_t attn_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+    if (attn_dim > 65536) {
+        fail(TL_ERR_FORMAT, "config: n_heads * head_dim = " + std::to_string(attn_dim) + " exceeds 65536");
+    }
+    check_range("ffn", c.ffn, 1, int64_t{1} << 20);
+    check_range("vocab", c.vocab, 2, int64_t{1} << 22);
+    check_range("pre", c.pre, 0, 256);
+    check_range("loops", c.loops, 1, 1024);
+    check_range("max_seq", c.max_seq, 2, int64_t{1} << 20);
+    if (c.bits != 4) fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(c.bits) + " is unsupported (only 4)");
+    if (c.group_size < 0) fail(TL_ERR_FORMAT, "config: group_size = " + std::to_string(c.group_size) + " is negative");
+    if (c.group_size > 0) {
+        const std::pair<const char *, int64_t> ks[] = {
+            {"d_model", c.d_model}, {"n_heads * head_dim", attn_dim}, {"ffn", c.ffn}};
+        for (const auto &k : ks) {
+            if (k.second % c.group_size != 0) {
+                fail(TL_ERR_FORMAT, "config: group_size = " + std::to_string(c.group_size) + " does not divide " +
+                                        k.first + " = " + std::to_string(k.second) + " (a K of the linears)");
+            }
+        }
+    }
+    if (!std::isfinite(c.rope_theta) || c.rope_theta <= 0.0f) {
+        fail(TL_ERR_FORMAT, "config: rope_theta = " + std::to_string(c.rope_theta) + " must be finite and > 0");
+    }
+    if (!std::isfinite(c.norm_eps) || c.norm_eps <= 0.0f || c.norm_eps >= 1.0f) {
+        fail(TL_ERR_FORMAT, "config: norm_eps = " + std::to_string(c.norm_eps) + " must be finite and in (0, 1)");
+    }
+}
+
+std::unique_ptr<Model> load_model(const std::string &path, const LoadOptions &options) {
+    FileBytes file = open_file(path, options.use_mmap);
+    try {
+        Header header = parse_header(file);
+        if (metadata_field(header, "format") != "tinyloop") {
+            fail(TL_ERR_FORMAT,
+                 "__metadata__ format is " + quoted(metadata_field(header, "format")) + ", expected 'tinyloop'");
+        }
+        const int32_t version = parse_format_version(metadata_field(header, "format_version"));
+        const ModelConfig config = config_from_json(metadata_field(header, "config"));
+        validate_config(config);
+        parse_tensor_entries(&header);
+
+        auto storage = std::make_shared<Storage>();
+        storage->file = file.owner;
+        std::unique_ptr<Model> model = ModelReader(std::move(header), storage, config, options).build();
+        model->format_version = version;
+        model->file_bytes = file.size;
+        return model;
+    } catch (const Error &e) {
+        fail(e.code(), quoted(path) + ": " + e.what());  // every message then says which file
+    }
+}
+
+void write_safetensors(const std::string &path, const std::map<std::string, std::string> &metadata,
+                       const std::vector<TensorView> &tensors) {
+    // Wider dtypes first: the data section starts 8-aligned and every size is a multiple of its dtype's
+    // size, so each tensor then starts aligned for its dtype, with no padding holes between tensors.
+    std::vector<const TensorView *> order;
+    for (const TensorView &t : tensors) order.push_back(&t);
+    std::stable_sort(order.begin(), order.end(), [](const TensorView *a, const TensorView *b) {
+        return dtype_size(a->dtype) > dtype_size(b->dtype);
+    });
+
+    ordered_json header;
+    if (!metadata.empty()) header[kMetadataKey] = metadata;
+    std::set<std::string> names;
+    std::vector<uint64_t> sizes;
+    uint64_t offset = 0;
+    for (const TensorView *t : order) {
+        if (t->name.empty() || t->name == kMetadataKey || !names.insert(t->name).second) {
+            fail(TL_ERR_INVALID_ARGUMENT,
+                 "write_safetensors: tensor name " + quoted(t->name) + " is empty, reserved or repeated");
+        }
+        uint64_t bytes;
+        if (!checked_bytes(t->shape, dtype_size(t->dtype), &bytes)) {
+            fail(TL_ERR_INVALID_ARGUMENT,
+                 "write_safetensors: tensor " + quoted(t->name) + " has an invalid shape " + shape_text(t->shape));
+        }
+        if (bytes > 0 && !t->data)
+            fail(TL_ERR_INVALID_ARGUMENT, "write_safetensors: tensor " + quoted(t->name) + " has no data");
+        header[t->name] = {
+            {"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + bytes}}};
+        sizes.push_back(bytes);
+        offset += bytes;
+    }
+    std::string text;
+    try {
+        text = header.dump();
+    } catch (const nlohmann::json::exception &e) {
+        fail(TL_ERR_INVALID_ARGUMENT,
+             std::string("write_safetensors: a name or metadata string is not UTF-8: ") + e.what());
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');  // 8 + text.size() is then a multiple of 8
+    uint8_t length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+
+    const std::string tmp = path + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fail(TL_ERR_IO, "cannot create " + quoted(tmp) + ": " + errno_text(errno));
+    // Until the rename succeeds, any failure closes and removes the temporary file.
+    struct TmpGuard {
+        int fd;
+        const std::string &tmp;
+        bool committed = false;
+        ~TmpGuard() {
+            if (fd >= 0) ::close(fd);
+            if (!committed) ::unlink(tmp.c_str());
+        }
+    } guard{fd, tmp};
+    auto write_all = [&](const void *data, uint64_t size) {
+        const auto *p = static_cast<const uint8_t *>(data);
+        while (size > 0) {
+            const ssize_t n = ::write(fd, p, std::min<uint64_t>(size, uint64_t{1} << 30));
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) fail(TL_ERR_IO, "cannot write " + quoted(tmp) + ": " + errno_text(errno));
+            p += n;
+            size -= static_cast<uint64_t>(n);
+        }
+    };
+    write_all(length, sizeof length);
+    write_all(text.data(), text.size());
+    for (size_t i = 0; i < order.size(); ++i) write_all(order[i]->data, sizes[i]);
+    if (::fsync(fd) != 0) fail(TL_ERR_IO, "cannot sync " + quoted(tmp) + ": " + errno_text(errno));
+    guard.fd = -1;
+    if (::close(fd) != 0) fail(TL_ERR_IO, "cannot close " + quoted(tmp) + ": " + errno_text(errno));
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        fail(TL_ERR_IO, "cannot rename " + quoted(tmp) + " to " + quoted(path) + ": " + errno_text(errno));
+    }
+    guard.committed = true;
+}
+
+void save_model(const std::string &path, const Model &model) {
+    const ModelConfig &c = model.config;
+    validate_config(c);
+    const int64_t d = c.d_model, v = c.vocab;
+    std::vector<TensorView> views;
+    auto need = [](bool ok, const std::string &what) {
+        if (!ok) fail(TL_ERR_INVALID_ARGUMENT, "save_model: " + what);
+    };
+    auto add_norm = [&](const std::string &name, const std::vector<float> &gain) {
+        need(gain.size() == static_cast<size_t>(d),
+             quoted(name) + " has " + std::to_string(gain.size()) + " values, expected d_model");
+        views.push_back({name, DType::F32, {d}, gain.data()});
+    };
+    auto add_linear = [&](const std::string &name, const Linear &lin, int64_t k, int64_t n) {
+        need(lin.k == k && lin.n == n, "linear " + quoted(name) + " is " + std::to_string(lin.k) + "x" +
+                                           std::to_string(lin.n) + ", expected K = " + std::to_string(k) +
+                                           ", N = " + std::to_string(n));
+        if (!lin.quantized) {
+            need(lin.dense != nullptr, "linear " + quoted(name) + " has no data");
+            views.push_back({name + ".weight", lin.dense_dtype, {n, k}, lin.dense});
+            return;
+        }
+        need(lin.codes && lin.scales && lin.zeros && lin.group_size > 0 && k % lin.group_size == 0,
+             "quantized linear " + quoted(name) + " lacks codes/scales/zeros or has a bad group size");
+        const int64_t groups = k / lin.group_size;
+        views.push_back({name + ".qweight", DType::U8, {n, k / 2}, lin.codes});
+        views.push_back({name + ".scales", DType::F16, {n, groups}, lin.scales});
+        views.push_back({name + ".zeros", DType::F16, {n, groups}, lin.zeros});
+        if (lin.frac4) views.push_back({name + ".frac4", DType::U8, {n, k / 2}, lin.frac4});
+        if (lin.sign_bit) {
+            need(k % 8 == 0, "linear " + quoted(name) + " has a sign_bit channel but K = " + std::to_string(k) +
+                                 " is not a multiple of 8");
+            views.push_back({name + ".sign_bit", DType::U8, {n, k / 8}, lin.sign_bit});
+        }
+    };
+    auto add_block = [&](int32_t pre_index, const Block &b) {
+        const std::string prefix = block_prefix(pre_index);
+        const int64_t a = c.attn_dim(), f = c.ffn;
+        add_norm(prefix + "attn_norm.weight", b.attn_norm);
+        add_norm(prefix + "mlp_norm.weight", b.mlp_norm);
+        add_linear(prefix + "attn_qkv", b.attn_qkv, d, 3 * a);
+        add_linear(prefix + "attn_out", b.attn_out, a, d);
+        add_linear(prefix + "mlp_gate", b.mlp_gate, d, f);
+        add_linear(prefix + "mlp_up", b.mlp_up, d, f);
+        add_linear(prefix + "mlp_down", b.mlp_down, f, d);
+    };
+
+    need(model.embed != nullptr, "the model has no embedding");
+    views.push_back({"embed.weight", model.embed_dtype, {v, d}, model.embed});
+    need(model.pre.size() == static_cast<size_t>(c.pre),
+         "the model has " + std::to_string(model.pre.size()) + " pre blocks, config.pre = " + std::to_string(c.pre));
+    for (int32_t i = 0; i < c.pre; ++i) add_block(i, model.pre[static_cast<size_t>(i)]);
+    add_block(-1, model.loop);
+    add_norm("final_norm.weight", model.final_norm);
+    if (model.head_kind != HeadKind::Tied) add_linear("head", model.head, d, v);
+
+    const std::map<std::string, std::string> metadata = {
+        {"format", "tinyloop"}, {"format_version", std::to_string(kFormatVersion)}, {"config", config_to_json(c)}};
+    write_safetensors(path, metadata, views);
+}
+
+}  // namespace tl

@@ -33,7 +33,7 @@ struct TensorView {
     const void *data;
 };
 
-// Writes a safetensors file (tensors in the given order, 8-byte aligned data) atomically: to `path + ".tmp"`
+// Writes a safetensors file (wider dtypes first so every tensor is aligned, no holes) atomically: to `path + ".tmp"`
 // then renamed. Throws TL_ERR_IO.
 void write_safetensors(const std::string &path, const std::map<std::string, std::string> &metadata,
                        const std::vector<TensorView> &tensors);

@@ -34,7 +34,7 @@ struct ModelConfig {
 
 // Y[m, n] = sum_k X[m, k] * W[k, n]. Storage is out-major ("[N, K]", like a PyTorch Linear weight):
 //   quantized: codes [n][k/2] (low nibble = even k), scales/zeros [n][groups] FP16, W = q*s + z;
-//   dense:     values [n][k] in F16 or F32.
+//   dense:     values [n][k] in F16, BF16 or F32.
 struct Linear {
     std::string name;  // e.g. "pre.0.attn_qkv", "loop.mlp_down", "head"
     int32_t k = 0;
@@ -81,7 +81,7 @@ struct Model {
     ModelConfig config;
     int32_t format_version = 1;
 
-    // Token embedding [vocab][d_model], F16 or F32.
+    // Token embedding [vocab][d_model], F16, BF16 or F32.
     DType embed_dtype = DType::F32;
     const void *embed = nullptr;
 

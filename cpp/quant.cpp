@@ -1,2 +1,160 @@
-// Placeholder while this file is being written; replaced before any commit that claims the feature.
 #include "quant.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "error.hpp"
+#include "half.hpp"
+
+namespace tl {
+
+namespace {
+
+constexpr uint16_t kSmallestHalf = 0x0001;  // 2^-24, the smallest positive subnormal
+
+// FP16 bits of a finite value that must fit in FP16; `what` names it in the error.
+uint16_t to_half_checked(double value, const std::string &what) {
+    const uint16_t h = float_to_half(static_cast<float>(value));
+    if ((h & 0x7C00u) == 0x7C00u) {
+        fail(TL_ERR_INVALID_ARGUMENT, what + " = " + std::to_string(value) + " does not fit in FP16");
+    }
+    return h;
+}
+
+}  // namespace
+
+QuantizedMatrix quantize_minmax(const float *w, int32_t k, int32_t n, int32_t group_size, QuantMethod method) {
+    if (k <= 0 || n <= 0 || k % 2 != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: shape k = " + std::to_string(k) + ", n = " +
+                                          std::to_string(n) + " (need k > 0 even and n > 0)");
+    }
+    const int32_t gs = group_size == 0 ? k : group_size;
+    if (gs < 0 || k % gs != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: group_size = " + std::to_string(group_size) +
+                                          " does not divide k = " + std::to_string(k));
+    }
+    if (w == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: weights are NULL");
+
+    QuantizedMatrix m;
+    m.k = k;
+    m.n = n;
+    m.group_size = gs;
+    m.bits = 4;
+    const int32_t groups = k / gs;
+    m.codes.assign(static_cast<size_t>(n) * (k / 2), 0);
+    m.scales.resize(static_cast<size_t>(n) * groups);
+    m.zeros.resize(static_cast<size_t>(n) * groups);
+
+    for (int32_t row = 0; row < n; ++row) {
+        const float *wr = w + static_cast<size_t>(row) * k;
+        uint8_t *codes = m.codes.data() + static_cast<size_t>(row) * (k / 2);
+        for (int32_t g = 0; g < groups; ++g) {
+            const float *wg = wr + static_cast<size_t>(g) * gs;
+            float lo = wg[0], hi = wg[0];
+            for (int32_t i = 0; i < gs; ++i) {
+                if (!std::isfinite(wg[i])) {
+                    fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: w[" + std::to_string(row) + "][" +
+                                                      std::to_string(g * gs + i) + "] is not finite");
+                }
+                lo = std::min(lo, wg[i]);
+                hi = std::max(hi, wg[i]);
+            }
+            const std::string where = "[" + std::to_string(row) + "][" + std::to_string(g) + "]";
+            const bool asym = method == QuantMethod::Asymmetric;
+            uint16_t s_bits = to_half_checked(asym ? (static_cast<double>(hi) - lo) / 15.0
+                                                   : std::max(hi / 7.0, -static_cast<double>(lo) / 8.0),
+                                              "scale" + where);
+            // s = 0 is kept for groups z alone represents (asymmetric: constant; symmetric: all zero); any
+            // other group whose scale underflows FP16 gets the smallest nonzero one.
+            if (s_bits == 0 && (asym ? hi != lo : (hi != 0.0f || lo != 0.0f))) s_bits = kSmallestHalf;
+            // Symmetric: -8*s is exact in FP16 whenever it is finite, so W = (q - 8)*s holds bit for bit
+            // (an all-zero group keeps z = +0 rather than -0).
+            const uint16_t z_bits = asym ? to_half_checked(lo, "zero" + where)
+                                  : s_bits == 0 ? uint16_t{0}
+                                                : to_half_checked(-8.0 * half_to_float(s_bits), "zero" + where);
+            m.scales[static_cast<size_t>(row) * groups + g] = s_bits;
+            m.zeros[static_cast<size_t>(row) * groups + g] = z_bits;
+
+            const double s = half_to_float(s_bits);
+            const double z = half_to_float(z_bits);
+            for (int32_t i = 0; i < gs; ++i) {
+                // s == 0 only for a constant group, which z alone represents.
+                const double q = s == 0.0 ? 0.0 : std::clamp(std::nearbyint((wg[i] - z) / s), 0.0, 15.0);
+                const int32_t kk = g * gs + i;
+                codes[kk / 2] |= static_cast<uint8_t>(static_cast<uint8_t>(q) << ((kk & 1) * 4));
+            }
+        }
+    }
+    return m;
+}
+
+Linear make_quantized_linear(std::string name, QuantizedMatrix m) {
+    auto owned = std::make_shared<QuantizedMatrix>(std::move(m));
+    Linear lin;
+    lin.name = std::move(name);
+    lin.k = owned->k;
+    lin.n = owned->n;
+    lin.quantized = true;
+    lin.bits = owned->bits;
+    lin.group_size = owned->group_size;
+    lin.codes = owned->codes.data();
+    lin.scales = owned->scales.data();
+    lin.zeros = owned->zeros.data();
+    lin.frac4 = owned->frac4.empty() ? nullptr : owned->frac4.data();
+    lin.sign_bit = owned->sign_bit.empty() ? nullptr : owned->sign_bit.data();
+    lin.keepalive = std::move(owned);
+    return lin;
+}
+
+Linear make_dense_linear(std::string name, const float *w, int32_t k, int32_t n) {
+    if (k <= 0 || n <= 0 || w == nullptr) {
+        fail(TL_ERR_INVALID_ARGUMENT, "make_dense_linear " + name + ": bad shape or NULL weights");
+    }
+    auto owned = std::make_shared<std::vector<float>>(w, w + static_cast<size_t>(k) * n);
+    Linear lin;
+    lin.name = std::move(name);
+    lin.k = k;
+    lin.n = n;
+    lin.quantized = false;
+    lin.dense_dtype = DType::F32;
+    lin.dense = owned->data();
+    lin.keepalive = std::move(owned);
+    return lin;
+}
+
+void dequantize_rows(const Linear &w, int32_t n0, int32_t n1, float *out) {
+    if (n0 < 0 || n1 < n0 || n1 > w.n) {
+        fail(TL_ERR_INVALID_ARGUMENT, "dequantize_rows " + w.name + ": rows [" + std::to_string(n0) + ", " +
+                                          std::to_string(n1) + ") outside [0, " + std::to_string(w.n) + ")");
+    }
+    const size_t k = static_cast<size_t>(w.k);
+    if (!w.quantized) {
+        const size_t begin = static_cast<size_t>(n0) * k, count = static_cast<size_t>(n1 - n0) * k;
+        if (w.dense_dtype == DType::F32) {
+            std::memcpy(out, static_cast<const float *>(w.dense) + begin, count * sizeof(float));
+        } else {
+            for (size_t i = 0; i < count; ++i) out[i] = load_float(w.dense_dtype, w.dense, begin + i);
+        }
+        return;
+    }
+    const int32_t gs = w.group_size, groups = w.n_groups();
+    for (int32_t nn = n0; nn < n1; ++nn) {
+        const uint8_t *codes = w.codes + static_cast<size_t>(nn) * (k / 2);
+        float *row = out + static_cast<size_t>(nn - n0) * k;
+        for (int32_t g = 0; g < groups; ++g) {
+            const float s = half_to_float(w.scales[static_cast<size_t>(nn) * groups + g]);
+            const float z = half_to_float(w.zeros[static_cast<size_t>(nn) * groups + g]);
+            // The 16 possible values of the group, each q*s + z rounded once in FP32.
+            float value[16];
+            for (int q = 0; q < 16; ++q) value[q] = static_cast<float>(q) * s + z;
+            for (int32_t kk = g * gs; kk < (g + 1) * gs; ++kk) {
+                row[kk] = value[(codes[kk / 2] >> ((kk & 1) * 4)) & 0x0F];
+            }
+        }
+    }
+}
+
+}  // namespace tl

@@ -9,7 +9,8 @@
  *    renumbered; new ones are only appended.
  *  - Each status-returning call resets the calling thread's error message; on failure it sets a message that
  *    names the offending argument, tensor or file. tl_last_error_message() reads it.
- *  - Output pointers are written only on success (except where documented).
+ *  - Output pointers are written only on success, except the object creators (tl_model_load, tl_weight_create,
+ *    tl_weight_quantize), which set *out to NULL on failure so that a failed create never leaves a pointer to free.
  *  - Option and result structs start with `uint32_t struct_size`, which the caller sets to sizeof(the struct)
  *    it was compiled with (the *_init functions do it). A smaller size from an older caller is accepted: the
  *    fields it lacks take their defaults. A size smaller than the first version of the struct, or larger than
@@ -233,7 +234,7 @@ typedef struct tl_weight_desc {
 TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc);
 
 /** Creates an owned weight from host arrays (copied; the caller keeps its arrays). Validates sizes and that
- *  every scale and zero is finite. */
+ *  every scale and zero is finite. On failure *out_weight is set to NULL. */
 TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_weight);
 
 static const int32_t TL_QUANT_ASYMMETRIC = 0;
@@ -254,7 +255,8 @@ typedef struct tl_quantize_options {
 TL_API tl_status tl_quantize_options_init(tl_quantize_options *options);
 
 /** Quantizes a row-major FP32 matrix w[n][k] (row n holds W[:, n], like a PyTorch Linear weight) into an
- *  owned weight. `options` may be NULL for the defaults. Values must be finite. */
+ *  owned weight. `options` may be NULL for the defaults. Values must be finite. On failure *out_weight is set
+ *  to NULL. */
 TL_API tl_status tl_weight_quantize(const float *w, int32_t k, int32_t n, const tl_quantize_options *options,
                                     tl_weight **out_weight);
 
@@ -312,7 +314,7 @@ typedef struct tl_score_options {
     tl_progress_fn progress;
     void *progress_user_data;
     /** Optional: receives each predicted position's NLL (natural log), token_nll[i] for token i + 1.
-     *  Must hold token_nll_len >= n_tokens - 1 floats when not NULL. */
+     *  Must hold token_nll_len >= n_tokens - 1 floats when not NULL (else TL_ERR_BUFFER_TOO_SMALL). */
     float *token_nll;
     size_t token_nll_len;
 } tl_score_options;

@@ -1,1 +1,581 @@
+// The exported C API: argument validation and one exception barrier per function around the C++ core.
+// Nothing here aborts; every failure becomes a tl_status plus the calling thread's error message.
+
 #include "tinyloop.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "build_info.hpp"
+#include "cpu_forward.hpp"
+#include "error.hpp"
+#include "format.hpp"
+#include "half.hpp"
+#include "model.hpp"
+#include "quant.hpp"
+
+#if defined(TL_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+struct tl_weight {
+    tl::Linear linear;  // views share ownership of their storage through linear.keepalive
+    bool borrowed = false;
+};
+
+struct tl_model {
+    std::unique_ptr<tl::Model> model;
+    std::vector<std::unique_ptr<tl_weight>> weights;  // the quantized linears, canonical order
+    std::map<std::string, size_t> weight_index;
+};
+
+namespace {
+
+// ---- Per-thread error message. Out-of-memory is reported without allocating. ----
+
+constexpr const char *kOutOfMemoryMessage = "out of memory";
+
+struct ThreadError {
+    std::string text;
+    const char *current = "";
+};
+
+ThreadError &thread_error() {
+    thread_local ThreadError error;
+    return error;
+}
+
+void clear_error() { thread_error().current = ""; }
+
+void set_error(const char *message) {
+    ThreadError &e = thread_error();
+    try {
+        e.text = message;
+        e.current = e.text.c_str();
+    } catch (...) {
+        e.current = kOutOfMemoryMessage;
+    }
+}
+
+// Runs `body` behind the barrier: tl::Error keeps its status, bad_alloc is TL_ERR_OUT_OF_MEMORY, anything else
+// is TL_ERR_INTERNAL.
+template <class Body>
+tl_status guarded(Body &&body) noexcept {
+    clear_error();
+    try {
+        body();
+        return TL_OK;
+    } catch (const tl::Error &e) {
+        set_error(e.what());
+        return e.code();
+    } catch (const std::bad_alloc &) {
+        thread_error().current = kOutOfMemoryMessage;
+        return TL_ERR_OUT_OF_MEMORY;
+    } catch (const std::exception &e) {
+        set_error(e.what());
+        return TL_ERR_INTERNAL;
+    } catch (...) {
+        set_error("unknown C++ exception");
+        return TL_ERR_INTERNAL;
+    }
+}
+
+void require(bool ok, const std::string &message) {
+    if (!ok) tl::fail(TL_ERR_INVALID_ARGUMENT, message);
+}
+
+template <class T>
+void require_not_null(const T *p, const char *name) {
+    if (p == nullptr) tl::fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+}
+
+// Every struct is in its first version, so its smallest accepted size is its full size. A later version that
+// appends fields keeps the old size as the minimum and fills the missing fields with defaults.
+template <class T>
+void require_struct_size(const T *s, const char *name) {
+    require_not_null(s, name);
+    if (s->struct_size != sizeof(T)) {
+        tl::fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + "->struct_size is " + std::to_string(s->struct_size) +
+                                              ", expected " + std::to_string(sizeof(T)) + " (use the _init function)");
+    }
+}
+
+// ---- Logging ----
+
+struct LogSink {
+    std::mutex mutex;
+    tl_log_fn callback = nullptr;
+    void *user_data = nullptr;
+    std::atomic<int32_t> max_level{-1};
+};
+
+LogSink &log_sink() {
+    static LogSink sink;
+    return sink;
+}
+
+int32_t bool_flag(int32_t v, const char *name) {
+    require(v == 0 || v == 1, std::string(name) + " must be 0 or 1, got " + std::to_string(v));
+    return v;
+}
+
+bool all_finite_half(const uint16_t *p, size_t count, const char *what, std::string *message) {
+    for (size_t i = 0; i < count; ++i) {
+        if ((p[i] & 0x7C00u) == 0x7C00u) {
+            *message = std::string(what) + "[" + std::to_string(i) + "] is not finite";
+            return false;
+        }
+    }
+    return true;
+}
+
+const char *build_info_json() {
+    static const std::string text = [] {
+        nlohmann::json info;
+        info["version"] = tl_version_string();
+        info["compiler"] = TL_BUILD_COMPILER;
+        info["build_type"] = TL_BUILD_TYPE;
+#if defined(TL_WITH_CUDA)
+        info["cuda"] = true;
+        info["cuda_version"] = TL_BUILD_CUDA_VERSION;
+#else
+        info["cuda"] = false;
+        info["cuda_version"] = nullptr;
+#endif
+        nlohmann::json archs = nlohmann::json::array();
+        const std::string list = TL_BUILD_CUDA_ARCHS;
+        size_t start = 0;
+        while (start < list.size()) {
+            size_t end = list.find(',', start);
+            if (end == std::string::npos) end = list.size();
+            if (end > start) archs.push_back(std::stoi(list.substr(start, end - start)));
+            start = end + 1;
+        }
+        info["cuda_architectures"] = archs;
+        return info.dump();
+    }();
+    return text.c_str();
+}
+
+#if defined(TL_WITH_CUDA)
+// Whether a usable CUDA device exists; never throws.
+bool cuda_device_present() {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+#endif
+
+}  // namespace
+
+namespace tl {
+
+bool log_enabled(int32_t level) { return level <= log_sink().max_level.load(std::memory_order_relaxed); }
+
+void log(int32_t level, const std::string &message) {
+    if (!log_enabled(level)) return;
+    LogSink &sink = log_sink();
+    std::lock_guard<std::mutex> lock(sink.mutex);
+    if (sink.callback != nullptr && level <= sink.max_level.load()) sink.callback(sink.user_data, level, message.c_str());
+}
+
+}  // namespace tl
+
+// =============================================================================================================
+extern "C" {
+
+TL_API const char *tl_status_string(tl_status status) {
+    switch (status) {
+        case TL_OK: return "ok";
+        case TL_ERR_INVALID_ARGUMENT: return "invalid argument";
+        case TL_ERR_OUT_OF_MEMORY: return "out of memory";
+        case TL_ERR_IO: return "I/O error";
+        case TL_ERR_FORMAT: return "malformed model file";
+        case TL_ERR_UNSUPPORTED: return "unsupported";
+        case TL_ERR_NO_DEVICE: return "no CUDA device";
+        case TL_ERR_CUDA: return "CUDA error";
+        case TL_ERR_INTERNAL: return "internal error";
+        case TL_ERR_BUFFER_TOO_SMALL: return "buffer too small";
+        case TL_ERR_NOT_FOUND: return "not found";
+        case TL_ERR_CANCELLED: return "cancelled";
+        default: return "unknown status";
+    }
+}
+
+TL_API const char *tl_last_error_message(void) { return thread_error().current; }
+
+TL_API uint32_t tl_version(void) {
+    return (TL_VERSION_MAJOR << 16) | (TL_VERSION_MINOR << 8) | TL_VERSION_PATCH;
+}
+
+TL_API const char *tl_version_string(void) {
+#define TL_STR2(x) #x
+#define TL_STR(x) TL_STR2(x)
+    return TL_STR(TL_VERSION_MAJOR) "." TL_STR(TL_VERSION_MINOR) "." TL_STR(TL_VERSION_PATCH);
+#undef TL_STR
+#undef TL_STR2
+}
+
+TL_API const char *tl_build_info(void) {
+    try {
+        return build_info_json();
+    } catch (...) {
+        return "{}";
+    }
+}
+
+TL_API tl_status tl_set_log_callback(tl_log_fn callback, void *user_data, int32_t max_level) {
+    return guarded([&] {
+        require(max_level >= TL_LOG_ERROR && max_level <= TL_LOG_DEBUG,
+                "max_level must be TL_LOG_ERROR..TL_LOG_DEBUG, got " + std::to_string(max_level));
+        LogSink &sink = log_sink();
+        std::lock_guard<std::mutex> lock(sink.mutex);
+        sink.callback = callback;
+        sink.user_data = user_data;
+        sink.max_level.store(callback != nullptr ? max_level : -1);
+    });
+}
+
+// ---- Models ----
+
+TL_API tl_status tl_load_options_init(tl_load_options *options) {
+    return guarded([&] {
+        require_not_null(options, "options");
+        std::memset(options, 0, sizeof *options);
+        options->struct_size = sizeof *options;
+        options->use_mmap = 1;
+        options->validate_values = 1;
+    });
+}
+
+TL_API tl_status tl_model_load(const char *path, const tl_load_options *options, tl_model **out_model) {
+    return guarded([&] {
+        require_not_null(out_model, "out_model");
+        *out_model = nullptr;
+        require_not_null(path, "path");
+        tl::LoadOptions load;
+        if (options != nullptr) {
+            require_struct_size(options, "options");
+            load.use_mmap = bool_flag(options->use_mmap, "options->use_mmap") != 0;
+            load.validate_values = bool_flag(options->validate_values, "options->validate_values") != 0;
+        }
+        auto handle = std::make_unique<tl_model>();
+        handle->model = tl::load_model(path, load);
+        for (const tl::Linear *linear : handle->model->linears()) {
+            if (!linear->quantized) continue;
+            auto w = std::make_unique<tl_weight>();
+            w->linear = *linear;
+            w->borrowed = true;
+            handle->weight_index.emplace(linear->name, handle->weights.size());
+            handle->weights.push_back(std::move(w));
+        }
+        *out_model = handle.release();
+    });
+}
+
+TL_API void tl_model_free(tl_model *model) { delete model; }
+
+TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        require_struct_size(out, "out");
+        const tl::Model &m = *model->model;
+        const tl::ModelConfig &c = m.config;
+        tl_model_properties p;
+        std::memset(&p, 0, sizeof p);
+        p.struct_size = sizeof p;
+        p.format_version = m.format_version;
+        p.d_model = c.d_model;
+        p.n_heads = c.n_heads;
+        p.head_dim = c.head_dim;
+        p.ffn = c.ffn;
+        p.vocab = c.vocab;
+        p.n_pre = c.pre;
+        p.n_loops = c.loops;
+        p.max_seq = c.max_seq;
+        p.group_size = c.group_size;
+        p.bits = c.bits;
+        p.rope_theta = c.rope_theta;
+        p.norm_eps = c.norm_eps;
+        p.n_tensors = m.n_tensors;
+        p.head_kind = m.head_kind == tl::HeadKind::Quantized ? 1 : m.head_kind == tl::HeadKind::Dense ? 0 : 2;
+        p.file_bytes = m.file_bytes;
+        p.tensor_bytes = m.tensor_bytes;
+        uint64_t params = static_cast<uint64_t>(c.vocab) * c.d_model + static_cast<uint64_t>(c.d_model) *
+                                                                            (2 * (m.pre.size() + 1) + 1);
+        for (const tl::Linear *linear : m.linears()) {
+            params += static_cast<uint64_t>(linear->k) * linear->n;
+            if (linear->quantized) {
+                ++p.n_quant_weights;
+                p.quant_weight_bytes += linear->quant_bytes();
+                if (linear->frac4 != nullptr) p.has_frac4 = 1;
+                if (linear->sign_bit != nullptr) p.has_sign_bit = 1;
+            } else {
+                ++p.n_dense_linears;
+            }
+        }
+        p.parameter_count = params;
+        *out = p;
+    });
+}
+
+TL_API tl_status tl_model_weight_count(const tl_model *model, size_t *out_count) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        require_not_null(out_count, "out_count");
+        *out_count = model->weights.size();
+    });
+}
+
+TL_API tl_status tl_model_weight_at(const tl_model *model, size_t index, const tl_weight **out_weight) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        require_not_null(out_weight, "out_weight");
+        if (index >= model->weights.size()) {
+            tl::fail(TL_ERR_NOT_FOUND, "weight index " + std::to_string(index) + " is out of range (the model has " +
+                                           std::to_string(model->weights.size()) + " quantized weights)");
+        }
+        *out_weight = model->weights[index].get();
+    });
+}
+
+TL_API tl_status tl_model_find_weight(const tl_model *model, const char *name, const tl_weight **out_weight) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        require_not_null(name, "name");
+        require_not_null(out_weight, "out_weight");
+        const auto it = model->weight_index.find(name);
+        if (it == model->weight_index.end()) {
+            tl::fail(TL_ERR_NOT_FOUND, std::string("the model has no quantized weight named '") + name + "'");
+        }
+        *out_weight = model->weights[it->second].get();
+    });
+}
+
+// ---- Weights ----
+
+TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc) {
+    return guarded([&] {
+        require_not_null(desc, "desc");
+        std::memset(desc, 0, sizeof *desc);
+        desc->struct_size = sizeof *desc;
+        desc->bits = 4;
+    });
+}
+
+namespace {
+
+// Shared checks of tl_weight_create and tl_weight_quantize; returns the actual group size.
+int32_t check_weight_shape(int32_t k, int32_t n, int32_t group_size, int32_t bits, const char *prefix) {
+    const std::string p(prefix);
+    require(bits == 4, p + "bits must be 4, got " + std::to_string(bits));
+    require(k > 0 && k % 2 == 0 && k <= (1 << 20), p + "k must be even and in [2, 2^20], got " + std::to_string(k));
+    require(n > 0 && n <= (1 << 24), p + "n must be in [1, 2^24], got " + std::to_string(n));
+    require(group_size >= 0, p + "group_size must be >= 0, got " + std::to_string(group_size));
+    const int32_t gs = group_size == 0 ? k : group_size;
+    require(k % gs == 0,
+            p + "group_size " + std::to_string(group_size) + " does not divide k = " + std::to_string(k));
+    return gs;
+}
+
+}  // namespace
+
+TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_weight) {
+    return guarded([&] {
+        require_not_null(out_weight, "out_weight");
+        *out_weight = nullptr;
+        require_struct_size(desc, "desc");
+        const int32_t gs = check_weight_shape(desc->k, desc->n, desc->group_size, desc->bits, "desc->");
+        require_not_null(desc->codes, "desc->codes");
+        require_not_null(desc->scales, "desc->scales");
+        require_not_null(desc->zeros, "desc->zeros");
+        require(desc->sign_bit == nullptr || desc->k % 8 == 0,
+                "desc->sign_bit needs k divisible by 8, got k = " + std::to_string(desc->k));
+        const size_t k = static_cast<size_t>(desc->k), n = static_cast<size_t>(desc->n);
+        const size_t groups = n * (k / static_cast<size_t>(gs));
+        std::string message;
+        if (!all_finite_half(desc->scales, groups, "desc->scales", &message) ||
+            !all_finite_half(desc->zeros, groups, "desc->zeros", &message)) {
+            tl::fail(TL_ERR_INVALID_ARGUMENT, message);
+        }
+        tl::QuantizedMatrix m;
+        m.k = desc->k;
+        m.n = desc->n;
+        m.group_size = gs;
+        m.bits = 4;
+        m.codes.assign(desc->codes, desc->codes + n * k / 2);
+        m.scales.assign(desc->scales, desc->scales + groups);
+        m.zeros.assign(desc->zeros, desc->zeros + groups);
+        if (desc->frac4 != nullptr) m.frac4.assign(desc->frac4, desc->frac4 + n * k / 2);
+        if (desc->sign_bit != nullptr) m.sign_bit.assign(desc->sign_bit, desc->sign_bit + n * k / 8);
+        auto w = std::make_unique<tl_weight>();
+        w->linear = tl::make_quantized_linear(desc->name != nullptr ? desc->name : "", std::move(m));
+        *out_weight = w.release();
+    });
+}
+
+TL_API tl_status tl_quantize_options_init(tl_quantize_options *options) {
+    return guarded([&] {
+        require_not_null(options, "options");
+        std::memset(options, 0, sizeof *options);
+        options->struct_size = sizeof *options;
+        options->method = TL_QUANT_ASYMMETRIC;
+        options->group_size = 0;
+        options->bits = 4;
+    });
+}
+
+TL_API tl_status tl_weight_quantize(const float *w, int32_t k, int32_t n, const tl_quantize_options *options,
+                                    tl_weight **out_weight) {
+    return guarded([&] {
+        require_not_null(out_weight, "out_weight");
+        *out_weight = nullptr;
+        require_not_null(w, "w");
+        tl_quantize_options opts;
+        tl_quantize_options_init(&opts);
+        if (options != nullptr) {
+            require_struct_size(options, "options");
+            opts = *options;
+        }
+        require(opts.method == TL_QUANT_ASYMMETRIC || opts.method == TL_QUANT_SYMMETRIC,
+                "options->method must be TL_QUANT_ASYMMETRIC or TL_QUANT_SYMMETRIC, got " + std::to_string(opts.method));
+        check_weight_shape(k, n, opts.group_size, opts.bits, "");
+        const size_t count = static_cast<size_t>(k) * static_cast<size_t>(n);
+        for (size_t i = 0; i < count; ++i) {
+            if (!std::isfinite(w[i])) tl::fail(TL_ERR_INVALID_ARGUMENT, "w[" + std::to_string(i) + "] is not finite");
+        }
+        auto weight = std::make_unique<tl_weight>();
+        weight->linear = tl::make_quantized_linear(
+            "", tl::quantize_minmax(w, k, n, opts.group_size,
+                                    opts.method == TL_QUANT_SYMMETRIC ? tl::QuantMethod::Symmetric
+                                                                      : tl::QuantMethod::Asymmetric));
+        *out_weight = weight.release();
+    });
+}
+
+TL_API void tl_weight_free(tl_weight *weight) {
+    if (weight != nullptr && !weight->borrowed) delete weight;
+}
+
+TL_API tl_status tl_weight_info(const tl_weight *weight, tl_weight_properties *out) {
+    return guarded([&] {
+        require_not_null(weight, "weight");
+        require_struct_size(out, "out");
+        const tl::Linear &l = weight->linear;
+        tl_weight_properties p;
+        std::memset(&p, 0, sizeof p);
+        p.struct_size = sizeof p;
+        p.k = l.k;
+        p.n = l.n;
+        p.group_size = l.group_size;
+        p.n_groups = l.n_groups();
+        p.bits = l.bits;
+        p.has_frac4 = l.frac4 != nullptr;
+        p.has_sign_bit = l.sign_bit != nullptr;
+        p.borrowed = weight->borrowed;
+        p.bytes = l.quant_bytes();
+        p.name = l.name.c_str();
+        *out = p;
+    });
+}
+
+TL_API tl_status tl_weight_dequantize(const tl_weight *weight, float *out, size_t out_len) {
+    return guarded([&] {
+        require_not_null(weight, "weight");
+        require_not_null(out, "out");
+        const tl::Linear &l = weight->linear;
+        const size_t needed = static_cast<size_t>(l.k) * static_cast<size_t>(l.n);
+        if (out_len < needed) {
+            tl::fail(TL_ERR_BUFFER_TOO_SMALL, "out_len is " + std::to_string(out_len) + ", the weight needs k*n = " +
+                                                  std::to_string(needed) + " floats");
+        }
+        tl::dequantize_rows(l, 0, l.n, out);
+    });
+}
+
+// ---- Scoring ----
+
+TL_API tl_status tl_score_options_init(tl_score_options *options) {
+    return guarded([&] {
+        require_not_null(options, "options");
+        std::memset(options, 0, sizeof *options);
+        options->struct_size = sizeof *options;
+        options->backend = TL_BACKEND_AUTO;
+    });
+}
+
+TL_API tl_status tl_score_result_init(tl_score_result *result) {
+    return guarded([&] {
+        require_not_null(result, "result");
+        std::memset(result, 0, sizeof *result);
+        result->struct_size = sizeof *result;
+    });
+}
+
+TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
+                          const tl_score_options *options, tl_score_result *out_result) {
+    return guarded([&] {
+        const auto start = std::chrono::steady_clock::now();
+        require_not_null(model, "model");
+        require_not_null(tokens, "tokens");
+        require_struct_size(out_result, "out_result");
+        tl_score_options opts;
+        tl_score_options_init(&opts);
+        if (options != nullptr) {
+            require_struct_size(options, "options");
+            opts = *options;
+        }
+        require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
+                                   std::to_string(n_tokens));
+        require(opts.n_threads >= 0 && opts.n_threads <= 1024,
+                "options->n_threads must be in [0, 1024], got " + std::to_string(opts.n_threads));
+        if (opts.token_nll != nullptr && opts.token_nll_len < n_tokens - 1) {
+            tl::fail(TL_ERR_BUFFER_TOO_SMALL, "options->token_nll_len is " + std::to_string(opts.token_nll_len) +
+                                                  ", needs n_tokens - 1 = " + std::to_string(n_tokens - 1));
+        }
+        if (opts.backend == TL_BACKEND_CUDA) {
+#if defined(TL_WITH_CUDA)
+            if (!cuda_device_present()) tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
+            tl::fail(TL_ERR_UNSUPPORTED, "backend CUDA: scoring on the GPU is not implemented in this version");
+#else
+            tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but this build has no CUDA support");
+#endif
+        }
+        require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU,
+                "options->backend must be TL_BACKEND_AUTO, TL_BACKEND_CPU or TL_BACKEND_CUDA, got " +
+                    std::to_string(opts.backend));
+
+        tl::ScoreOptions score;
+        score.n_threads = opts.n_threads;
+        score.window = opts.window;
+        score.token_nll = opts.token_nll;
+        if (opts.progress != nullptr) {
+            const tl_progress_fn fn = opts.progress;
+            void *user = opts.progress_user_data;
+            score.progress = [fn, user](uint64_t done, uint64_t total) { return fn(user, done, total) == 0; };
+        }
+        const tl::ScoreResult r = tl::score_cpu(*model->model, tokens, n_tokens, score);
+
+        tl_score_result result;
+        std::memset(&result, 0, sizeof result);
+        result.struct_size = sizeof result;
+        result.nll_sum = r.nll_sum;
+        result.tokens_scored = r.tokens_scored;
+        result.perplexity = r.tokens_scored > 0 ? std::exp(r.nll_sum / static_cast<double>(r.tokens_scored)) : 0.0;
+        result.backend = TL_BACKEND_CPU;
+        result.n_windows = r.n_windows;
+        result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        *out_result = result;
+    });
+}
+
+}  // extern "C"

@@ -1,2 +1,285 @@
+// The `tinyloop` command-line tool: info, make-model, quantize, score.
+// Scoring and inspection go through the public C API (the same path users take); model creation and
+// quantization use the C++ core directly because the C API has no model writer.
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "error.hpp"
+#include "format.hpp"
+#include "quant.hpp"
+#include "synthetic.hpp"
 #include "tinyloop.h"
-int main() { return 0; }
+
+namespace {
+
+struct CliError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+void check(tl_status status, const char *what) {
+    if (status != TL_OK) {
+        throw CliError(std::string(what) + ": " + tl_status_string(status) + ": " + tl_last_error_message());
+    }
+}
+
+// ---- Presets for make-model ----
+
+tl::ModelConfig preset_config(const std::string &name) {
+    tl::ModelConfig c;
+    if (name == "tiny") {  // test fixture: tests/data/tiny.tinyloop
+        c.d_model = 64, c.n_heads = 4, c.head_dim = 16, c.ffn = 128, c.vocab = 256;
+        c.pre = 1, c.loops = 2, c.max_seq = 128, c.group_size = 32;
+    } else if (name == "demo") {  // small byte-level model for the README's demo
+        c.d_model = 256, c.n_heads = 4, c.head_dim = 64, c.ffn = 1024, c.vocab = 256;
+        c.pre = 2, c.loops = 4, c.max_seq = 1024, c.group_size = 128;
+    } else if (name == "2b") {  // the seed's production shape (MISSION.md)
+        c.d_model = 2048, c.n_heads = 16, c.head_dim = 128, c.ffn = 8192, c.vocab = 50257;
+        c.pre = 2, c.loops = 8, c.max_seq = 4096, c.group_size = 0;
+    } else {
+        throw CliError("unknown preset '" + name + "' (tiny, demo, 2b)");
+    }
+    return c;
+}
+
+// ---- Tokens ----
+
+std::vector<int32_t> read_text_tokens(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw CliError("cannot open text file '" + path + "'");
+    std::vector<int32_t> tokens;
+    for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) {
+        tokens.push_back(static_cast<unsigned char>(*it));  // byte-level tokens
+    }
+    return tokens;
+}
+
+std::vector<int32_t> read_token_file(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) throw CliError("cannot open token file '" + path + "'");
+    std::vector<int32_t> tokens;
+    long long v;
+    while (in >> v) {
+        if (v < INT32_MIN || v > INT32_MAX) throw CliError("token " + std::to_string(v) + " out of int32 range");
+        tokens.push_back(static_cast<int32_t>(v));
+    }
+    if (!in.eof()) throw CliError("token file '" + path + "' holds something that is not an integer");
+    return tokens;
+}
+
+// A progress bar on stderr, drawn only when stderr is a terminal.
+int32_t draw_progress(void *, uint64_t done, uint64_t total) {
+    if (total == 0) return 0;
+    const int width = 40;
+    const int filled = static_cast<int>(width * done / total);
+    std::fprintf(stderr, "\r[%.*s%*s] %3d%% %llu/%llu tokens", filled, "========================================",
+                 width - filled, "", static_cast<int>(100 * done / total), static_cast<unsigned long long>(done),
+                 static_cast<unsigned long long>(total));
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+    return 0;
+}
+
+struct ModelHandle {
+    tl_model *model = nullptr;
+    explicit ModelHandle(const std::string &path) { check(tl_model_load(path.c_str(), nullptr, &model), "load"); }
+    ~ModelHandle() { tl_model_free(model); }
+    ModelHandle(const ModelHandle &) = delete;
+    ModelHandle &operator=(const ModelHandle &) = delete;
+};
+
+// ---- Commands ----
+
+int cmd_info(const std::string &path) {
+    ModelHandle h(path);
+    tl_model_properties p;
+    p.struct_size = sizeof p;
+    check(tl_model_info(h.model, &p), "info");
+    const char *head = p.head_kind == 1 ? "quantized" : p.head_kind == 0 ? "dense" : "tied to the embedding";
+    std::printf("model            %s\n", path.c_str());
+    std::printf("format_version   %d\n", p.format_version);
+    std::printf("d_model          %d\n", p.d_model);
+    std::printf("heads            %d x %d\n", p.n_heads, p.head_dim);
+    std::printf("ffn              %d\n", p.ffn);
+    std::printf("vocab            %d\n", p.vocab);
+    std::printf("blocks           %d pre + 1 looped x %d\n", p.n_pre, p.n_loops);
+    std::printf("max_seq          %d\n", p.max_seq);
+    std::printf("quantization     INT%d, %s\n", p.bits,
+                p.group_size == 0 ? "per row" : ("group " + std::to_string(p.group_size)).c_str());
+    std::printf("rope_theta       %g\nnorm_eps         %g\n", p.rope_theta, p.norm_eps);
+    std::printf("head             %s\n", head);
+    std::printf("linears          %u quantized, %u dense\n", p.n_quant_weights, p.n_dense_linears);
+    std::printf("channels         frac4 %s, sign_bit %s\n", p.has_frac4 ? "yes" : "no", p.has_sign_bit ? "yes" : "no");
+    std::printf("parameters       %llu\n", static_cast<unsigned long long>(p.parameter_count));
+    std::printf("file             %llu bytes, %u tensors, quantized weights %llu bytes\n",
+                static_cast<unsigned long long>(p.file_bytes), p.n_tensors,
+                static_cast<unsigned long long>(p.quant_weight_bytes));
+    return 0;
+}
+
+int cmd_score(const std::string &model_path, const std::string &text, const std::string &token_file,
+              const std::string &backend, int threads, int window, size_t max_tokens, const std::string &per_token) {
+    std::vector<int32_t> tokens = token_file.empty() ? read_text_tokens(text) : read_token_file(token_file);
+    if (max_tokens > 0 && tokens.size() > max_tokens) tokens.resize(max_tokens);
+    if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
+    ModelHandle h(model_path);
+
+    tl_score_options opts;
+    check(tl_score_options_init(&opts), "score options");
+    static const std::map<std::string, int32_t> backends = {
+        {"auto", TL_BACKEND_AUTO}, {"cpu", TL_BACKEND_CPU}, {"cuda", TL_BACKEND_CUDA}};
+    opts.backend = backends.at(backend);
+    opts.n_threads = threads;
+    opts.window = window;
+    if (isatty(STDERR_FILENO)) opts.progress = draw_progress;
+    std::vector<float> nll;
+    if (!per_token.empty()) {
+        nll.resize(tokens.size() - 1);
+        opts.token_nll = nll.data();
+        opts.token_nll_len = nll.size();
+    }
+    tl_score_result r;
+    check(tl_score_result_init(&r), "score result");
+    check(tl_score(h.model, tokens.data(), tokens.size(), &opts, &r), "score");
+
+    std::printf("tokens        %llu scored (%zu in, %d window%s)\n", static_cast<unsigned long long>(r.tokens_scored),
+                tokens.size(), r.n_windows, r.n_windows == 1 ? "" : "s");
+    std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
+    std::printf("nll           %.6f nats/token\n", r.nll_sum / static_cast<double>(r.tokens_scored));
+    std::printf("perplexity    %.4f\n", r.perplexity);
+    std::printf("time          %.3f s, %.1f tokens/s\n", r.seconds, static_cast<double>(tokens.size()) / r.seconds);
+    if (!per_token.empty()) {
+        std::ofstream out(per_token);
+        for (size_t i = 0; i < nll.size(); ++i) out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
+        if (!out) throw CliError("cannot write '" + per_token + "'");
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 models"};
+    app.require_subcommand(1);
+
+    std::string model_path;
+    auto *info = app.add_subcommand("info", "print a model's configuration and sizes");
+    info->add_option("model", model_path, "the .tinyloop file")->required();
+
+    std::string out_path, preset = "tiny";
+    tl::ModelConfig overrides;  // 0 = take the preset's value
+    overrides.rope_theta = 0, overrides.norm_eps = 0, overrides.bits = 0;
+    int group_size = -1;
+    tl::SyntheticOptions synth;
+    bool dense = false, symmetric = false;
+    auto *make = app.add_subcommand("make-model", "write a deterministic synthetic model");
+    make->add_option("--out", out_path, "output .tinyloop path")->required();
+    make->add_option("--preset", preset, "tiny | demo | 2b")->capture_default_str();
+    make->add_option("--d-model", overrides.d_model);
+    make->add_option("--n-heads", overrides.n_heads);
+    make->add_option("--head-dim", overrides.head_dim);
+    make->add_option("--ffn", overrides.ffn);
+    make->add_option("--vocab", overrides.vocab);
+    make->add_option("--pre", overrides.pre);
+    make->add_option("--loops", overrides.loops);
+    make->add_option("--max-seq", overrides.max_seq);
+    make->add_option("--group-size", group_size, "0 = per row");
+    make->add_option("--seed", synth.seed)->capture_default_str();
+    make->add_flag("--dense", dense, "store linears unquantized (F32)");
+    make->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric min-max");
+    make->add_flag("--quantize-head", synth.quantize_head, "a quantized head instead of one tied to the embedding");
+    make->add_flag("--frac4", synth.frac4, "write frac4 channels");
+    make->add_flag("--sign-bit", synth.sign_bit, "write sign_bit channels");
+
+    std::string in_path;
+    bool quantize_head = false;
+    auto *quantize = app.add_subcommand("quantize", "quantize a model's dense linears to INT4 (min-max)");
+    quantize->add_option("input", in_path, "a .tinyloop/safetensors file with dense linears")->required();
+    quantize->add_option("output", out_path, "the INT4 .tinyloop to write")->required();
+    quantize->add_option("--group-size", group_size, "0 = per row (default 128)");
+    quantize->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric min-max");
+    quantize->add_flag("--quantize-head", quantize_head, "also quantize a dense head");
+
+    std::string text, token_file, backend = "auto", per_token;
+    int threads = 0, window = 0;
+    size_t max_tokens = 0;
+    auto *score = app.add_subcommand("score", "perplexity of a text (byte-level tokens) or a token file");
+    score->add_option("model", model_path, "the .tinyloop file")->required();
+    auto *text_opt = score->add_option("--text", text, "a text file; each byte is a token");
+    auto *tokens_opt = score->add_option("--tokens", token_file, "a file of whitespace-separated token ids");
+    text_opt->excludes(tokens_opt);
+    score->add_option("--backend", backend, "auto | cpu | cuda")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+    score->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
+    score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
+    score->add_option("--max-tokens", max_tokens, "score at most this many tokens, 0 = all");
+    score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
+
+    CLI11_PARSE(app, argc, argv);
+
+    try {
+        if (*info) return cmd_info(model_path);
+        if (*make) {
+            tl::ModelConfig c = preset_config(preset);
+            for (auto [field, value] : {std::pair{&c.d_model, overrides.d_model}, {&c.n_heads, overrides.n_heads},
+                                        {&c.head_dim, overrides.head_dim}, {&c.ffn, overrides.ffn},
+                                        {&c.vocab, overrides.vocab}, {&c.pre, overrides.pre},
+                                        {&c.loops, overrides.loops}, {&c.max_seq, overrides.max_seq}}) {
+                if (value > 0) *field = value;
+            }
+            if (group_size >= 0) c.group_size = group_size;
+            tl::validate_config(c);
+            synth.quantized = !dense;
+            synth.method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
+            tl::save_model(out_path, *tl::make_synthetic_model(c, synth));
+            std::printf("wrote %s\n", out_path.c_str());
+            return 0;
+        }
+        if (*quantize) {
+            tl::LoadOptions load;
+            auto model = tl::load_model(in_path, load);
+            model->config.group_size = group_size >= 0 ? group_size : 128;
+            const auto method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
+            auto requantize = [&](tl::Linear &l) {
+                if (l.quantized) throw CliError("'" + l.name + "' is already quantized; quantize takes dense linears");
+                std::vector<float> w(static_cast<size_t>(l.k) * static_cast<size_t>(l.n));
+                tl::dequantize_rows(l, 0, l.n, w.data());
+                l = tl::make_quantized_linear(l.name, tl::quantize_minmax(w.data(), l.k, l.n,
+                                                                          model->config.group_size, method));
+            };
+            for (tl::Block &b : model->pre)
+                for (int i = 0; i < 5; ++i) requantize(*b.linear(i));
+            for (int i = 0; i < 5; ++i) requantize(*model->loop.linear(i));
+            if (quantize_head && model->head_kind == tl::HeadKind::Dense) {
+                requantize(model->head);
+                model->head_kind = tl::HeadKind::Quantized;
+            }
+            tl::validate_config(model->config);
+            tl::save_model(out_path, *model);
+            std::printf("wrote %s\n", out_path.c_str());
+            return 0;
+        }
+        if (*score) {
+            if (text.empty() && token_file.empty()) throw CliError("score needs --text FILE or --tokens FILE");
+            return cmd_score(model_path, text, token_file, backend, threads, window, max_tokens, per_token);
+        }
+    } catch (const tl::Error &e) {
+        std::fprintf(stderr, "tinyloop: %s: %s\n", tl_status_string(e.code()), e.what());
+        return 1;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "tinyloop: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,364 @@
+// tl_bench: the INT4 x FP16 GEMM paths side by side on the layers and M values of shared/H200-NOTES.md.
+//
+//   tl_bench <out.csv> <out.md> [--quick]
+//
+// Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
+// (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
+// the calls per graph. Kernels: Marlin-class fused (q*s + z in the kernel), Marlin-class symmetric + the seed's
+// correction (memset, GEMM, a_group_sum, correction_accum), native INT4 (M <= 256 only: it reads all weights once
+// per row and takes seconds beyond that), dequantize + cuBLAS, and cuBLAS FP16 on dense weights.
+// SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes = K*N/2 + scales + zeros (FP16 [G][N] each) + 2MK + 2MN.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "gpu_kernels.hpp"
+
+namespace {
+
+constexpr double kHbmBytesPerSecond = 4.6e12;
+constexpr double kPeakFlops = 790e12;
+constexpr size_t kRotationBytes = 256ull << 20;  // > 4 x 60 MB L2
+constexpr int kReplays = 7;
+constexpr int kNativeMaxM = 256;
+
+#define CHECK_CUDA(call)                                                                              \
+    do {                                                                                              \
+        const cudaError_t e = (call);                                                                 \
+        if (e != cudaSuccess) {                                                                       \
+            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
+            std::exit(1);                                                                             \
+        }                                                                                             \
+    } while (0)
+
+__device__ uint32_t hash32(uint64_t i, uint32_t seed) {
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<uint32_t>(z ^ (z >> 31));
+}
+__device__ float uniform01(uint64_t i, uint32_t seed) { return (hash32(i, seed) >> 8) * (1.0f / 16777216.0f); }
+
+__global__ void fill_bits(uint32_t *p, size_t words, uint32_t seed) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words; i += gridDim.x * blockDim.x)
+        p[i] = hash32(i, seed);
+}
+// kind 0: N(0, scale) approximately (sum of four uniforms); 1: U(lo, hi) with lo = scale, hi = 5 * scale;
+// 2: -U(6, 9) * scale (zero points of min-max quantization).
+__global__ void fill_values(__half *h, float *f, size_t count, uint32_t seed, int kind, float scale) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        float v;
+        if (kind == 0) {
+            v = (uniform01(4 * i, seed) + uniform01(4 * i + 1, seed) + uniform01(4 * i + 2, seed) +
+                 uniform01(4 * i + 3, seed) - 2.0f) * 1.7320508f * scale;
+        } else if (kind == 1) {
+            v = scale * (1.0f + 4.0f * uniform01(i, seed));
+        } else {
+            v = -scale * (6.0f + 3.0f * uniform01(i, seed));
+        }
+        if (h != nullptr) h[i] = __float2half_rn(v);
+        if (f != nullptr) f[i] = v;
+    }
+}
+
+template <class T>
+T *device_alloc(size_t count) {
+    T *p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    return p;
+}
+
+uint32_t g_seed = 12345;
+void random_bits(void *p, size_t bytes) {
+    fill_bits<<<1024, 256>>>(static_cast<uint32_t *>(p), bytes / 4, g_seed++);
+    CHECK_CUDA(cudaGetLastError());
+}
+void random_half(uint16_t *p, size_t count, int kind, float scale) {
+    fill_values<<<1024, 256>>>(reinterpret_cast<__half *>(p), nullptr, count, g_seed++, kind, scale);
+    CHECK_CUDA(cudaGetLastError());
+}
+void random_float(float *p, size_t count, float scale) {
+    fill_values<<<1024, 256>>>(nullptr, p, count, g_seed++, 0, scale);
+    CHECK_CUDA(cudaGetLastError());
+}
+
+struct Layer {
+    const char *name;
+    int k, n;
+};
+
+// Weight copies of one layer in every format the kernels read. Random bits are random codes in any layout, so
+// the INT4 codes double as Marlin words, and the [N][G] scales as permuted [G][N] ones.
+struct LayerData {
+    int k = 0, n = 0, groups = 0, copies = 0;
+    std::vector<uint8_t *> codes;                    // K*N/2 bytes each
+    std::vector<uint16_t *> scales, zeros;           // G*N each
+    std::vector<float *> delta;                      // G*N each
+    std::vector<uint16_t *> dense;                   // K*N FP16 each (own copy count)
+    void release() {
+        for (auto *p : codes) cudaFree(p);
+        for (auto *p : scales) cudaFree(p);
+        for (auto *p : zeros) cudaFree(p);
+        for (auto *p : delta) cudaFree(p);
+        for (auto *p : dense) cudaFree(p);
+        *this = LayerData{};
+    }
+};
+
+LayerData make_layer(int k, int n, int group_size) {
+    LayerData d;
+    d.k = k;
+    d.n = n;
+    d.groups = k / group_size;
+    const size_t int4_bytes = static_cast<size_t>(k) * n / 2 + static_cast<size_t>(d.groups) * n * 4;
+    d.copies = static_cast<int>(std::max<size_t>(2, (kRotationBytes + int4_bytes - 1) / int4_bytes));
+    for (int c = 0; c < d.copies; ++c) {
+        d.codes.push_back(device_alloc<uint8_t>(static_cast<size_t>(k) * n / 2));
+        random_bits(d.codes.back(), static_cast<size_t>(k) * n / 2);
+        d.scales.push_back(device_alloc<uint16_t>(static_cast<size_t>(d.groups) * n));
+        random_half(d.scales.back(), static_cast<size_t>(d.groups) * n, 1, 0.004f);
+        d.zeros.push_back(device_alloc<uint16_t>(static_cast<size_t>(d.groups) * n));
+        random_half(d.zeros.back(), static_cast<size_t>(d.groups) * n, 2, 0.01f);
+        d.delta.push_back(device_alloc<float>(static_cast<size_t>(d.groups) * n));
+        random_float(d.delta.back(), static_cast<size_t>(d.groups) * n, 0.01f);
+    }
+    const size_t dense_bytes = static_cast<size_t>(k) * n * 2;
+    const int dense_copies = static_cast<int>(std::max<size_t>(1, (kRotationBytes + dense_bytes - 1) / dense_bytes));
+    for (int c = 0; c < dense_copies; ++c) {
+        d.dense.push_back(device_alloc<uint16_t>(static_cast<size_t>(k) * n));
+        random_half(d.dense.back(), static_cast<size_t>(k) * n, 0, 0.02f);
+    }
+    return d;
+}
+
+struct Timing {
+    double us = -1.0;  // < 0: not run
+    int rc = 0;
+    int calls = 0;
+};
+
+// Captures `calls` invocations of run(i) (i = call index) in a graph, replays it kReplays times, returns the
+// median per-call time. run() returns the launcher's rc; a non-zero rc aborts the measurement.
+template <class Run>
+Timing time_calls(cudaStream_t stream, int rotation, Run run) {
+    Timing t;
+    for (int i = 0; i < rotation; ++i) {  // warm-up, first-use allocations, and rc check outside capture
+        t.rc = run(i);
+        if (t.rc != 0) return t;
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < rotation; ++i) run(i);
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const double estimate_us = std::max(1e-3, 1000.0 * ms / rotation);
+    // At least one pass over every copy, and graphs of >= 2 ms so launch gaps and event resolution vanish.
+    int calls = std::max(rotation, static_cast<int>(2000.0 / estimate_us));
+    calls = std::min(calls, std::max(rotation, 2000));
+    calls = (calls + rotation - 1) / rotation * rotation;
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) run(i);
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm replay
+    std::vector<float> replay_ms;
+    for (int r = 0; r < kReplays; ++r) {
+        CHECK_CUDA(cudaEventRecord(start, stream));
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaEventRecord(stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        replay_ms.push_back(ms);
+    }
+    std::sort(replay_ms.begin(), replay_ms.end());
+    t.us = 1000.0 * replay_ms[kReplays / 2] / calls;
+    t.calls = calls;
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaEventDestroy(start));
+    CHECK_CUDA(cudaEventDestroy(stop));
+    return t;
+}
+
+const char *kKernels[] = {"marlin_fused", "marlin_corr", "native", "deq_cublas", "cublas_fp16"};
+constexpr int kNumKernels = 5;
+
+struct Row {
+    std::string layer;
+    int k, n, m, group;  // group: the actual group size (k = per row)
+    double sol_us;
+    Timing t[kNumKernels];
+};
+
+double sol_us(int m, int k, int n, int groups) {
+    const double bytes = static_cast<double>(k) * n / 2 + 2.0 * groups * n * 2 + 2.0 * m * k + 2.0 * m * n;
+    return 1e6 * std::max(bytes / kHbmBytesPerSecond, 2.0 * m * n * k / kPeakFlops);
+}
+
+std::string cell(const Row &r, int i) {
+    char buf[64];
+    if (r.t[i].us < 0) return r.t[i].rc != 0 ? "refused" : "–";
+    std::snprintf(buf, sizeof buf, "%.1f (%.2f)", r.t[i].us, r.sol_us / r.t[i].us);
+    return buf;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        std::fprintf(stderr, "usage: %s <out.csv> <out.md> [--quick]\n", argv[0]);
+        return 2;
+    }
+    const bool quick = argc > 3 && std::strcmp(argv[3], "--quick") == 0;
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        std::fprintf(stderr, "no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop{};
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cublasHandle_t handle;
+    if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
+    void *cublas_ws = device_alloc<uint8_t>(64u << 20);  // a fixed cuBLAS workspace: nothing allocated in capture
+    cublasSetWorkspace(handle, cublas_ws, 64u << 20);
+    cublasSetStream(handle, stream);
+
+    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(prop.multiProcessorCount);
+    void *workspace = device_alloc<uint8_t>(ws_bytes);
+    CHECK_CUDA(cudaMemset(workspace, 0, ws_bytes));
+
+    std::vector<Layer> layers = {
+        {"TinyLoop qkv", 2048, 6144},      {"TinyLoop out", 2048, 2048},   {"TinyLoop gate+up", 2048, 16384},
+        {"TinyLoop down", 8192, 2048},     {"TinyLoop head", 2048, 50257}, {"Llama-8B qkv", 4096, 6144},
+        {"Llama-8B gate+up", 4096, 28672}, {"Llama-8B down", 14336, 4096}, {"Llama-70B gate+up", 8192, 57344},
+        {"Llama-70B down", 28672, 8192},
+    };
+    std::vector<int> ms = {1, 16, 64, 256, 1024, 4096};
+    if (quick) {
+        layers = {{"TinyLoop qkv", 2048, 6144}, {"Llama-8B gate+up", 4096, 28672}};
+        ms = {1, 16, 64};
+    }
+    const int max_m = *std::max_element(ms.begin(), ms.end());
+
+    std::vector<Row> rows;
+    for (const Layer &layer : layers) {
+        const int k = layer.k, n = layer.n;
+        uint16_t *x = device_alloc<uint16_t>(static_cast<size_t>(max_m) * k);
+        random_half(x, static_cast<size_t>(max_m) * k, 0, 1.0f);
+        uint16_t *y = device_alloc<uint16_t>(static_cast<size_t>(max_m) * n);
+        uint16_t *w_scratch = device_alloc<uint16_t>(static_cast<size_t>(k) * n);
+        for (const int group : {128, k}) {
+            LayerData d = make_layer(k, n, group);
+            const int gs = group == k ? -1 : group;
+            for (const int m : ms) {
+                Row r{layer.name, k, n, m, group, sol_us(m, k, n, d.groups), {}};
+                const int rot = d.copies;
+                r.t[0] = time_calls(stream, rot, [&](int i) {
+                    const int c = i % d.copies;
+                    return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
+                                                d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream);
+                });
+                r.t[1] = time_calls(stream, rot, [&](int i) {
+                    const int c = i % d.copies;
+                    return tl::gpu::marlin_gemm_corrected(x, reinterpret_cast<const uint32_t *>(d.codes[c]),
+                                                          d.scales[c], d.delta[c], y, m, n, k, gs, workspace,
+                                                          ws_bytes, stream);
+                });
+                if (group == 128) {  // the other paths barely depend on the grouping: timed once
+                    if (m <= kNativeMaxM) {
+                        r.t[2] = time_calls(stream, rot, [&](int i) {
+                            const int c = i % d.copies;
+                            return tl::gpu::native_int4_gemm(x, d.codes[c], d.scales[c], d.zeros[c], y, m, n, k, group,
+                                                             stream);
+                        });
+                    }
+                    r.t[3] = time_calls(stream, rot, [&](int i) {
+                        const int c = i % d.copies;
+                        return tl::gpu::dequant_cublas_gemm(handle, x, d.codes[c], d.scales[c], d.zeros[c], y, m, n,
+                                                            k, group, w_scratch, static_cast<size_t>(k) * n * 2,
+                                                            stream);
+                    });
+                    const int dense_rot = static_cast<int>(d.dense.size());
+                    r.t[4] = time_calls(stream, dense_rot, [&](int i) {
+                        return tl::gpu::cublas_gemm_fp16(handle, x, d.dense[i % dense_rot], y, m, n, k, stream);
+                    });
+                }
+                std::printf("%-18s K=%5d N=%5d M=%4d %-5s SOL %8.1f us |", layer.name, k, n, m,
+                            group == k ? "row" : "g128", r.sol_us);
+                for (int i = 0; i < kNumKernels; ++i) std::printf(" %s %s |", kKernels[i], cell(r, i).c_str());
+                std::printf("\n");
+                std::fflush(stdout);
+                rows.push_back(r);
+            }
+            d.release();
+        }
+        cudaFree(x);
+        cudaFree(y);
+        cudaFree(w_scratch);
+    }
+
+    FILE *csv = std::fopen(argv[1], "w");
+    FILE *md = std::fopen(argv[2], "w");
+    if (csv == nullptr || md == nullptr) {
+        std::fprintf(stderr, "cannot write %s / %s\n", argv[1], argv[2]);
+        return 1;
+    }
+    std::fprintf(csv, "layer,K,N,M,group,kernel,us,tflops,sol_us,sol_fraction,rc,calls_per_graph\n");
+    for (const Row &r : rows) {
+        for (int i = 0; i < kNumKernels; ++i) {
+            if (r.t[i].us < 0 && r.t[i].rc == 0) continue;
+            const double tflops = r.t[i].us > 0 ? 2.0 * r.m * r.n * r.k / (r.t[i].us * 1e6) : 0.0;
+            std::fprintf(csv, "%s,%d,%d,%d,%s,%s,%.3f,%.2f,%.3f,%.4f,%d,%d\n", r.layer.c_str(), r.k, r.n, r.m,
+                         r.group == r.k ? "row" : "128", kKernels[i], r.t[i].us, tflops, r.sol_us,
+                         r.t[i].us > 0 ? r.sol_us / r.t[i].us : 0.0, r.t[i].rc, r.t[i].calls);
+        }
+    }
+    std::fclose(csv);
+
+    char date[64];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+    std::fprintf(md, "Benchmark %s on %s (SM %d.%d, %d SMs). Command: `%s %s %s%s`.\n\n", date, prop.name, prop.major,
+                 prop.minor, prop.multiProcessorCount, argv[0], argv[1], argv[2], quick ? " --quick" : "");
+    std::fprintf(md, "Cells: µs per call (SOL / time). SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes counting "
+                     "codes, FP16 scales and zeros, X and Y. Native INT4 only for M ≤ %d. CUDA-graph timing, median of "
+                     "%d replays, weights rotated through ≥ 256 MB.\n\n", kNativeMaxM, kReplays);
+    for (const bool per_row : {false, true}) {
+        std::fprintf(md, "### %s\n\n", per_row ? "Per-row scales (gs = -1)" : "Group size 128");
+        std::fprintf(md, per_row ? "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction |\n"
+                                   "|---|---|---|---|---|\n"
+                                 : "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction | "
+                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) |\n|---|---|---|---|---|---|---|"
+                                   "---|\n");
+        for (const Row &r : rows) {
+            if ((r.group == r.k) != per_row) continue;
+            std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
+                         cell(r, 0).c_str(), cell(r, 1).c_str());
+            if (!per_row) std::fprintf(md, " %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(), cell(r, 4).c_str());
+            std::fprintf(md, "\n");
+        }
+        std::fprintf(md, "\n");
+    }
+    std::fclose(md);
+    cublasDestroy(handle);
+    return 0;
+}

@@ -1,0 +1,52 @@
+// Helpers shared by the launchers in cuda/: device facts (cached per device) and the launch-check macro.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpu_kernels.hpp"
+
+namespace tl::gpu {
+
+// After a kernel launch: any launch error becomes the launcher's rc (a positive cudaError_t).
+#define TL_GPU_CHECK_LAUNCH()                                  \
+    do {                                                       \
+        const cudaError_t tl_launch_err = cudaGetLastError();  \
+        if (tl_launch_err != cudaSuccess) return static_cast<int>(tl_launch_err); \
+    } while (0)
+
+#define TL_GPU_CHECK(call)                                     \
+    do {                                                       \
+        const cudaError_t tl_call_err = (call);                \
+        if (tl_call_err != cudaSuccess) return static_cast<int>(tl_call_err); \
+    } while (0)
+
+struct DeviceInfo {
+    int device = 0;
+    int sm_count = 0;
+    int max_smem_optin = 0;  // bytes of dynamic shared memory one block may opt in to
+};
+
+// Facts of the current device; rc 0 or a cudaError_t. Cached: the attributes never change for a device.
+inline int current_device_info(DeviceInfo &info) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> sm_cache[kMaxDevices];
+    static std::atomic<int> smem_cache[kMaxDevices];
+    TL_GPU_CHECK(cudaGetDevice(&info.device));
+    if (info.device < 0 || info.device >= kMaxDevices) return static_cast<int>(cudaErrorInvalidDevice);
+    info.sm_count = sm_cache[info.device].load(std::memory_order_relaxed);
+    info.max_smem_optin = smem_cache[info.device].load(std::memory_order_relaxed);
+    if (info.sm_count == 0 || info.max_smem_optin == 0) {
+        TL_GPU_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, info.device));
+        TL_GPU_CHECK(cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device));
+        sm_cache[info.device].store(info.sm_count, std::memory_order_relaxed);
+        smem_cache[info.device].store(info.max_smem_optin, std::memory_order_relaxed);
+    }
+    return 0;
+}
+
+inline bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace tl::gpu

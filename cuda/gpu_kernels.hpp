@@ -1,0 +1,79 @@
+// Host launchers of the library's INT4 x FP16 GEMM kernels (internal; the dispatcher and the C API call these).
+//
+// Conventions for every launcher below:
+//  - All array arguments are DEVICE pointers. FP16 data are passed as uint16_t bits (the library's host type for
+//    FP16), so this header needs no CUDA headers beyond the runtime's stream type.
+//  - Work is enqueued on `stream`; nothing synchronizes. A launcher never throws, aborts or prints.
+//  - The return value is an rc: 0 = enqueued; a negative kRc* value = refused before launching (bad argument or
+//    unsupported shape: the caller should fall back); a positive value = the cudaError_t of a failed CUDA call.
+//    cudaGetLastError() is checked after every launch.
+//  - Math: Y[m, n] = sum_k X[m, k] * W[k, n]; X row-major [M, K], Y row-major [M, N], FP16 in and out, FP32
+//    accumulation; W[k, n] = q[n, k] * s[n, g] + z[n, g], g = k / group_size.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+typedef struct cublasContext *cublasHandle_t;
+
+namespace tl::gpu {
+
+constexpr int kRcBadArgument = -1;   // null pointer, misaligned pointer, M/N/K/group size out of range
+constexpr int kRcUnsupported = -2;   // valid request this kernel does not handle (shape rules, device)
+constexpr int kRcWorkspace = -3;     // the workspace or scratch is too small / could not be allocated
+constexpr int kRcCublas = -4;        // a cuBLAS call failed
+
+// ---- Native INT4 GEMM: one thread per output (the seed's design). The always-available fallback. -----------------
+// File layout: codes [N][ceil(K/2)] (low nibble = even k), scales/zeros [N][G] FP16, G = ceil(K / group_size).
+// Any M, N, K >= 1 and group_size >= 1 (pass K for per-row quantization).
+int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros,
+                     uint16_t *y, int m, int n, int k, int group_size, cudaStream_t stream);
+
+// ---- Marlin-class tensor-core GEMM (cuda/marlin/) -------------------------------------------------------------------
+// Weights packed by tl::marlin_pack (cpp/marlin_pack.hpp): words [N/64][K/16][32][4], scales (and zeros for the
+// fused mode) [G][N] permuted. gs is the kernel's group size: 32, a multiple of 64 dividing K, or -1 for per-column
+// scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
+// x, y, words, scales, zeros must be 16-byte aligned.
+//   fused = true:  W = q*s + z  (zeros required)
+//   fused = false: W = (q - 8)*s (zeros ignored; add the correction, see marlin_gemm_corrected)
+// The workspace (marlin_workspace_bytes) must be zeroed once (cudaMemsetAsync) before first use; every call leaves
+// it zeroed again. One workspace must not be used by two launches that can run at the same time.
+size_t marlin_workspace_bytes(int sm_count);
+int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
+                int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// ---- The seed's asymmetric correction: C += a_sum @ delta ----------------------------------------------------------
+// a_sum[m, g] = sum of A[m, k] over k in group g (FP32, accumulated in FP64 so it is the correctly rounded sum).
+// G = K / group_size; group_size must divide K.
+int a_group_sum(const uint16_t *a, float *a_sum, int m, int k, int group_size, cudaStream_t stream);
+// C[m, n] = fp16(C[m, n] + sum_g a_sum[m, g] * delta[g, n]); delta [G][N] FP32 (MarlinPacked::delta).
+int correction_accum(uint16_t *c, const float *a_sum, const float *delta, int m, int n, int groups,
+                     cudaStream_t stream);
+// The seed's wrapper: zero C (so a failed GEMM never leaves stale data), symmetric Marlin-class GEMM, a_group_sum
+// into the per-stream scratch, correction_accum. Returns the GEMM's rc (then the others').
+int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const float *delta,
+                          uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
+                          cudaStream_t stream);
+
+// Grow-only (doubling) device scratch, one buffer per (device, stream), thread-safe. Growing frees the old buffer
+// (cudaFree synchronizes the device), so the first call of a given size must not happen during graph capture.
+// Returns nullptr when allocation fails.
+void *scratch_buffer(size_t bytes, cudaStream_t stream);
+// Frees every scratch buffer of the current device (tests; call only when no stream uses them).
+void scratch_release_all();
+
+// ---- Large-M path: dequantize to FP16, then cuBLAS ---------------------------------------------------------------
+// w_fp16 [N][K] = q*s + z rounded once to FP16; the file layout as in native_int4_gemm (K even).
+int dequant_int4_fp16(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w_fp16, int n,
+                      int k, int group_size, cudaStream_t stream);
+// Y = X @ W with W given as FP16 [N][K] (cublasGemmEx, FP16 in, FP32 compute). Sets the handle's stream.
+int cublas_gemm_fp16(cublasHandle_t handle, const uint16_t *x, const uint16_t *w_fp16, uint16_t *y, int m, int n,
+                     int k, cudaStream_t stream);
+// dequant_int4_fp16 into `scratch` (>= N*K*2 bytes), then cublas_gemm_fp16.
+int dequant_cublas_gemm(cublasHandle_t handle, const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
+                        const uint16_t *zeros, uint16_t *y, int m, int n, int k, int group_size, void *scratch,
+                        size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace tl::gpu

@@ -1,0 +1,58 @@
+// Declarations shared by the Marlin-class kernel's translation units: tile constants, kernel parameters and the
+// per-instantiation launch function (defined in marlin_kernel.cuh, instantiated in marlin_fused.cu and
+// marlin_symmetric.cu so the two halves compile in parallel).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tl::gpu::marlin {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileK = 64;             // k per pipeline stage
+constexpr int kTileN = kWarps * 64;    // one 64-column strip per warp
+constexpr int kK16 = kTileK / 16;
+constexpr int kMinStages = 3;
+constexpr int kMaxStages = 8;          // wait_group immediates cover up to 6 pending stages
+constexpr int kStaticSmemReserve = 256;  // the kernel's static shared memory (flag + stage barriers)
+constexpr int kMinItersPerBlock = 4;
+constexpr int kPartialFloats = kWarps * 8 * 32 * 4;  // FP32 partial sums of one 16-row block of a tile
+
+// Shared memory of one pipeline stage: packed weights, MB*16 activation rows, GPT groups of scales (and zeros).
+constexpr int stage_bytes(int mb, bool fused, int gpt) {
+    return kTileK * kTileN / 2 + mb * 16 * kTileK * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
+}
+
+struct Params {
+    const uint16_t *x;
+    const uint32_t *words;
+    const uint16_t *scales;
+    const uint16_t *zeros;
+    uint16_t *y;
+    float *partials;  // [grid][MB * kPartialFloats], zero between calls
+    int *counters;    // [grid], zero between calls
+    int m, n, k;
+    int group_size;   // effective: K for per-column scales
+    int m_slices, k_tiles;
+    long long total_iters;  // m_slices * n_tiles * k_tiles
+    int stages;             // pipeline depth (shared memory ring of stage_bytes each)
+};
+
+struct LaunchEnv {
+    int device;
+    int sm_count;
+    int max_smem_optin;
+    void *workspace;
+    size_t workspace_bytes;
+    cudaStream_t stream;
+};
+
+// MB: 16-row blocks per tile (1, 2, 4); FUSED: q*s + z vs (q - 8)*s; GPT: groups per 64-deep k slice (1, or 2
+// for group size 32). Returns an rc as in gpu_kernels.hpp.
+template <int MB, bool FUSED, int GPT>
+int launch(Params p, const LaunchEnv &env);
+
+}  // namespace tl::gpu::marlin

@@ -1,0 +1,493 @@
+// The Marlin-class INT4 x FP16 GEMM kernel (SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
+// tl::marlin_pack (cpp/marlin_pack.hpp documents the layout). Written for this project; upstream Marlin was read
+// to understand the technique, nothing was copied.
+//
+// Shape of the computation
+//  - A block of 8 warps owns a tile of MB*16 rows x 512 columns; warp w owns the 64-column strip w of the tile
+//    for the whole k range, so no intra-block reduction is ever needed.
+//  - A pipeline stage is a k slice of 64: 16 KB of packed weights (each warp copies its own 2 KB strip), the
+//    activations X[rows, 64] and the scales (and zeros) of the groups in the slice, all moved by cp.async into a
+//    4-stage ring in shared memory so that ~3 stages (48+ KB per block) of loads are in flight per block.
+//  - Weights are dequantized in registers with the 0x6400 magic-number trick (lop3 puts a nibble into the mantissa
+//    of 1024.0 in FP16), then fed to mma.sync.m16n8k16 (FP16 x FP16 -> FP32). Activations come from ldmatrix.
+//
+// Partitioning (stream-K): the (tile, k slice) iterations of the whole problem are laid out in one line, tile
+// major, and cut into gridDim.x equal ranges, one per block, with gridDim.x = SMs x resident blocks. Every SM
+// therefore gets the same number of k slices whatever M, N and K are (no wave quantization, small-M decoding on a
+// small layer still uses all 132 SMs). A tile cut between blocks is reduced through an FP32 workspace: each
+// contributor adds its partial sums with red.global.add, then bumps a per-tile counter by the number of k slices
+// it did; the block that brings the counter to k_tiles is the last one, reads the sums, writes FP16 Y and re-zeroes
+// the workspace and counter for the next call. We chose this over Marlin's serialized in-place reduction because no
+// block ever waits for another (no co-residency assumption: safe under MPS, compute-sanitizer or a partially busy
+// GPU) and the contributors' reductions overlap each other. The price: the FP32 summation order of a cut tile
+// varies between runs (results may differ by FP32 rounding, at most about 1 FP16 ulp).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "../gpu_common.cuh"
+#include "marlin.cuh"
+
+namespace tl::gpu::marlin {
+
+template <int MB, bool FUSED, int GPT>
+struct Smem {
+    static constexpr int kB = kTileK * kTileN / 2;
+    static constexpr int kA = MB * 16 * kTileK * 2;
+    static constexpr int kS = GPT * kTileN * 2;
+    static constexpr int kStage = stage_bytes(MB, FUSED, GPT);
+    static_assert(kStage == kB + kA + kS * (FUSED ? 2 : 1), "stage layout: [weights | activations | scales | zeros]");
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Plain cp.async.cg (L2 only, no L1 allocation for streamed data). No L2 cache-policy hint: the
+// createpolicy + .L2::cache_hint pair faults with an illegal instruction on the project's H200.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// Copies 16 bytes, or writes 16 zero bytes when !valid (src must still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// wait_group takes an immediate; the pipeline depth is a launch parameter (it depends on the device's shared
+// memory), so pick the immediate with a block-uniform switch.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+    switch (pending) {
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 5: cp_async_wait<5>(); break;
+        default: cp_async_wait<6>(); break;
+    }
+}
+
+// Hopper: the weights and scales of a stage arrive by the bulk-copy (TMA) engine and complete on the stage's
+// mbarrier. With cp.async alone the SM kept only ~20 KB of loads in flight and streamed ~1.7 TB/s at M = 1 (run 3);
+// the copy engine is not bound by the LSU's outstanding-request limit.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// Orders this thread's earlier generic-proxy shared-memory accesses (after a barrier: everyone's reads of the stage)
+// before the copy engine overwrites the stage.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (a & b) | c in one instruction.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ half2 as_h2(uint32_t u) {
+    half2 h;
+    memcpy(&h, &u, sizeof h);
+    return h;
+}
+__device__ __forceinline__ uint32_t as_u32(half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+// One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1).
+// (q & 0x000F000F) | 0x6400 6400 is the FP16 pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q,
+// undone by an FMA with 1/16 and -64, all exact. FUSED: w = q*s + z in one HFMA2 (one FP16 rounding of the exact
+// weight); symmetric: (q - 8)*s.
+template <bool FUSED>
+__device__ __forceinline__ void dequant_word(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, uint32_t z1,
+                                             uint32_t (&b)[4]) {
+    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
+    const half2 lo_bias = as_h2(FUSED ? 0x64006400u : 0x64086408u);  // 1024 or 1032
+    const half2 inv16 = as_h2(0x2C002C00u);                          // 1/16
+    const half2 hi_bias = as_h2(FUSED ? 0xD400D400u : 0xD480D480u);  // -64 or -72
+    const uint32_t lo0 = and_or(q, kLo, kMagic), hi0 = and_or(q, kHi, kMagic);
+    q >>= 8;
+    const uint32_t lo1 = and_or(q, kLo, kMagic), hi1 = and_or(q, kHi, kMagic);
+    const half2 v0 = __hsub2(as_h2(lo0), lo_bias), v2 = __hsub2(as_h2(lo1), lo_bias);
+    const half2 v1 = __hfma2(as_h2(hi0), inv16, hi_bias), v3 = __hfma2(as_h2(hi1), inv16, hi_bias);
+    if constexpr (FUSED) {
+        b[0] = as_u32(__hfma2(v0, as_h2(s0), as_h2(z0)));
+        b[2] = as_u32(__hfma2(v2, as_h2(s0), as_h2(z0)));
+        b[1] = as_u32(__hfma2(v1, as_h2(s1), as_h2(z1)));
+        b[3] = as_u32(__hfma2(v3, as_h2(s1), as_h2(z1)));
+    } else {
+        b[0] = as_u32(__hmul2(v0, as_h2(s0)));
+        b[2] = as_u32(__hmul2(v2, as_h2(s0)));
+        b[1] = as_u32(__hmul2(v1, as_h2(s1)));
+        b[3] = as_u32(__hmul2(v3, as_h2(s1)));
+    }
+}
+
+// The lane's eight scales (columns 8j + lane/4 of its warp's strip, j = 0..7) as FP16 pairs (s, s).
+__device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&out)[8]) {
+    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __byte_perm(w[i], 0, 0x1010);
+        out[2 * i + 1] = __byte_perm(w[i], 0, 0x3232);
+    }
+}
+
+__device__ __forceinline__ void add_partial(float *dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(a, b));  // one vector RED on Hopper
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+#endif
+}
+
+__device__ __forceinline__ void store_half2(uint16_t *y, float a, float b) {
+    *reinterpret_cast<half2 *>(y) = __floats2half2_rn(a, b);
+}
+
+struct Cursor {
+    int tile;
+    int kt;
+    __device__ void advance(int k_tiles) {
+        if (++kt == k_tiles) {
+            kt = 0;
+            ++tile;
+        }
+    }
+};
+
+template <int MB, bool FUSED, int GPT>
+__global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p) {
+    using L = Smem<MB, FUSED, GPT>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ int last_contributor;
+    __shared__ __align__(8) uint64_t stage_full[kMaxStages];  // bulk-copy completion, one per stage
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const long long begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
+    const long long end = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x;
+    if (begin >= end) return;  // more blocks than k slices: nobody waits for an empty block
+    const int strips = p.n / 64;
+    const int k16s = p.k / 16;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr bool bulk = true;  // weights and scales through the copy engine
+#else
+    constexpr bool bulk = false;  // SM 8.x: everything through cp.async
+#endif
+    const uint32_t bar0 = smem_addr(&stage_full[0]);
+    uint32_t phases = 0;  // bit s: the parity the next wait on stage s expects
+    if constexpr (bulk) {
+        if (tid == 0) {
+            for (int s = 0; s < p.stages; ++s) mbar_init(bar0 + 8 * s, 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
+
+    // Issues the cp.async copies of iteration `c` into stage `stage`.
+    auto load_stage = [&](int stage, Cursor c) {
+        uint8_t *st = smem + stage * L::kStage;
+        const int n_tile = c.tile / p.m_slices, m_slice = c.tile - n_tile * p.m_slices;
+        const int strip = n_tile * kWarps + warp;
+        const int group0 = GPT == 2 ? c.kt * 2 : c.kt * kTileK / p.group_size;
+        if constexpr (bulk) {
+            // One thread announces the stage's bytes and issues every copy: each valid strip's 2 KB (contiguous in
+            // global memory) and one contiguous run of scales (and zeros) per group.
+            if (tid == 0) {
+                const int valid = min(kWarps, strips - n_tile * kWarps);
+                const uint32_t bar = bar0 + 8 * stage;
+                const uint32_t scale_bytes = valid * 64 * 2;
+                fence_proxy_async();
+                mbar_expect_tx(bar, valid * (kK16 * 512) + GPT * scale_bytes * (FUSED ? 2 : 1));
+                const uint8_t *src = reinterpret_cast<const uint8_t *>(p.words) +
+                                     (static_cast<size_t>(n_tile * kWarps) * k16s + c.kt * kK16) * 512;
+                for (int w = 0; w < valid; ++w) {
+                    bulk_copy(smem_addr(st) + w * (kK16 * 512), src + static_cast<size_t>(w) * k16s * 512, kK16 * 512, bar);
+                }
+                for (int r = 0; r < GPT; ++r) {
+                    const size_t offset = static_cast<size_t>(group0 + r) * p.n + n_tile * kTileN;
+                    bulk_copy(smem_addr(st + L::kB + L::kA) + r * (kTileN * 2), p.scales + offset, scale_bytes, bar);
+                    if (FUSED) {
+                        bulk_copy(smem_addr(st + L::kB + L::kA + L::kS) + r * (kTileN * 2), p.zeros + offset,
+                                  scale_bytes, bar);
+                    }
+                }
+            }
+        } else if (strip < strips) {  // SM 8.x: this warp's strip, kK16 cells of 512 bytes contiguous in memory
+            const uint4 *src = reinterpret_cast<const uint4 *>(p.words) +
+                               (static_cast<size_t>(strip) * k16s + c.kt * kK16) * 32;
+            const uint32_t dst = smem_addr(st) + warp * (kK16 * 512);
+#pragma unroll
+            for (int j = 0; j < kK16; ++j) cp_async16(dst + (lane + 32 * j) * 16, src + lane + 32 * j);
+        }
+        // Activations: MB*16 rows x 8 chunks of 16 bytes, chunk index XOR-swizzled by row so ldmatrix is
+        // conflict-free; rows past M are zero-filled.
+        const uint32_t a_dst = smem_addr(st + L::kB);
+#pragma unroll
+        for (int i = tid; i < MB * 16 * 8; i += kThreads) {
+            const int r = i / 8, ch = i % 8;
+            const int row = m_slice * MB * 16 + r;
+            const bool valid = row < p.m;
+            const uint16_t *src = p.x + (valid ? static_cast<size_t>(row) * p.k + c.kt * kTileK + ch * 8 : 0);
+            cp_async16_zfill(a_dst + r * 128 + ((ch ^ (r % 8)) * 16), src, valid);
+        }
+        // Without the copy engine: scales (threads 0..127) and zeros (threads 128..255) of the GPT groups.
+        const int part = tid / 128, idx = tid % 128;
+        if (!bulk && idx < GPT * 64 && (part == 0 || FUSED)) {
+            const int r = idx / 64, ch = idx % 64;
+            if (n_tile * kWarps + ch / 8 < strips) {
+                const uint16_t *base = part == 0 ? p.scales : p.zeros;
+                const uint16_t *src = base + static_cast<size_t>(group0 + r) * p.n + n_tile * kTileN + ch * 8;
+                cp_async16(smem_addr(st + L::kB + L::kA + part * L::kS) + r * (kTileN * 2) + ch * 16, src);
+            }
+        }
+    };
+
+    float acc[MB][8][4];
+    auto zero_acc = [&]() {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mb][j][e] = 0.0f;
+    };
+    zero_acc();
+
+    // Multiplies the stage into acc (this warp's strip, all MB row blocks).
+    auto compute_stage = [&](int stage) {
+        const uint8_t *st = smem + stage * L::kStage;
+        const uint4 *b_src = reinterpret_cast<const uint4 *>(st) + warp * kK16 * 32 + lane;
+        const uint32_t a_base = smem_addr(st + L::kB);
+        const uint16_t *s_src = reinterpret_cast<const uint16_t *>(st + L::kB + L::kA) + warp * 64 + (lane / 4) * 8;
+        uint32_t s[8], z[8];
+#pragma unroll
+        for (int k16 = 0; k16 < kK16; ++k16) {
+            if (k16 == 0 || (GPT == 2 && k16 == kK16 / 2)) {
+                const int row = GPT == 2 ? k16 / (kK16 / 2) : 0;
+                load_broadcast8(s_src + row * kTileN, s);
+                if constexpr (FUSED) load_broadcast8(s_src + GPT * kTileN + row * kTileN, z);
+            }
+            // Dequantize the whole 16 x 64 slice first, then stream the row blocks through it: only one A
+            // fragment is live at a time, which keeps MB = 4 within the register file.
+            const uint4 bw = b_src[k16 * 32];
+            const uint32_t words[4] = {bw.x, bw.y, bw.z, bw.w};
+            uint32_t b[4][4];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                dequant_word<FUSED>(words[w], s[2 * w], s[2 * w + 1], FUSED ? z[2 * w] : 0u,
+                                    FUSED ? z[2 * w + 1] : 0u, b[w]);
+            }
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                uint32_t a[4];
+                const int r = mb * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+                const int ch = k16 * 2 + lane / 16;
+                ldmatrix_x4(a, a_base + r * 128 + ((ch ^ (lane % 8)) * 16));
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    mma_16816(acc[mb][2 * w], a, b[w][0], b[w][2]);
+                    mma_16816(acc[mb][2 * w + 1], a, b[w][1], b[w][3]);
+                }
+            }
+        }
+    };
+
+    // Writes (or, for a tile cut between blocks, reduces) the finished tile `tile`, of which this block did
+    // `iters` k slices. Addresses are one base pointer plus compile-time offsets, so that the compiler does not
+    // hoist 32 loop-invariant offsets into registers across the main loop.
+    auto finish_tile = [&](int tile, int iters) {
+        const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
+        const bool warp_active = n_tile * kWarps + warp < strips;
+        const int row0 = m_slice * MB * 16 + lane / 4;
+        uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + n_tile * kTileN + warp * 64 + 2 * (lane % 4);
+        const size_t ystride8 = 8 * static_cast<size_t>(p.n);
+        if (iters == p.k_tiles) {  // the whole tile is ours
+            if (!warp_active) return;
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                const int row = row0 + mb * 16;
+                uint16_t *out = y0 + 2 * mb * ystride8;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (row < p.m) store_half2(out + j * 8, acc[mb][j][0], acc[mb][j][1]);
+                    if (row + 8 < p.m) store_half2(out + ystride8 + j * 8, acc[mb][j][2], acc[mb][j][3]);
+                }
+            }
+            return;
+        }
+        // The tile's workspace slot is the block that holds its first k slice: distinct cut tiles have distinct
+        // first blocks, so slots never collide. Layout [warp][mb][j][lane][4]: coalesced, and only this block
+        // geometry ever reads it.
+        const long long first = static_cast<long long>(tile) * p.k_tiles;
+        const int slot = static_cast<int>(((first + 1) * gridDim.x - 1) / p.total_iters);
+        float *part = p.partials + static_cast<size_t>(slot) * (MB * kPartialFloats) + warp * (MB * 8 * 128) + lane * 4;
+        if (warp_active) {
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                const int row = row0 + mb * 16;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    float *at = part + (mb * 8 + j) * 128;
+                    if (row < p.m) add_partial(at, acc[mb][j][0], acc[mb][j][1]);
+                    if (row + 8 < p.m) add_partial(at + 2, acc[mb][j][2], acc[mb][j][3]);
+                }
+            }
+        }
+        __threadfence();  // our additions are visible before the counter says so
+        __syncthreads();
+        if (tid == 0) {
+            const int before = atomicAdd(p.counters + slot, iters);
+            last_contributor = before + iters == p.k_tiles;
+        }
+        __syncthreads();
+        if (!last_contributor) return;
+        __threadfence();
+        if (warp_active) {
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                const int row = row0 + mb * 16;
+                uint16_t *out = y0 + 2 * mb * ystride8;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    float2 *sum = reinterpret_cast<float2 *>(part + (mb * 8 + j) * 128);
+                    if (row < p.m) {
+                        const float2 v = __ldcg(sum);
+                        __stcg(sum, make_float2(0.0f, 0.0f));
+                        store_half2(out + j * 8, v.x, v.y);
+                    }
+                    if (row + 8 < p.m) {
+                        const float2 v = __ldcg(sum + 1);
+                        __stcg(sum + 1, make_float2(0.0f, 0.0f));
+                        store_half2(out + ystride8 + j * 8, v.x, v.y);
+                    }
+                }
+            }
+        }
+        if (tid == 0) p.counters[slot] = 0;
+    };
+
+    const Cursor start{static_cast<int>(begin / p.k_tiles), static_cast<int>(begin % p.k_tiles)};
+    Cursor fetch = start;
+    long long fetched = begin;
+    for (int s = 0; s < p.stages - 1; ++s) {
+        if (fetched < end) {
+            load_stage(s, fetch);
+            fetch.advance(p.k_tiles);
+            ++fetched;
+        }
+        cp_async_commit();  // empty groups keep the group count uniform for wait_group
+    }
+
+    // Outer loop: the tile segments of our range; inner loop: their k slices (the hot loop, kept free of the
+    // epilogue so that the register allocator sees the accumulators and the fragments only).
+    int stage = 0;
+    for (long long it = begin; it < end;) {
+        const int tile = static_cast<int>(it / p.k_tiles);
+        const long long seg_end = std::min(end, static_cast<long long>(tile + 1) * p.k_tiles);
+        const bool warp_active = (tile / p.m_slices) * kWarps + warp < strips;
+#pragma unroll 1
+        for (; it < seg_end; ++it) {
+            cp_async_wait_pending(p.stages - 2);
+            if constexpr (bulk) {
+                mbar_wait(bar0 + 8 * stage, (phases >> stage) & 1u);
+                phases ^= 1u << stage;
+            }
+            __syncthreads();  // stage `stage` landed for everyone; everyone is done with the stage refilled below
+            if (fetched < end) {
+                load_stage(stage == 0 ? p.stages - 1 : stage - 1, fetch);
+                fetch.advance(p.k_tiles);
+                ++fetched;
+            }
+            cp_async_commit();
+            if (warp_active) compute_stage(stage);
+            stage = stage == p.stages - 1 ? 0 : stage + 1;
+        }
+        finish_tile(tile, static_cast<int>(seg_end - std::max(begin, static_cast<long long>(tile) * p.k_tiles)));
+        zero_acc();
+    }
+    cp_async_wait<0>();
+}
+
+template <int MB, bool FUSED, int GPT>
+int launch(Params p, const LaunchEnv &env) {
+    constexpr int kStage = stage_bytes(MB, FUSED, GPT);
+    const auto kernel = marlin_gemm_kernel<MB, FUSED, GPT>;
+    static std::atomic<int> stages_cache[64];  // pipeline depth of this instantiation per device; 0 = not set up
+    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    int stages = stages_cache[env.device].load(std::memory_order_relaxed);
+    if (stages == 0) {
+        // As deep as shared memory allows (up to kMaxStages): one block per SM, the loads in flight are what
+        // hides DRAM latency when M is small.
+        stages = std::min(kMaxStages, (env.max_smem_optin - kStaticSmemReserve) / kStage);
+        if (stages < kMinStages) return kRcUnsupported;
+        TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, stages * kStage));
+        int resident = 0;
+        TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, stages * kStage));
+        if (resident < 1) return kRcUnsupported;
+        stages_cache[env.device].store(stages, std::memory_order_relaxed);
+    }
+    p.stages = stages;
+    // One block per SM; but at least kMinItersPerBlock k slices each, so that a small layer does not cut each tile
+    // between dozens of blocks (their same-address FP32 additions serialize in L2: run 3 measured 44 us for a
+    // 2048 x 2048 layer at M = 64 with 32 contributors per tile).
+    const long long grid =
+        std::max(1LL, std::min(static_cast<long long>(env.sm_count), p.total_iters / kMinItersPerBlock));
+    const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
+    if (counter_bytes + static_cast<size_t>(grid) * MB * kPartialFloats * sizeof(float) > env.workspace_bytes) {
+        return kRcWorkspace;
+    }
+    p.counters = static_cast<int *>(env.workspace);
+    p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
+    kernel<<<static_cast<unsigned>(grid), kThreads, stages * kStage, env.stream>>>(p);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+}  // namespace tl::gpu::marlin

@@ -1,0 +1,358 @@
+//! Raw FFI bindings to the TinyLoop INT4 C API, mirroring `capi/include/tinyloop.h` item for item.
+//!
+//! Everything here is `unsafe` to use and documented in the header, which is the contract; the safe API is the
+//! `tinyloop` crate. Names keep their C spelling so the header and these bindings read the same. A drift test
+//! (`cargo test -p tinyloop-sys`) parses the header and checks constants, function names, struct fields and
+//! struct layouts against this file.
+//!
+//! The library is compiled from the repository's C++ sources by the build script, or linked from
+//! `TINYLOOP_LIB_DIR` (see the crate README).
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::c_void;
+use std::marker::{PhantomData, PhantomPinned};
+use std::os::raw::c_char;
+
+/// Declares constants and, for the drift test, the list of their names and values.
+macro_rules! c_constants {
+    ($( $(#[$meta:meta])* pub const $name:ident : $ty:ty = $value:expr ; )*) => {
+        $( $(#[$meta])* pub const $name: $ty = $value; )*
+
+        #[cfg(test)]
+        pub(crate) const CONSTANTS: &[(&str, i64)] = &[$((stringify!($name), $name as i64)),*];
+    };
+}
+
+/// Declares `#[repr(C)]` structs and, for the drift test, each one's name, size, alignment and fields in order
+/// with their offsets.
+macro_rules! c_structs {
+    ($(
+        $(#[$meta:meta])*
+        pub struct $name:ident { $( $(#[$field_meta:meta])* pub $field:ident : $ty:ty ),* $(,)? }
+    )*) => {
+        $(
+            $(#[$meta])*
+            #[repr(C)]
+            #[derive(Debug, Clone, Copy)]
+            pub struct $name { $( $(#[$field_meta])* pub $field: $ty ),* }
+        )*
+
+        #[cfg(test)]
+        pub(crate) fn struct_layouts() -> Vec<drift_tests::StructLayout> {
+            vec![$(
+                drift_tests::StructLayout {
+                    name: stringify!($name),
+                    size: std::mem::size_of::<$name>(),
+                    align: std::mem::align_of::<$name>(),
+                    fields: vec![$((stringify!($field), field_offset!($name, $field))),*],
+                }
+            ),*]
+        }
+    };
+}
+
+/// The byte offset of a field (what `std::mem::offset_of!` gives from Rust 1.77; this works on Debian's 1.63).
+#[cfg(test)]
+macro_rules! field_offset {
+    ($type:ty, $field:ident) => {{
+        let value = std::mem::MaybeUninit::<$type>::uninit();
+        let base = value.as_ptr();
+        // SAFETY: addr_of! computes the field's address inside the allocation without reading it.
+        let field = unsafe { std::ptr::addr_of!((*base).$field) };
+        field as usize - base as usize
+    }};
+}
+
+/// Declares the library's functions and, for the drift test, the list of their names.
+macro_rules! c_functions {
+    ($( $(#[$meta:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)? ; )*) => {
+        extern "C" {
+            $( $(#[$meta])* pub fn $name($($arg: $ty),*) $(-> $ret)?; )*
+        }
+
+        #[cfg(test)]
+        pub(crate) const FUNCTIONS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+/// Declares an opaque C handle: zero-sized, only ever used behind a pointer, and neither `Send`, `Sync` nor
+/// `Unpin` (the safe crate decides what may cross threads).
+macro_rules! opaque_handle {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[repr(C)]
+        pub struct $name {
+            _private: [u8; 0],
+            _marker: PhantomData<(*mut u8, PhantomPinned)>,
+        }
+    };
+}
+
+/// `TL_OK` or a negative `TL_ERR_*` value.
+pub type tl_status = i32;
+
+c_constants! {
+    /// The version of the header these bindings mirror (`TL_VERSION_MAJOR`).
+    pub const TL_VERSION_MAJOR: u32 = 0;
+    /// `TL_VERSION_MINOR` of the mirrored header.
+    pub const TL_VERSION_MINOR: u32 = 1;
+    /// `TL_VERSION_PATCH` of the mirrored header.
+    pub const TL_VERSION_PATCH: u32 = 0;
+
+    /// Success.
+    pub const TL_OK: tl_status = 0;
+    /// An argument is NULL, out of range, or inconsistent with another argument.
+    pub const TL_ERR_INVALID_ARGUMENT: tl_status = -1;
+    /// Host or device memory could not be allocated.
+    pub const TL_ERR_OUT_OF_MEMORY: tl_status = -2;
+    /// A file could not be opened, mapped, read or written.
+    pub const TL_ERR_IO: tl_status = -3;
+    /// A model file is malformed.
+    pub const TL_ERR_FORMAT: tl_status = -4;
+    /// The request is valid but this build or this object does not support it.
+    pub const TL_ERR_UNSUPPORTED: tl_status = -5;
+    /// A GPU was requested but there is none usable (or no CUDA support in the build).
+    pub const TL_ERR_NO_DEVICE: tl_status = -6;
+    /// A CUDA runtime or library call failed.
+    pub const TL_ERR_CUDA: tl_status = -7;
+    /// A bug in the library.
+    pub const TL_ERR_INTERNAL: tl_status = -8;
+    /// A caller-supplied buffer is smaller than required.
+    pub const TL_ERR_BUFFER_TOO_SMALL: tl_status = -9;
+    /// A lookup by name or index found nothing.
+    pub const TL_ERR_NOT_FOUND: tl_status = -10;
+    /// A progress callback asked to stop.
+    pub const TL_ERR_CANCELLED: tl_status = -11;
+
+    /// Log level: errors.
+    pub const TL_LOG_ERROR: i32 = 0;
+    /// Log level: warnings.
+    pub const TL_LOG_WARN: i32 = 1;
+    /// Log level: information.
+    pub const TL_LOG_INFO: i32 = 2;
+    /// Log level: debugging detail.
+    pub const TL_LOG_DEBUG: i32 = 3;
+
+    /// Min-max quantization, W = q*s + z.
+    pub const TL_QUANT_ASYMMETRIC: i32 = 0;
+    /// Symmetric quantization, W = (q - 8)*s, stored with z = -8*s.
+    pub const TL_QUANT_SYMMETRIC: i32 = 1;
+
+    /// CUDA where available, else the CPU.
+    pub const TL_BACKEND_AUTO: i32 = 0;
+    /// The CPU reference backend.
+    pub const TL_BACKEND_CPU: i32 = 1;
+    /// The CUDA backend.
+    pub const TL_BACKEND_CUDA: i32 = 2;
+}
+
+/// Receives one log line (no trailing newline) at a level; must not call back into the library.
+pub type tl_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: i32, message: *const c_char)>;
+
+/// Progress of `tl_score`: return 0 to go on, non-zero to stop with `TL_ERR_CANCELLED`.
+pub type tl_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, done: u64, total: u64) -> i32>;
+
+opaque_handle!(
+    /// A loaded model (`tl_model_load` / `tl_model_free`). Read-only once loaded.
+    tl_model
+);
+opaque_handle!(
+    /// A quantized linear layer, borrowed from a model or owned by the caller (`tl_weight_free`).
+    tl_weight
+);
+
+c_structs! {
+    /// Options of `tl_model_load` (`tl_load_options_init` fills the defaults).
+    pub struct tl_load_options {
+        pub struct_size: u32,
+        /// 1: memory-map the file; 0: read it into memory.
+        pub use_mmap: i32,
+        /// 1: check scales, zeros, norms and embedding for NaN/Inf at load time.
+        pub validate_values: i32,
+    }
+
+    /// A model's configuration and counts (`tl_model_info`).
+    pub struct tl_model_properties {
+        pub struct_size: u32,
+        pub format_version: i32,
+        pub d_model: i32,
+        pub n_heads: i32,
+        pub head_dim: i32,
+        pub ffn: i32,
+        pub vocab: i32,
+        /// Unique blocks before the looped block.
+        pub n_pre: i32,
+        /// Applications of the looped block.
+        pub n_loops: i32,
+        pub max_seq: i32,
+        /// Group size along K; 0 means per row.
+        pub group_size: i32,
+        pub bits: i32,
+        pub rope_theta: f32,
+        pub norm_eps: f32,
+        /// Quantized linear layers.
+        pub n_quant_weights: u32,
+        /// Linear layers stored unquantized.
+        pub n_dense_linears: u32,
+        /// Tensors in the file.
+        pub n_tensors: u32,
+        /// 1 quantized, 0 dense, 2 tied to the embedding.
+        pub head_kind: i32,
+        pub has_frac4: i32,
+        pub has_sign_bit: i32,
+        pub file_bytes: u64,
+        pub tensor_bytes: u64,
+        pub quant_weight_bytes: u64,
+        pub parameter_count: u64,
+    }
+
+    /// INT4 data from host memory for `tl_weight_create` (arrays are copied).
+    pub struct tl_weight_desc {
+        pub struct_size: u32,
+        pub k: i32,
+        pub n: i32,
+        /// Must divide k; 0 or k means per row.
+        pub group_size: i32,
+        pub bits: i32,
+        /// `[n][k/2]`, low nibble for even k.
+        pub codes: *const u8,
+        /// `[n][k/group_size]` FP16 bit patterns.
+        pub scales: *const u16,
+        /// `[n][k/group_size]` FP16 offsets.
+        pub zeros: *const u16,
+        /// Optional `[n][k/2]`.
+        pub frac4: *const u8,
+        /// Optional `[n][k/8]`.
+        pub sign_bit: *const u8,
+        /// Optional NUL-terminated name.
+        pub name: *const c_char,
+    }
+
+    /// Options of `tl_weight_quantize`.
+    pub struct tl_quantize_options {
+        pub struct_size: u32,
+        /// `TL_QUANT_ASYMMETRIC` or `TL_QUANT_SYMMETRIC`.
+        pub method: i32,
+        /// 0 means per row.
+        pub group_size: i32,
+        pub bits: i32,
+    }
+
+    /// A weight's shape and storage facts (`tl_weight_info`).
+    pub struct tl_weight_properties {
+        pub struct_size: u32,
+        pub k: i32,
+        pub n: i32,
+        /// The actual group size (k for per row).
+        pub group_size: i32,
+        pub n_groups: i32,
+        pub bits: i32,
+        pub has_frac4: i32,
+        pub has_sign_bit: i32,
+        /// 1 if borrowed from a model.
+        pub borrowed: i32,
+        pub bytes: u64,
+        /// Valid while the weight lives.
+        pub name: *const c_char,
+    }
+
+    /// Options of `tl_score`.
+    pub struct tl_score_options {
+        pub struct_size: u32,
+        /// A `TL_BACKEND_*` value.
+        pub backend: i32,
+        /// CPU threads; 0 = hardware concurrency.
+        pub n_threads: i32,
+        /// Window length, 2..max_seq; 0 = max_seq.
+        pub window: i32,
+        pub progress: tl_progress_fn,
+        pub progress_user_data: *mut c_void,
+        /// Optional output: NLL of token i + 1 at index i.
+        pub token_nll: *mut f32,
+        pub token_nll_len: usize,
+    }
+
+    /// What `tl_score` reports.
+    pub struct tl_score_result {
+        pub struct_size: u32,
+        pub nll_sum: f64,
+        pub tokens_scored: u64,
+        pub perplexity: f64,
+        /// `TL_BACKEND_CPU` or `TL_BACKEND_CUDA`.
+        pub backend: i32,
+        pub n_windows: i32,
+        pub seconds: f64,
+    }
+}
+
+c_functions! {
+    /// Static text for a status code. Never NULL.
+    pub fn tl_status_string(status: tl_status) -> *const c_char;
+    /// The calling thread's message for its last failed call. Never NULL.
+    pub fn tl_last_error_message() -> *const c_char;
+
+    /// `(major << 16) | (minor << 8) | patch`.
+    pub fn tl_version() -> u32;
+    /// "major.minor.patch". Static.
+    pub fn tl_version_string() -> *const c_char;
+    /// A JSON object describing the build. Static.
+    pub fn tl_build_info() -> *const c_char;
+
+    /// Sets the process-global log callback; NULL turns logging off.
+    pub fn tl_set_log_callback(callback: tl_log_fn, user_data: *mut c_void, max_level: i32) -> tl_status;
+
+    /// Fills load options with the defaults and sets struct_size.
+    pub fn tl_load_options_init(options: *mut tl_load_options) -> tl_status;
+    /// Loads a .tinyloop file; `options` may be NULL. On failure `*out_model` is NULL.
+    pub fn tl_model_load(path: *const c_char, options: *const tl_load_options, out_model: *mut *mut tl_model)
+        -> tl_status;
+    /// Frees a model and everything borrowed from it. NULL is a no-op.
+    pub fn tl_model_free(model: *mut tl_model);
+    /// Reads a model's configuration and counts (the caller sets `out.struct_size`).
+    pub fn tl_model_info(model: *const tl_model, out: *mut tl_model_properties) -> tl_status;
+    /// Number of quantized weights in the model.
+    pub fn tl_model_weight_count(model: *const tl_model, out_count: *mut usize) -> tl_status;
+    /// The index-th quantized weight, borrowed from the model.
+    pub fn tl_model_weight_at(model: *const tl_model, index: usize, out_weight: *mut *const tl_weight) -> tl_status;
+    /// The quantized weight with this name, borrowed from the model.
+    pub fn tl_model_find_weight(model: *const tl_model, name: *const c_char, out_weight: *mut *const tl_weight)
+        -> tl_status;
+
+    /// Fills a weight description with zeros/NULLs, bits = 4, and sets struct_size.
+    pub fn tl_weight_desc_init(desc: *mut tl_weight_desc) -> tl_status;
+    /// Creates an owned weight from host arrays (copied).
+    pub fn tl_weight_create(desc: *const tl_weight_desc, out_weight: *mut *mut tl_weight) -> tl_status;
+    /// Fills quantize options with the defaults and sets struct_size.
+    pub fn tl_quantize_options_init(options: *mut tl_quantize_options) -> tl_status;
+    /// Quantizes a row-major FP32 matrix `w[n][k]` into an owned weight; `options` may be NULL.
+    pub fn tl_weight_quantize(
+        w: *const f32,
+        k: i32,
+        n: i32,
+        options: *const tl_quantize_options,
+        out_weight: *mut *mut tl_weight,
+    ) -> tl_status;
+    /// Frees an owned weight; NULL and borrowed weights are left alone.
+    pub fn tl_weight_free(weight: *mut tl_weight);
+    /// Reads a weight's shape and storage facts (the caller sets `out.struct_size`).
+    pub fn tl_weight_info(weight: *const tl_weight, out: *mut tl_weight_properties) -> tl_status;
+    /// Dequantizes into `out[n][k]`; `out_len` must be at least k*n.
+    pub fn tl_weight_dequantize(weight: *const tl_weight, out: *mut f32, out_len: usize) -> tl_status;
+
+    /// Fills score options with the defaults and sets struct_size.
+    pub fn tl_score_options_init(options: *mut tl_score_options) -> tl_status;
+    /// Zeroes a score result and sets struct_size.
+    pub fn tl_score_result_init(result: *mut tl_score_result) -> tl_status;
+    /// Scores a token sequence (n_tokens >= 2); thread-safe on a shared model.
+    pub fn tl_score(
+        model: *const tl_model,
+        tokens: *const i32,
+        n_tokens: usize,
+        options: *const tl_score_options,
+        out_result: *mut tl_score_result,
+    ) -> tl_status;
+}
+
+#[cfg(test)]
+mod drift_tests;

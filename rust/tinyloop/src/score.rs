@@ -1,0 +1,158 @@
+//! Scoring a token sequence: the negative log-likelihood of each token given those before it.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::ops::ControlFlow;
+use std::panic::{self, AssertUnwindSafe};
+
+use tinyloop_sys as sys;
+
+use crate::error::{check, Error, Result};
+use crate::model::Model;
+use crate::to_c_int;
+
+/// Where scoring runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// CUDA where this build and machine have a GPU, else the CPU (the default).
+    #[default]
+    Auto,
+    /// The CPU reference backend.
+    Cpu,
+    /// The CUDA backend ([`Error::NoDevice`] where there is no usable GPU or no CUDA support in the build).
+    Cuda,
+}
+
+impl Backend {
+    pub(crate) fn to_c(self) -> i32 {
+        match self {
+            Backend::Auto => sys::TL_BACKEND_AUTO,
+            Backend::Cpu => sys::TL_BACKEND_CPU,
+            Backend::Cuda => sys::TL_BACKEND_CUDA,
+        }
+    }
+}
+
+/// Options of [`Model::score`]; `Default` gives the library's defaults and no per-token output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScoreOptions {
+    /// Where to run.
+    pub backend: Backend,
+    /// CPU worker threads; 0 (default) means the machine's hardware concurrency.
+    pub threads: usize,
+    /// Window length in tokens, `2..=max_seq`; 0 (default) means the model's `max_seq`. A longer sequence is
+    /// scored in windows that overlap by one token, so every token but the first is predicted exactly once,
+    /// with at most `window - 1` tokens of context.
+    pub window: usize,
+    /// Return each predicted token's NLL in [`ScoreResult::token_nll`] (default `false`).
+    pub token_nll: bool,
+}
+
+/// What [`Model::score`] reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoreResult {
+    /// Sum over the scored tokens of `-ln p(token | prefix)`, accumulated in `f64`.
+    pub nll_sum: f64,
+    /// Number of tokens predicted: `tokens.len() - 1`.
+    pub tokens_scored: u64,
+    /// `exp(nll_sum / tokens_scored)`.
+    pub perplexity: f64,
+    /// The backend that ran ([`Backend::Cpu`] or [`Backend::Cuda`]).
+    pub backend: Backend,
+    /// Windows the sequence was split into.
+    pub n_windows: usize,
+    /// Wall-clock seconds spent in the call.
+    pub seconds: f64,
+    /// With [`ScoreOptions::token_nll`]: `token_nll[i]` is the NLL (natural log) of token `i + 1`, so it has
+    /// `tokens.len() - 1` entries. `None` otherwise.
+    pub token_nll: Option<Vec<f32>>,
+}
+
+/// The progress closure and a panic it raised, carried through the C callback's `user_data`.
+struct Progress<'a> {
+    callback: &'a mut dyn FnMut(u64, u64) -> ControlFlow<()>,
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+unsafe extern "C" fn progress_trampoline(user_data: *mut c_void, done: u64, total: u64) -> i32 {
+    // SAFETY: `user_data` is the `Progress` that `score_impl` passed, alive and not otherwise borrowed for the
+    // whole tl_score call, which invokes this on the calling thread.
+    let progress = &mut *user_data.cast::<Progress<'_>>();
+    if progress.panic.is_some() {
+        return 1;
+    }
+    // A panic must not unwind into C: it is kept, scoring is stopped, and the panic resumes after tl_score.
+    match panic::catch_unwind(AssertUnwindSafe(|| (progress.callback)(done, total))) {
+        Ok(ControlFlow::Continue(())) => 0,
+        Ok(ControlFlow::Break(())) => 1,
+        Err(payload) => {
+            progress.panic = Some(payload);
+            1
+        }
+    }
+}
+
+impl Model {
+    /// Scores a token sequence: the NLL of each token given those before it. Tokens must be in `0..vocab` and
+    /// there must be at least 2. Any number of threads may score one model at the same time.
+    pub fn score(&self, tokens: &[i32], options: &ScoreOptions) -> Result<ScoreResult> {
+        self.score_impl(tokens, options, None)
+    }
+
+    /// Like [`Model::score`], calling `progress(done, total)` (tokens processed so far, of `total`) on this
+    /// thread as scoring advances. Returning `ControlFlow::Break(())` stops it with [`Error::Cancelled`]. A
+    /// panic in `progress` stops scoring and resumes once the library has returned.
+    pub fn score_with_progress(
+        &self,
+        tokens: &[i32],
+        options: &ScoreOptions,
+        mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
+    ) -> Result<ScoreResult> {
+        self.score_impl(tokens, options, Some(&mut progress))
+    }
+
+    fn score_impl(
+        &self,
+        tokens: &[i32],
+        options: &ScoreOptions,
+        callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
+    ) -> Result<ScoreResult> {
+        let mut token_nll = options.token_nll.then(|| vec![0.0f32; tokens.len().saturating_sub(1)]);
+        let mut progress = callback.map(|callback| Progress { callback, panic: None });
+        let c_options = sys::tl_score_options {
+            struct_size: std::mem::size_of::<sys::tl_score_options>() as u32,
+            backend: options.backend.to_c(),
+            n_threads: to_c_int(options.threads, "threads")?,
+            window: to_c_int(options.window, "window")?,
+            progress: progress.as_ref().map(|_| progress_trampoline as _),
+            progress_user_data: progress.as_mut().map_or(std::ptr::null_mut(), |p| (p as *mut Progress<'_>).cast()),
+            token_nll: token_nll.as_mut().map_or(std::ptr::null_mut(), |nll| nll.as_mut_ptr()),
+            token_nll_len: token_nll.as_ref().map_or(0, Vec::len),
+        };
+        // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
+        let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };
+        result.struct_size = std::mem::size_of::<sys::tl_score_result>() as u32;
+        // SAFETY: the model is live; `tokens` holds tokens.len() values; the NLL buffer holds token_nll_len
+        // floats; `progress` outlives the call and is reached only through the callback on this thread.
+        let status =
+            unsafe { sys::tl_score(self.raw().as_ptr(), tokens.as_ptr(), tokens.len(), &c_options, &mut result) };
+        if let Some(payload) = progress.and_then(|p| p.panic) {
+            panic::resume_unwind(payload);
+        }
+        check(status)?;
+        let backend = match result.backend {
+            sys::TL_BACKEND_CPU => Backend::Cpu,
+            sys::TL_BACKEND_CUDA => Backend::Cuda,
+            other => return Err(Error::Internal(format!("tl_score reported backend {other}"))),
+        };
+        Ok(ScoreResult {
+            nll_sum: result.nll_sum,
+            tokens_scored: result.tokens_scored,
+            perplexity: result.perplexity,
+            backend,
+            n_windows: crate::to_usize(result.n_windows, "n_windows")?,
+            seconds: result.seconds,
+            token_nll,
+        })
+    }
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages TinyLoop needs to build and test (idempotent; skips apt when all are present).
+# The CUDA toolkit is optional and not a Debian package: when /usr/local/cuda/bin/nvcc exists the CUDA backend
+# is built too.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  nlohmann-json3-dev   # JSON header of .tinyloop files
+  libcli11-dev         # command-line parsing of the tinyloop tool
+  libgtest-dev         # C++ unit tests
+  libcriterion-dev     # C API conformance suite
+  librust-cc-dev       # Rust build script: compiles the C++ core
+)
+# Rust toolchain: Debian's, unless one is already on PATH (e.g. rustup).
+command -v cargo >/dev/null 2>&1 || packages+=(cargo rustc)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+else
+  echo "install-deps: all Debian packages present"
+fi

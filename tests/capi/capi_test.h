@@ -1,0 +1,81 @@
+/* Shared helpers for the C API conformance suite. Every test runs in its own process (Criterion), so the
+ * helpers keep no state between tests. */
+#ifndef TL_CAPI_TEST_H
+#define TL_CAPI_TEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "tinyloop.h"
+
+/* The committed fixture (tests/data/tiny.tinyloop) and its configuration as the test plan states it. */
+#define FIXTURE_D_MODEL 64
+#define FIXTURE_N_HEADS 4
+#define FIXTURE_HEAD_DIM 16
+#define FIXTURE_FFN 128
+#define FIXTURE_VOCAB 256
+#define FIXTURE_N_PRE 1
+#define FIXTURE_N_LOOPS 2
+#define FIXTURE_MAX_SEQ 128
+#define FIXTURE_GROUP_SIZE 32
+#define FIXTURE_N_QUANT_WEIGHTS 10
+
+const char *fixture_path(void);
+/* Loads the fixture with default options; fails the test on error. */
+tl_model *load_fixture(void);
+
+/* A fresh seed per test process (TL_TEST_SEED overrides it); logged so that a failure can be replayed. */
+void rng_seed_from_env(void);
+uint64_t rng_next(void);
+/* Uniform in [lo, hi). */
+float rng_uniform(float lo, float hi);
+int32_t rng_below(int32_t bound);
+void random_tokens(int32_t *tokens, size_t n, int32_t vocab);
+
+/* IEEE binary16 bits -> float, written independently of the library's converter. */
+float half_to_float(uint16_t bits);
+
+/* Whether `word` occurs in `text` with no identifier character ([A-Za-z0-9_]) right before or after it. */
+int contains_word(const char *text, const char *word);
+
+/* The levels of one dequantized group. */
+struct grid {
+    double step; /* the smallest gap between distinct values: the group's scale */
+    double lowest, highest;
+};
+/* Finds the group's grid and asserts that every value is lowest + j*step for an integer j in [0, 15]. */
+struct grid assert_4bit_grid(const float *values, int32_t count, const char *what);
+
+/* Whether tl_build_info() says "cuda": true. */
+int build_has_cuda(void);
+
+/* A path for a scratch file unique to this process, under the build tree. */
+void scratch_path(char *out, size_t out_size, const char *stem);
+
+/* Asserts that `call` returned TL_OK and left the thread's message empty. */
+#define ASSERT_OK(call)                                                                                      \
+    do {                                                                                                     \
+        tl_status ok_status_ = (call);                                                                       \
+        cr_assert_eq(ok_status_, TL_OK, "%s returned %d (%s): %s", #call, (int)ok_status_,                  \
+                     tl_status_string(ok_status_), tl_last_error_message());                                 \
+        cr_assert_str_empty(tl_last_error_message(), "%s succeeded but left the message \"%s\"", #call,      \
+                            tl_last_error_message());                                                        \
+    } while (0)
+
+/* Asserts that `call` returned `expected` with a message naming `word` (see contains_word). */
+#define ASSERT_FAILS_NAMING(call, expected, word)                                                            \
+    do {                                                                                                     \
+        tl_status fail_status_ = (call);                                                                     \
+        const char *fail_message_ = tl_last_error_message();                                                 \
+        cr_assert_eq(fail_status_, (expected), "%s returned %d (%s), expected %d (%s); message: \"%s\"",    \
+                     #call, (int)fail_status_, tl_status_string(fail_status_), (int)(expected),             \
+                     tl_status_string(expected), fail_message_);                                             \
+        cr_assert_not_null(fail_message_, "%s: tl_last_error_message() is NULL", #call);                     \
+        cr_assert(contains_word(fail_message_, (word)), "%s: message \"%s\" does not name \"%s\"", #call,   \
+                  fail_message_, (word));                                                                    \
+    } while (0)
+
+#endif

@@ -1,0 +1,385 @@
+/* Scoring: tl_score_options_init, tl_score_result_init, tl_score. */
+#define _POSIX_C_SOURCE 200809L /* pthread barriers */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "capi_test.h"
+
+static tl_model *model;
+
+static void setup(void) {
+    rng_seed_from_env();
+    model = load_fixture();
+}
+
+static void teardown(void) { tl_model_free(model); }
+
+TestSuite(score, .init = setup, .fini = teardown, .timeout = 120);
+
+static tl_score_options cpu_options(float *token_nll, size_t token_nll_len) {
+    tl_score_options options;
+    ASSERT_OK(tl_score_options_init(&options));
+    options.backend = TL_BACKEND_CPU;
+    options.n_threads = 2;
+    options.token_nll = token_nll;
+    options.token_nll_len = token_nll_len;
+    return options;
+}
+
+static tl_score_result fresh_result(void) {
+    tl_score_result result;
+    ASSERT_OK(tl_score_result_init(&result));
+    return result;
+}
+
+static void assert_close(double a, double b, double relative, const char *what) {
+    cr_assert(fabs(a - b) <= relative * fmax(fabs(a), fabs(b)) + 1e-12, "%s: %.12g vs %.12g", what, a, b);
+}
+
+Test(score_options_init, fills_the_defaults) {
+    tl_score_options options;
+    memset(&options, 0x5A, sizeof options);
+    ASSERT_OK(tl_score_options_init(&options));
+    cr_assert_eq(options.struct_size, sizeof options);
+    cr_assert_eq(options.backend, TL_BACKEND_AUTO);
+    cr_assert_eq(options.n_threads, 0);
+    cr_assert_eq(options.window, 0);
+    cr_assert_null((void *)(uintptr_t)options.progress);
+    cr_assert_null(options.progress_user_data);
+    cr_assert_null(options.token_nll);
+    cr_assert_eq(options.token_nll_len, 0);
+    ASSERT_FAILS_NAMING(tl_score_options_init(NULL), TL_ERR_INVALID_ARGUMENT, "options");
+}
+
+Test(score_result_init, zeroes_the_result) {
+    tl_score_result result;
+    memset(&result, 0x5A, sizeof result);
+    ASSERT_OK(tl_score_result_init(&result));
+    cr_assert_eq(result.struct_size, sizeof result);
+    cr_assert_eq(result.nll_sum, 0);
+    cr_assert_eq(result.tokens_scored, 0);
+    cr_assert_eq(result.perplexity, 0);
+    cr_assert_eq(result.backend, 0);
+    cr_assert_eq(result.n_windows, 0);
+    cr_assert_eq(result.seconds, 0);
+    ASSERT_FAILS_NAMING(tl_score_result_init(NULL), TL_ERR_INVALID_ARGUMENT, "result");
+}
+
+Test(score, fills_result_and_token_nll) {
+    enum { N = 48 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float token_nll[N - 1 + 4];
+    for (size_t i = 0; i < N - 1 + 4; ++i) token_nll[i] = -1.0f;
+    tl_score_options options = cpu_options(token_nll, N - 1 + 4);
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+
+    cr_assert_eq(result.tokens_scored, N - 1);
+    cr_assert(isfinite(result.perplexity) && result.perplexity > 1, "perplexity %g", result.perplexity);
+    assert_close(result.perplexity, exp(result.nll_sum / (double)(N - 1)), 1e-9, "perplexity vs exp(nll/n)");
+    cr_assert_eq(result.backend, TL_BACKEND_CPU);
+    cr_assert_eq(result.n_windows, 1);
+    cr_assert(result.seconds >= 0 && isfinite(result.seconds));
+    double sum = 0;
+    for (size_t i = 0; i < N - 1; ++i) {
+        cr_assert(isfinite(token_nll[i]) && token_nll[i] >= 0, "token_nll[%zu] = %g", i, token_nll[i]);
+        sum += token_nll[i];
+    }
+    assert_close(sum, result.nll_sum, 1e-5, "sum of token_nll vs nll_sum");
+    for (size_t i = N - 1; i < N - 1 + 4; ++i) cr_assert_eq(token_nll[i], -1.0f, "token_nll[%zu] written past n-1", i);
+}
+
+Test(score, null_options_and_auto_backend_work) {
+    enum { N = 12 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_score_result with_defaults = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, NULL, &with_defaults));
+    cr_assert(with_defaults.backend == TL_BACKEND_CPU || with_defaults.backend == TL_BACKEND_CUDA);
+    if (!build_has_cuda()) cr_assert_eq(with_defaults.backend, TL_BACKEND_CPU);
+    cr_assert_eq(with_defaults.tokens_scored, N - 1);
+
+    tl_score_options options = cpu_options(NULL, 0);
+    tl_score_result on_cpu = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &on_cpu));
+    /* A GPU backend computes in FP16: agree within a couple of percent. */
+    assert_close(with_defaults.perplexity, on_cpu.perplexity, with_defaults.backend == TL_BACKEND_CPU ? 1e-5 : 2e-2,
+                 "default vs CPU perplexity");
+}
+
+Test(score, thread_count_does_not_change_the_result) {
+    enum { N = 40 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_score_options options = cpu_options(NULL, 0);
+    tl_score_result one = fresh_result(), many = fresh_result();
+    options.n_threads = 1;
+    ASSERT_OK(tl_score(model, tokens, N, &options, &one));
+    options.n_threads = 0;
+    ASSERT_OK(tl_score(model, tokens, N, &options, &many));
+    assert_close(one.nll_sum, many.nll_sum, 1e-5, "nll_sum with 1 thread vs all");
+}
+
+Test(score, is_causal) {
+    enum { N = 24 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float before[N - 1], after[N - 1];
+    tl_score_options options = cpu_options(before, N - 1);
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+
+    /* A new last token changes only the last prediction. */
+    tokens[N - 1] = (tokens[N - 1] + 1 + rng_below(FIXTURE_VOCAB - 1)) % FIXTURE_VOCAB;
+    options.token_nll = after;
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    for (size_t i = 0; i + 1 < N - 1; ++i) assert_close(before[i], after[i], 1e-5, "an earlier token's NLL");
+
+    /* A new first token changes the prediction that conditions on it. */
+    tokens[0] = (tokens[0] + 1 + rng_below(FIXTURE_VOCAB - 1)) % FIXTURE_VOCAB;
+    float changed[N - 1];
+    options.token_nll = changed;
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    cr_assert_neq(changed[0], after[0], "the first prediction ignores its context");
+}
+
+Test(score, windows_overlap_by_one_token) {
+    enum { N = 40, WINDOW = 16 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float whole[N - 1];
+    tl_score_options options = cpu_options(whole, N - 1);
+    options.window = WINDOW;
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    cr_assert_eq(result.tokens_scored, N - 1);
+    cr_assert_eq(result.n_windows, (N - 1 + WINDOW - 2) / (WINDOW - 1), "n_windows %d", result.n_windows);
+
+    /* Window w covers tokens [w*(WINDOW-1), w*(WINDOW-1) + WINDOW): score each piece on its own. */
+    for (size_t start = 0; start + 1 < N; start += WINDOW - 1) {
+        const size_t length = start + WINDOW <= N ? WINDOW : N - start;
+        float piece[WINDOW - 1];
+        tl_score_options piece_options = cpu_options(piece, WINDOW - 1);
+        tl_score_result piece_result = fresh_result();
+        ASSERT_OK(tl_score(model, tokens + start, length, &piece_options, &piece_result));
+        cr_assert_eq(piece_result.n_windows, 1);
+        for (size_t i = 0; i + 1 < length; ++i) assert_close(piece[i], whole[start + i], 1e-5, "windowed token NLL");
+    }
+}
+
+Test(score, default_window_is_max_seq) {
+    enum { N = 2 * FIXTURE_MAX_SEQ + 20 };
+    int32_t *tokens = malloc(N * sizeof(int32_t));
+    cr_assert_not_null(tokens);
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_score_options options = cpu_options(NULL, 0);
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    cr_assert_eq(result.tokens_scored, N - 1);
+    cr_assert_eq(result.n_windows, (N - 1 + FIXTURE_MAX_SEQ - 2) / (FIXTURE_MAX_SEQ - 1));
+    cr_assert(isfinite(result.perplexity) && result.perplexity > 1);
+    free(tokens);
+}
+
+Test(score, rejects_bad_arguments) {
+    enum { N = 10 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float token_nll[N];
+    tl_score_options options = cpu_options(NULL, 0);
+    tl_score_result result = fresh_result();
+    result.nll_sum = -7;
+
+    ASSERT_FAILS_NAMING(tl_score(NULL, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "model");
+    ASSERT_FAILS_NAMING(tl_score(model, NULL, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "tokens");
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, NULL), TL_ERR_INVALID_ARGUMENT, "out_result");
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, 1, &options, &result), TL_ERR_INVALID_ARGUMENT, "n_tokens");
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, 0, &options, &result), TL_ERR_INVALID_ARGUMENT, "n_tokens");
+
+    tokens[N / 2] = FIXTURE_VOCAB;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "tokens");
+    tokens[N / 2] = -1;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "tokens");
+    tokens[N / 2] = 0;
+
+    options.window = FIXTURE_MAX_SEQ + 1;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "window");
+    options.window = 1;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "window");
+    options.window = -5;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "window");
+    options.window = 0;
+    options.backend = 7;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "backend");
+    options.backend = TL_BACKEND_CPU;
+    options.n_threads = -1;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "n_threads");
+    options.n_threads = 2;
+
+    /* token_nll must hold n_tokens - 1 floats: the message gives that size. */
+    options.token_nll = token_nll;
+    options.token_nll_len = N - 2;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_BUFFER_TOO_SMALL, "9");
+    cr_assert_eq(result.nll_sum, -7, "the result was written on failure");
+
+    options.token_nll_len = N - 1; /* exactly enough */
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+}
+
+/* ---- progress and cancellation ---- */
+
+struct progress_log {
+    int calls;
+    int stop_at_call; /* 0: never stop */
+    uint64_t last_done, total;
+    int went_backwards, overshot, total_changed;
+};
+
+static int32_t record_progress(void *user_data, uint64_t done, uint64_t total) {
+    struct progress_log *log = user_data;
+    if (log->calls > 0 && done < log->last_done) log->went_backwards = 1;
+    if (log->calls > 0 && total != log->total) log->total_changed = 1;
+    if (done > total) log->overshot = 1;
+    log->last_done = done;
+    log->total = total;
+    ++log->calls;
+    return log->stop_at_call != 0 && log->calls >= log->stop_at_call;
+}
+
+Test(score, progress_is_reported) {
+    enum { N = 100, WINDOW = 20 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    struct progress_log log = {0};
+    tl_score_options options = cpu_options(NULL, 0);
+    options.window = WINDOW;
+    options.progress = record_progress;
+    options.progress_user_data = &log;
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    cr_assert_gt(log.calls, 0, "the progress callback was never called");
+    cr_assert_eq(log.went_backwards, 0);
+    cr_assert_eq(log.overshot, 0);
+    cr_assert_eq(log.total_changed, 0);
+    cr_assert_gt(log.total, 0);
+    cr_assert_eq(log.last_done, log.total, "the last report is %llu of %llu", (unsigned long long)log.last_done,
+                 (unsigned long long)log.total);
+}
+
+static void assert_cancelled_at(int stop_at_call) {
+    enum { N = 100, WINDOW = 20 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    struct progress_log log = {0};
+    log.stop_at_call = stop_at_call;
+    tl_score_options options = cpu_options(NULL, 0);
+    options.window = WINDOW;
+    options.progress = record_progress;
+    options.progress_user_data = &log;
+    tl_score_result result = fresh_result();
+    result.nll_sum = -7;
+    const tl_status status = tl_score(model, tokens, N, &options, &result);
+    cr_assert_eq(status, TL_ERR_CANCELLED, "stop at call %d: got %d (%s)", stop_at_call, (int)status,
+                 tl_status_string(status));
+    cr_assert_str_not_empty(tl_last_error_message());
+    cr_assert_eq(log.calls, stop_at_call, "the callback was called again after it asked to stop");
+    cr_assert_eq(result.nll_sum, -7, "the result was written on failure");
+}
+
+Test(score, cancels_at_the_first_report) { assert_cancelled_at(1); }
+Test(score, cancels_between_windows) { assert_cancelled_at(2); }
+
+/* ---- backends ---- */
+
+Test(score, cuda_backend_runs_or_reports_no_device) {
+    /* Runs in Criterion's child process, so CUDA is never initialised in the runner. */
+    enum { N = 20 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_score_options options = cpu_options(NULL, 0);
+    options.backend = TL_BACKEND_CUDA;
+    tl_score_result on_gpu = fresh_result();
+    const tl_status status = tl_score(model, tokens, N, &options, &on_gpu);
+    if (!build_has_cuda()) {
+        cr_assert_eq(status, TL_ERR_NO_DEVICE, "a build without CUDA gave %d (%s)", (int)status,
+                     tl_status_string(status));
+        cr_assert_str_not_empty(tl_last_error_message());
+        return;
+    }
+    /* TL_ERR_UNSUPPORTED: a GPU is present but this version does not score on it yet (the GPU forward pass is a
+     * later issue); the message must say so. */
+    cr_assert(status == TL_OK || status == TL_ERR_NO_DEVICE || status == TL_ERR_UNSUPPORTED, "got %d (%s): %s",
+              (int)status, tl_status_string(status), tl_last_error_message());
+    if (status != TL_OK) cr_assert_str_not_empty(tl_last_error_message());
+    if (status == TL_OK) {
+        cr_assert_eq(on_gpu.backend, TL_BACKEND_CUDA);
+        options.backend = TL_BACKEND_CPU;
+        tl_score_result on_cpu = fresh_result();
+        ASSERT_OK(tl_score(model, tokens, N, &options, &on_cpu));
+        assert_close(on_gpu.perplexity, on_cpu.perplexity, 2e-2, "GPU vs CPU perplexity");
+    }
+}
+
+/* ---- one model, four threads ---- */
+
+enum { SHARED_N = 64, SHARED_THREADS = 4, SHARED_ROUNDS = 3 };
+
+struct scoring_thread {
+    pthread_barrier_t *start;
+    const int32_t *tokens;
+    tl_status status;
+    double nll_sum[SHARED_ROUNDS];
+    float token_nll[SHARED_ROUNDS][SHARED_N - 1];
+};
+
+static void *scoring_thread_main(void *arg) {
+    struct scoring_thread *t = arg;
+    pthread_barrier_wait(t->start);
+    t->status = TL_OK;
+    for (int round = 0; round < SHARED_ROUNDS && t->status == TL_OK; ++round) {
+        tl_score_options options;
+        tl_score_options_init(&options);
+        options.backend = TL_BACKEND_CPU;
+        options.n_threads = 2;
+        options.token_nll = t->token_nll[round];
+        options.token_nll_len = SHARED_N - 1;
+        tl_score_result result;
+        tl_score_result_init(&result);
+        t->status = tl_score(model, t->tokens, SHARED_N, &options, &result);
+        t->nll_sum[round] = result.nll_sum;
+    }
+    return NULL;
+}
+
+Test(score, one_model_from_four_threads_gives_identical_results) {
+    int32_t tokens[SHARED_N];
+    random_tokens(tokens, SHARED_N, FIXTURE_VOCAB);
+    float reference_nll[SHARED_N - 1];
+    tl_score_options options = cpu_options(reference_nll, SHARED_N - 1);
+    tl_score_result reference = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, SHARED_N, &options, &reference));
+
+    pthread_barrier_t start;
+    cr_assert_eq(pthread_barrier_init(&start, NULL, SHARED_THREADS), 0);
+    static struct scoring_thread threads[SHARED_THREADS];
+    pthread_t ids[SHARED_THREADS];
+    for (int i = 0; i < SHARED_THREADS; ++i) {
+        threads[i].start = &start;
+        threads[i].tokens = tokens;
+        cr_assert_eq(pthread_create(&ids[i], NULL, scoring_thread_main, &threads[i]), 0);
+    }
+    for (int i = 0; i < SHARED_THREADS; ++i) cr_assert_eq(pthread_join(ids[i], NULL), 0);
+    pthread_barrier_destroy(&start);
+
+    for (int i = 0; i < SHARED_THREADS; ++i) {
+        cr_assert_eq(threads[i].status, TL_OK, "thread %d: %s", i, tl_status_string(threads[i].status));
+        for (int round = 0; round < SHARED_ROUNDS; ++round) {
+            cr_assert_eq(threads[i].nll_sum[round], reference.nll_sum, "thread %d round %d: %.17g vs %.17g", i, round,
+                         threads[i].nll_sum[round], reference.nll_sum);
+            cr_assert_arr_eq(threads[i].token_nll[round], reference_nll, sizeof reference_nll,
+                             "thread %d round %d: token NLLs differ", i, round);
+        }
+    }
+}

@@ -1,0 +1,132 @@
+/* struct_size of every options, result and properties struct: the full size works; 0, a size holding nothing
+ * but struct_size (smaller than any version), and a size larger than the library knows are
+ * TL_ERR_INVALID_ARGUMENT naming struct_size. Each struct sits at the start of a larger zeroed buffer so
+ * that a library that ignored the size could not write past the caller's memory. */
+#include "capi_test.h"
+
+static tl_model *model;
+
+static void setup(void) { model = load_fixture(); }
+static void teardown(void) { tl_model_free(model); }
+
+TestSuite(struct_size, .init = setup, .fini = teardown);
+
+#define SPARE_BYTES 64
+
+static tl_status load_with(uint32_t size) {
+    struct { tl_load_options s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    tl_load_options_init(&buffer.s);
+    buffer.s.struct_size = size;
+    tl_model *loaded = (tl_model *)(uintptr_t)0x1;
+    const tl_status status = tl_model_load(fixture_path(), &buffer.s, &loaded);
+    if (status == TL_OK) {
+        tl_model_free(loaded);
+    } else {
+        cr_assert_null(loaded, "*out_model must be NULL after a failed load");
+    }
+    return status;
+}
+
+static tl_status model_info_with(uint32_t size) {
+    struct { tl_model_properties s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    buffer.s.struct_size = size;
+    return tl_model_info(model, &buffer.s);
+}
+
+static tl_status create_with(uint32_t size) {
+    uint8_t codes[4 * 8 / 2] = {0};
+    const uint16_t scales[4] = {0x3C00, 0x3C00, 0x3C00, 0x3C00}, zeros[4] = {0};
+    struct { tl_weight_desc s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    tl_weight_desc_init(&buffer.s);
+    buffer.s.struct_size = size;
+    buffer.s.k = 8;
+    buffer.s.n = 4;
+    buffer.s.codes = codes;
+    buffer.s.scales = scales;
+    buffer.s.zeros = zeros;
+    tl_weight *weight = NULL;
+    const tl_status status = tl_weight_create(&buffer.s, &weight);
+    tl_weight_free(weight);
+    return status;
+}
+
+static const float kSmallMatrix[4 * 8] = {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, 0, 0, 0, 1};
+
+static tl_status quantize_with(uint32_t size) {
+    struct { tl_quantize_options s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    tl_quantize_options_init(&buffer.s);
+    buffer.s.struct_size = size;
+    tl_weight *weight = NULL;
+    const tl_status status = tl_weight_quantize(kSmallMatrix, 8, 4, &buffer.s, &weight);
+    tl_weight_free(weight);
+    return status;
+}
+
+static tl_status weight_info_with(uint32_t size) {
+    tl_weight *weight = NULL;
+    ASSERT_OK(tl_weight_quantize(kSmallMatrix, 8, 4, NULL, &weight));
+    struct { tl_weight_properties s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    buffer.s.struct_size = size;
+    const tl_status status = tl_weight_info(weight, &buffer.s);
+    tl_weight_free(weight);
+    return status;
+}
+
+static const int32_t kTokens[5] = {1, 2, 3, 4, 5};
+
+static tl_status score_options_with(uint32_t size) {
+    struct { tl_score_options s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    tl_score_options_init(&buffer.s);
+    buffer.s.struct_size = size;
+    buffer.s.backend = TL_BACKEND_CPU;
+    tl_score_result result;
+    tl_score_result_init(&result);
+    return tl_score(model, kTokens, 5, &buffer.s, &result);
+}
+
+static tl_status score_result_with(uint32_t size) {
+    tl_score_options options;
+    tl_score_options_init(&options);
+    options.backend = TL_BACKEND_CPU;
+    struct { tl_score_result s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    buffer.s.struct_size = size;
+    return tl_score(model, kTokens, 5, &options, &buffer.s);
+}
+
+static void assert_checks_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what) {
+    const tl_status ok = call(full_size);
+    cr_assert_eq(ok, TL_OK, "%s with its full size: %s: %s", what, tl_status_string(ok), tl_last_error_message());
+    const uint32_t wrong[] = {0, (uint32_t)sizeof(uint32_t), full_size + 8, full_size + SPARE_BYTES};
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); ++i) {
+        const tl_status status = call(wrong[i]);
+        cr_assert_eq(status, TL_ERR_INVALID_ARGUMENT, "%s with struct_size %u: %d (%s)", what, wrong[i], (int)status,
+                     tl_status_string(status));
+        cr_assert(contains_word(tl_last_error_message(), "struct_size"), "%s with struct_size %u: message \"%s\"",
+                  what, wrong[i], tl_last_error_message());
+    }
+}
+
+Test(struct_size, tl_load_options) { assert_checks_struct_size(load_with, sizeof(tl_load_options), "tl_model_load"); }
+Test(struct_size, tl_model_properties) {
+    assert_checks_struct_size(model_info_with, sizeof(tl_model_properties), "tl_model_info");
+}
+Test(struct_size, tl_weight_desc) { assert_checks_struct_size(create_with, sizeof(tl_weight_desc), "tl_weight_create"); }
+Test(struct_size, tl_quantize_options) {
+    assert_checks_struct_size(quantize_with, sizeof(tl_quantize_options), "tl_weight_quantize");
+}
+Test(struct_size, tl_weight_properties) {
+    assert_checks_struct_size(weight_info_with, sizeof(tl_weight_properties), "tl_weight_info");
+}
+Test(struct_size, tl_score_options) {
+    assert_checks_struct_size(score_options_with, sizeof(tl_score_options), "tl_score (options)");
+}
+Test(struct_size, tl_score_result) {
+    assert_checks_struct_size(score_result_with, sizeof(tl_score_result), "tl_score (out_result)");
+}

@@ -1,0 +1,8 @@
+execute_process(COMMAND ${TOOL} make-model --preset tiny --out ${OUT} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "make-model failed (${rc})")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${OUT} ${EXPECTED} RESULT_VARIABLE same)
+if(NOT same EQUAL 0)
+  message(FATAL_ERROR "${EXPECTED} differs from what make-model writes now; regenerate it")
+endif()

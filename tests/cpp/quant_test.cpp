@@ -1,0 +1,212 @@
+// Host INT4 quantization: error bounds of the round trip, exact dequantization, constant and zero groups.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "half.hpp"
+#include "quant.hpp"
+#include "reference.hpp"
+
+namespace {
+
+using tl::QuantMethod;
+
+const char *method_name(QuantMethod m) { return m == QuantMethod::Asymmetric ? "asym" : "sym"; }
+
+// Checks every element of W against the original: within half a step inside the representable range
+// [z, z + 15 s], and no further than the range's end outside it (FP16 rounding of s and z can leave the extreme
+// values just outside). Also checks that dequantization is exact.
+void expect_round_trip_within_bound(const std::vector<float> &w, int32_t k, int32_t n, int32_t group_size,
+                                    QuantMethod method) {
+    SCOPED_TRACE(std::string(method_name(method)) + " group_size " + std::to_string(group_size));
+    const tl::QuantizedMatrix qm = tl::quantize_minmax(w.data(), k, n, group_size, method);
+    const int32_t gs = group_size == 0 ? k : group_size;
+    ASSERT_EQ(qm.group_size, gs);
+    ASSERT_EQ(qm.codes.size(), static_cast<size_t>(n) * k / 2);
+    ASSERT_EQ(qm.scales.size(), static_cast<size_t>(n) * (k / gs));
+    ASSERT_EQ(qm.zeros.size(), qm.scales.size());
+    const tl::Linear lin = tl::make_quantized_linear("w", qm);
+    std::vector<float> out(static_cast<size_t>(n) * k);
+    tl::dequantize_rows(lin, 0, n, out.data());
+
+    for (int32_t row = 0; row < n; ++row)
+        for (int32_t g = 0; g < k / gs; ++g) {
+            const float *wg = &w[static_cast<size_t>(row) * k + g * gs];
+            const double lo = *std::min_element(wg, wg + gs), hi = *std::max_element(wg, wg + gs);
+            const size_t gi = static_cast<size_t>(row) * (k / gs) + g;
+            const double s = tl::half_to_float(qm.scales[gi]), z = tl::half_to_float(qm.zeros[gi]);
+            // The header's min-max rule, with s and z rounded to FP16.
+            if (method == QuantMethod::Asymmetric) {
+                ASSERT_EQ(qm.scales[gi], tl::float_to_half(static_cast<float>((hi - lo) / 15)));
+                ASSERT_EQ(qm.zeros[gi], tl::float_to_half(static_cast<float>(lo)));
+            } else {
+                ASSERT_EQ(qm.scales[gi], tl::float_to_half(static_cast<float>(std::max(hi / 7, -lo / 8))));
+                ASSERT_EQ(z, -8 * s);
+            }
+            const double bound = std::max({s / 2, z - lo, hi - (z + 15 * s)}) + 1e-6 * std::max(-lo, hi);
+            for (int32_t i = 0; i < gs; ++i) {
+                const int32_t kk = g * gs + i;
+                const float got = out[static_cast<size_t>(row) * k + kk];
+                ASSERT_LE(std::fabs(got - wg[i]), bound) << "row " << row << " k " << kk;
+                // Dequantization is exact: q*s + z rounded once in FP32.
+                const float expected = static_cast<float>(tl::code_at(lin, kk, row)) * static_cast<float>(s) +
+                                       static_cast<float>(z);
+                ASSERT_EQ(got, expected) << "row " << row << " k " << kk;
+            }
+        }
+}
+
+}  // namespace
+
+TEST(Quant, RoundTripWithinHalfStepPerGroupAndPerRow) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t k = 256, n = 24;
+    std::vector<float> w = ref::random_floats(rng, static_cast<size_t>(k) * n, 0.05);
+    // Rows with an offset and rows of one sign exercise z far from zero and the symmetric one-sided cases.
+    for (int32_t i = 0; i < k; ++i) {
+        w[1 * k + i] += 3.0f;
+        w[2 * k + i] = std::fabs(w[2 * k + i]);
+        w[3 * k + i] = -std::fabs(w[3 * k + i]) - 0.5f;
+    }
+    for (QuantMethod method : {QuantMethod::Asymmetric, QuantMethod::Symmetric})
+        for (int32_t group_size : {32, 64, 128, 0, k}) expect_round_trip_within_bound(w, k, n, group_size, method);
+}
+
+TEST(Quant, ConstantAndZeroRows) {
+    const int32_t k = 64, n = 4;
+    std::vector<float> w(static_cast<size_t>(k) * n);
+    const float values[4] = {0.0f, 1.2345f, -3.3f, 7e-6f};
+    for (int32_t row = 0; row < n; ++row) std::fill(&w[row * k], &w[row * k] + k, values[row]);
+    for (QuantMethod method : {QuantMethod::Asymmetric, QuantMethod::Symmetric}) {
+        SCOPED_TRACE(method_name(method));
+        const tl::QuantizedMatrix qm = tl::quantize_minmax(w.data(), k, n, 32, method);
+        const tl::Linear lin = tl::make_quantized_linear("c", qm);
+        std::vector<float> out(w.size());
+        tl::dequantize_rows(lin, 0, n, out.data());
+        for (int32_t row = 0; row < n; ++row)
+            for (int32_t i = 0; i < k; ++i) {
+                const float c = values[row];
+                const float got = out[row * k + i];
+                if (method == QuantMethod::Asymmetric) {
+                    // s = 0 and W = z: the constant rounded to FP16.
+                    EXPECT_EQ(qm.scales[row * 2 + i / 32], 0);
+                    EXPECT_EQ(got, tl::round_to_half(c));
+                } else {
+                    EXPECT_LE(std::fabs(got - c), std::fabs(c) * 0x1p-10 + 8 * 0x1p-25) << "row " << row;
+                }
+            }
+        // The all-zero row is exactly +0 in both methods.
+        for (int32_t i = 0; i < k; ++i) {
+            EXPECT_EQ(out[i], 0.0f);
+            EXPECT_FALSE(std::signbit(out[i]));
+        }
+    }
+}
+
+TEST(Quant, RangeBelowFp16KeepsANonzeroScale) {
+    // (hi - lo) / 15 and max|w| / 7 underflow FP16 here; only an exactly constant (or zero) group may get s = 0.
+    const int32_t k = 32;
+    std::vector<float> w(k);
+    for (int32_t i = 0; i < k; ++i) w[i] = i % 2 ? std::nextafter(0.5f, 1.0f) : 0.5f;
+    const tl::QuantizedMatrix asym = tl::quantize_minmax(w.data(), k, 1, 0, QuantMethod::Asymmetric);
+    EXPECT_NE(asym.scales[0], 0);
+    std::vector<float> out(k);
+    tl::dequantize_rows(tl::make_quantized_linear("a", asym), 0, 1, out.data());
+    EXPECT_EQ(out, w);  // z = 0.5 and s = 2^-24 = ulp(0.5) represent both values exactly
+    for (int32_t i = 0; i < k; ++i) w[i] = i % 2 ? 1e-9f : -1e-9f;
+    EXPECT_NE(tl::quantize_minmax(w.data(), k, 1, 0, QuantMethod::Symmetric).scales[0], 0);
+}
+
+TEST(Quant, SymmetricZeroIsExact) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t k = 128, n = 16;
+    std::vector<float> w = ref::random_floats(rng, static_cast<size_t>(k) * n);
+    for (size_t i = 0; i < w.size(); i += 5) w[i] = 0.0f;
+    const tl::Linear lin =
+        tl::make_quantized_linear("z", tl::quantize_minmax(w.data(), k, n, 32, QuantMethod::Symmetric));
+    std::vector<float> out(w.size());
+    tl::dequantize_rows(lin, 0, n, out.data());
+    for (size_t i = 0; i < w.size(); i += 5) {
+        EXPECT_EQ(out[i], 0.0f) << "element " << i;
+        EXPECT_EQ(tl::code_at(lin, static_cast<int32_t>(i % k), static_cast<int32_t>(i / k)), 8);
+    }
+}
+
+TEST(Quant, DequantizeRowRangeMatchesFull) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t k = 96, n = 10;
+    const std::vector<float> w = ref::random_floats(rng, static_cast<size_t>(k) * n);
+    const tl::Linear lin =
+        tl::make_quantized_linear("r", tl::quantize_minmax(w.data(), k, n, 32, QuantMethod::Asymmetric));
+    std::vector<float> full(w.size()), part(static_cast<size_t>(4) * k);
+    tl::dequantize_rows(lin, 0, n, full.data());
+    tl::dequantize_rows(lin, 3, 7, part.data());
+    for (size_t i = 0; i < part.size(); ++i) EXPECT_EQ(part[i], full[3 * k + i]);
+    EXPECT_THROW(tl::dequantize_rows(lin, 5, 11, part.data()), tl::Error);
+}
+
+TEST(Quant, DenseLinearsConvertExactly) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t k = 16, n = 6;
+    const std::vector<float> w = ref::random_floats(rng, static_cast<size_t>(k) * n);
+    std::vector<float> out(w.size());
+
+    const tl::Linear f32 = tl::make_dense_linear("f32", w.data(), k, n);
+    tl::dequantize_rows(f32, 0, n, out.data());
+    EXPECT_EQ(out, w);
+
+    std::vector<uint16_t> halves(w.size()), bf16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+        halves[i] = tl::float_to_half(w[i]);
+        uint32_t bits;
+        std::memcpy(&bits, &w[i], sizeof bits);
+        bf16[i] = static_cast<uint16_t>(bits >> 16);  // truncation: any BF16 pattern will do
+    }
+    tl::Linear lin;
+    lin.k = k;
+    lin.n = n;
+    lin.dense_dtype = tl::DType::F16;
+    lin.dense = halves.data();
+    tl::dequantize_rows(lin, 1, n, out.data());
+    for (size_t i = 0; i + k < w.size(); ++i) EXPECT_EQ(out[i], ref::dense_value(tl::DType::F16, halves.data(), i + k));
+    lin.dense_dtype = tl::DType::BF16;
+    lin.dense = bf16.data();
+    tl::dequantize_rows(lin, 0, n, out.data());
+    for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_EQ(out[i], ref::dense_value(tl::DType::BF16, bf16.data(), i));
+        EXPECT_LE(std::fabs(out[i] - w[i]), std::fabs(w[i]) * 0x1p-7);
+    }
+}
+
+TEST(Quant, RejectsBadArguments) {
+    std::vector<float> w(64 * 2, 0.5f);
+    auto status = [&](int32_t k, int32_t group_size, QuantMethod method) {
+        try {
+            tl::quantize_minmax(w.data(), k, 2, group_size, method);
+        } catch (const tl::Error &e) {
+            return e.code();
+        }
+        return TL_OK;
+    };
+    EXPECT_EQ(status(63, 0, QuantMethod::Asymmetric), TL_ERR_INVALID_ARGUMENT);   // odd K cannot pack nibbles
+    EXPECT_EQ(status(64, 48, QuantMethod::Asymmetric), TL_ERR_INVALID_ARGUMENT);  // group does not divide K
+    EXPECT_EQ(status(64, 32, QuantMethod::Asymmetric), TL_OK);
+    w[7] = NAN;
+    EXPECT_EQ(status(64, 32, QuantMethod::Asymmetric), TL_ERR_INVALID_ARGUMENT);
+    w[7] = 1e6f;  // the symmetric scale 1e6/7 exceeds FP16
+    EXPECT_EQ(status(64, 32, QuantMethod::Symmetric), TL_ERR_INVALID_ARGUMENT);
+}

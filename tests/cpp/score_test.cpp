@@ -1,0 +1,200 @@
+// score_cpu's contract: thread-count independence, argument validation, windows, progress and cancellation,
+// and exceptions from worker threads.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_forward.hpp"
+#include "error.hpp"
+#include "reference.hpp"
+#include "synthetic.hpp"
+#include "thread_pool.hpp"
+
+namespace {
+
+tl::ModelConfig small_config() {
+    tl::ModelConfig c;
+    c.d_model = 64;
+    c.n_heads = 4;
+    c.head_dim = 16;
+    c.ffn = 128;
+    c.vocab = 256;
+    c.pre = 1;
+    c.loops = 2;
+    c.max_seq = 64;
+    c.group_size = 32;
+    return c;
+}
+
+class Score : public ::testing::Test {
+protected:
+    void SetUp() override {
+        seed_ = ref::fresh_seed();
+        tl::SyntheticOptions options;
+        options.seed = seed_;
+        model_ = tl::make_synthetic_model(small_config(), options);
+        std::mt19937_64 rng(seed_);
+        tokens_ = ref::random_tokens(rng, 150, small_config().vocab);
+    }
+
+    // The status and message of a call that must fail with a tl::Error.
+    template <class Fn>
+    static std::pair<tl_status, std::string> error_of(Fn fn) {
+        try {
+            fn();
+        } catch (const tl::Error &e) {
+            return {e.code(), e.what()};
+        }
+        return {TL_OK, ""};
+    }
+
+    uint64_t seed_ = 0;
+    std::unique_ptr<tl::Model> model_;
+    std::vector<int32_t> tokens_;
+};
+
+}  // namespace
+
+TEST_F(Score, ThreadCountDoesNotChangeTheResult) {
+    SCOPED_TRACE("seed " + std::to_string(seed_));
+    std::vector<float> nll1(tokens_.size() - 1), nll_n(tokens_.size() - 1);
+    tl::ScoreOptions options;
+    options.n_threads = 1;
+    options.token_nll = nll1.data();
+    const tl::ScoreResult one = tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options);
+    for (int32_t threads : {2, 3, 0}) {
+        options.n_threads = threads;
+        options.token_nll = nll_n.data();
+        const tl::ScoreResult many = tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options);
+        // Every output is the same sequence of FP32 operations whatever the partition: bitwise equal.
+        EXPECT_EQ(many.nll_sum, one.nll_sum) << threads << " threads";
+        EXPECT_EQ(nll_n, nll1) << threads << " threads";
+    }
+    double sum = 0.0;
+    for (float v : nll1) sum += v;
+    EXPECT_NEAR(sum, one.nll_sum, 1e-5 * one.nll_sum);
+    EXPECT_TRUE(std::isfinite(one.nll_sum));
+    EXPECT_GT(one.nll_sum, 0.0);
+}
+
+TEST_F(Score, InvalidTokensAreRejectedWithTheirIndex) {
+    SCOPED_TRACE("seed " + std::to_string(seed_));
+    tokens_[17] = 300;
+    auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
+    EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(message, "tokens[17] = 300 is outside the vocabulary [0, 256)");
+    tokens_[17] = 0;
+    tokens_[149] = -1;
+    std::tie(code, message) = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
+    EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(message.find("tokens[149] = -1"), std::string::npos) << message;
+    tokens_[149] = 256;
+    std::tie(code, message) = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
+    EXPECT_NE(message.find("tokens[149] = 256"), std::string::npos) << message;
+}
+
+TEST_F(Score, TooFewTokensAndBadWindowsAreRejected) {
+    for (size_t n : {0, 1}) {
+        EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, tokens_.data(), n, {}); }).first, TL_ERR_INVALID_ARGUMENT);
+    }
+    EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, nullptr, 10, {}); }).first, TL_ERR_INVALID_ARGUMENT);
+    for (int32_t window : {1, -3, 65}) {
+        tl::ScoreOptions options;
+        options.window = window;
+        const auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); });
+        EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT) << "window " << window;
+        EXPECT_NE(message.find("window"), std::string::npos) << message;
+    }
+    for (int32_t threads : {-1, 1025}) {
+        tl::ScoreOptions options;
+        options.n_threads = threads;
+        EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); }).first,
+                  TL_ERR_INVALID_ARGUMENT);
+    }
+}
+
+TEST_F(Score, WindowsAreCountedAndEachTokenScoredOnce) {
+    struct Case {
+        size_t n;
+        int32_t window;
+        int32_t windows;
+    };
+    // Windows of L tokens advance by L - 1: ceil((n - 1) / (L - 1)) of them.
+    for (const Case c : {Case{2, 0, 1}, Case{64, 0, 1}, Case{65, 0, 2}, Case{150, 0, 3}, Case{150, 2, 149},
+                         Case{100, 32, 4}, Case{94, 32, 3}, Case{95, 32, 4}}) {
+        std::vector<uint64_t> done;
+        tl::ScoreOptions options;
+        options.window = c.window;
+        options.progress = [&](uint64_t d, uint64_t total) {
+            EXPECT_EQ(total, c.n - 1);
+            done.push_back(d);
+            return true;
+        };
+        const tl::ScoreResult r = tl::score_cpu(*model_, tokens_.data(), c.n, options);
+        EXPECT_EQ(r.n_windows, c.windows) << "n " << c.n << " window " << c.window;
+        EXPECT_EQ(r.tokens_scored, c.n - 1);
+        ASSERT_EQ(done.size(), static_cast<size_t>(c.windows));
+        EXPECT_EQ(done.back(), c.n - 1);
+        for (size_t i = 1; i < done.size(); ++i) EXPECT_GT(done[i], done[i - 1]);
+    }
+}
+
+TEST_F(Score, ProgressCanCancel) {
+    int calls = 0;
+    tl::ScoreOptions options;
+    options.window = 16;
+    options.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
+    const auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); });
+    EXPECT_EQ(code, TL_ERR_CANCELLED) << message;
+    EXPECT_EQ(calls, 2);
+}
+
+TEST_F(Score, ModelShapeMismatchIsRejected) {
+    model_->loop.mlp_up.n -= 1;
+    const auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
+    EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(message.find("loop.mlp_up"), std::string::npos) << message;
+}
+
+TEST(ThreadPool, WorkerExceptionsReachTheCallerAndThePoolSurvives) {
+    tl::ThreadPool pool(4);
+    EXPECT_EQ(pool.size(), 4);
+    std::atomic<int> ran{0};
+    EXPECT_THROW(pool.parallel_for(1000,
+                                   [&](size_t i, int32_t) {
+                                       ++ran;
+                                       if (i % 100 == 57) throw std::runtime_error("task " + std::to_string(i));
+                                   }),
+                 std::runtime_error);
+    EXPECT_GE(ran.load(), 1);
+    std::vector<std::atomic<int>> hits(500);
+    pool.parallel_for(hits.size(), [&](size_t i, int32_t worker) {
+        EXPECT_GE(worker, 0);
+        EXPECT_LT(worker, 4);
+        ++hits[i];
+    });
+    for (const auto &h : hits) EXPECT_EQ(h.load(), 1);
+}
+
+TEST(ThreadPool, LibraryErrorsInWorkersKeepTheirStatus) {
+    // A dense Linear with a non-float dtype fails inside the column-tile tasks, on worker threads.
+    std::vector<uint8_t> bytes(64 * 64);
+    tl::Linear bad;
+    bad.name = "bad";
+    bad.k = 64;
+    bad.n = 64;
+    bad.dense_dtype = tl::DType::U8;
+    bad.dense = bytes.data();
+    std::vector<float> x(4 * 64, 1.0f), y(4 * 64);
+    try {
+        tl::linear_forward(bad, x.data(), y.data(), 4, 2);
+        FAIL() << "no error";
+    } catch (const tl::Error &e) {
+        EXPECT_EQ(e.code(), TL_ERR_INTERNAL) << e.what();
+    }
+}

@@ -1,0 +1,202 @@
+// The Marlin-class GEMM, both modes (fused q*s + z; symmetric + the seed's correction wrapper), against an FP64
+// host reference on small shapes (every element) and, on the benchmark layers, against the native INT4 kernel
+// (every element) plus the FP64 reference on 96 random columns. Also: the workspace is left zeroed, and the
+// launcher refuses unsupported arguments without launching.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpu_kernels.hpp"
+#include "gpu_test_util.hpp"
+#include "marlin_pack.hpp"
+
+namespace {
+
+using tlt::DeviceBuffer;
+
+struct GemmShape {
+    int m, k, n, group_size;  // group_size == k: per row (kernel gs = -1)
+    bool layer;               // a benchmark layer: too large for a full FP64 reference
+    std::string name;
+};
+
+std::vector<GemmShape> gemm_shapes() {
+    std::vector<GemmShape> s = {
+        {1, 128, 64, 32, false, ""},       {7, 256, 192, 64, false, ""},      {16, 512, 576, 128, false, ""},
+        {33, 1024, 1024, 1024, false, ""}, {64, 2048, 640, 32, false, ""},    {255, 1024, 832, 128, false, ""},
+        {1024, 512, 1088, 64, false, ""},  {1, 4096, 128, 128, false, ""},    {7, 8192, 64, 8192, false, ""},
+        {16, 64, 8192, 32, false, ""},     {33, 192, 1536, 64, false, ""},    {64, 3072, 512, 128, false, ""},
+        {255, 128, 4096, 128, false, ""},  {1024, 1024, 512, 32, false, ""},  {100, 640, 960, 128, false, ""},
+        {48, 256, 320, 256, false, ""},
+        // The benchmark layers of H200-NOTES (K x N).
+        {1, 2048, 6144, 128, true, "tl_qkv"},       {16, 2048, 2048, 2048, true, "tl_out"},
+        {64, 2048, 16384, 128, true, "tl_gateup"},  {7, 8192, 2048, 128, true, "tl_down"},
+        {33, 4096, 6144, 4096, true, "l8_qkv"},     {16, 4096, 28672, 128, true, "l8_gateup"},
+        {1, 14336, 4096, 14336, true, "l8_down"},   {1, 8192, 57344, 128, true, "l70_gateup"},
+        {16, 28672, 8192, 28672, true, "l70_down"}, {255, 2048, 6144, 64, true, "tl_qkv"},
+        {1024, 4096, 6144, 128, true, "l8_qkv"},
+    };
+    return s;
+}
+
+std::string shape_name(const ::testing::TestParamInfo<GemmShape> &info) {
+    const GemmShape &s = info.param;
+    std::string g = s.group_size == s.k ? "row" : "g" + std::to_string(s.group_size);
+    return (s.name.empty() ? std::string("small") : s.name) + "_M" + std::to_string(s.m) + "_K" + std::to_string(s.k) +
+           "_N" + std::to_string(s.n) + "_" + g;
+}
+
+class MarlinGemm : public ::testing::TestWithParam<GemmShape> {};
+
+TEST_P(MarlinGemm, BothModesMatchReference) {
+    const GemmShape sh = GetParam();
+    if (tlt::g_quick && (sh.layer || static_cast<double>(sh.m) * sh.n * sh.k > 6e7)) GTEST_SKIP() << "quick mode";
+    const int m = sh.m, k = sh.k, n = sh.n, gs = tl::marlin_kernel_group_size(k, sh.group_size);
+    const tlt::Int4Weight w = tlt::random_weight(k, n, sh.group_size);
+    const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
+    const tl::MarlinPacked fused =
+        tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, sh.group_size, tl::MarlinMode::Fused);
+    const tl::MarlinPacked sym = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, sh.group_size,
+                                                 tl::MarlinMode::Symmetric);
+
+    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n), ds(fused.scales.size()), dz(fused.zeros.size()),
+        dss(sym.scales.size());
+    DeviceBuffer<uint32_t> dwf(fused.words.size()), dws(sym.words.size());
+    DeviceBuffer<float> ddelta(sym.delta.size());
+    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+    DeviceBuffer<uint8_t> work(ws_bytes);
+    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dwf.ok(), dws.ok(), ddelta.ok(), work.ok()}) ASSERT_TRUE(ok);
+    CUDA_OK(dx.upload(x));
+    CUDA_OK(dwf.upload(fused.words));
+    CUDA_OK(ds.upload(fused.scales));
+    CUDA_OK(dz.upload(fused.zeros));
+    CUDA_OK(dws.upload(sym.words));
+    CUDA_OK(dss.upload(sym.scales));
+    CUDA_OK(ddelta.upload(sym.delta));
+    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+
+    // The reference: FP64 on every column for small shapes; for layers, FP64 on sampled columns plus the native
+    // kernel (itself tested against FP64 in native_test.cpp) on every element.
+    const std::vector<int> cols = sh.layer ? tlt::sample_columns(n, 96) : std::vector<int>{};
+    const std::vector<double> ref = tlt::reference_gemm(x, m, w, cols);
+    std::vector<uint16_t> native;
+    if (sh.layer) {
+        DeviceBuffer<uint8_t> dcodes(w.codes.size());
+        DeviceBuffer<uint16_t> dscales(w.scales.size()), dzeros(w.zeros.size()), dyn(static_cast<size_t>(m) * n);
+        for (bool ok : {dcodes.ok(), dscales.ok(), dzeros.ok(), dyn.ok()}) ASSERT_TRUE(ok);
+        CUDA_OK(dcodes.upload(w.codes));
+        CUDA_OK(dscales.upload(w.scales));
+        CUDA_OK(dzeros.upload(w.zeros));
+        CUDA_OK(dyn.poison());
+        ASSERT_EQ(0, tl::gpu::native_int4_gemm(dx.get(), dcodes.get(), dscales.get(), dzeros.get(), dyn.get(), m, n, k,
+                                               sh.group_size, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(dyn.download(native));
+        EXPECT_TRUE(tlt::matches(native, m, n, ref, cols, 2e-3)) << "native INT4 (the second reference)";
+    }
+
+    std::vector<uint16_t> y;
+    for (const bool fused_mode : {true, false}) {
+        SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
+        CUDA_OK(dy.poison());
+        const int rc = fused_mode
+                           ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
+                                                  work.get(), ws_bytes, nullptr)
+                           : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(), dy.get(), m,
+                                                            n, k, gs, work.get(), ws_bytes, nullptr);
+        ASSERT_EQ(0, rc);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(dy.download(y));
+        EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
+        if (sh.layer) {
+            EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs native INT4";
+        }
+    }
+
+    // Every call leaves the stream-K workspace (counters and partial sums) zeroed for the next one.
+    std::vector<uint8_t> ws_after;
+    CUDA_OK(work.download(ws_after));
+    EXPECT_TRUE(std::all_of(ws_after.begin(), ws_after.end(), [](uint8_t b) { return b == 0; }))
+        << "workspace not clean after the calls";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MarlinGemm, ::testing::ValuesIn(gemm_shapes()), shape_name);
+
+// The same call twice gives the same output up to the FP32 summation order of cut tiles (<= 1 FP16 ulp apart).
+TEST(MarlinGemmRepeat, RepeatedCallsAgree) {
+    const int m = 16, k = 4096, n = 1024, gs = 128;
+    const tlt::Int4Weight w = tlt::random_weight(k, n, gs);
+    const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
+    const tl::MarlinPacked p =
+        tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, gs, tl::MarlinMode::Fused);
+    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n), ds(p.scales.size()), dz(p.zeros.size());
+    DeviceBuffer<uint32_t> dw(p.words.size());
+    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+    DeviceBuffer<uint8_t> work(ws_bytes);
+    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
+    CUDA_OK(dx.upload(x));
+    CUDA_OK(dw.upload(p.words));
+    CUDA_OK(ds.upload(p.scales));
+    CUDA_OK(dz.upload(p.zeros));
+    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    std::vector<uint16_t> first, again;
+    for (int rep = 0; rep < 2; ++rep) {
+        CUDA_OK(dy.poison());
+        ASSERT_EQ(0, tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
+                                          work.get(), ws_bytes, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(dy.download(rep == 0 ? first : again));
+    }
+    EXPECT_TRUE(tlt::matches_half(again, first, m, n, 1e-3));
+}
+
+// Unsupported or invalid arguments: a non-zero rc and nothing launched (the output keeps its poison).
+TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
+    const int m = 4;
+    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+    DeviceBuffer<uint16_t> dx(static_cast<size_t>(m) * 32768), dy(static_cast<size_t>(m) * 65536), ds(65536),
+        dz(65536);
+    DeviceBuffer<uint32_t> dw(1 << 22);
+    DeviceBuffer<uint8_t> work(ws_bytes);
+    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
+    CUDA_OK(cudaMemset(dx.get(), 0, dx.bytes()));
+    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    struct Case {
+        const char *what;
+        int m, n, k, gs;
+        int x_offset;
+        bool zeros;
+        size_t ws;
+    };
+    const Case cases[] = {
+        {"N = 50257 (the head)", m, 50257, 2048, 128, 0, true, ws_bytes},
+        {"N % 64 != 0", m, 100, 256, 128, 0, true, ws_bytes},
+        {"K % 64 != 0", m, 128, 96, 32, 0, true, ws_bytes},
+        {"group size 16", m, 128, 256, 16, 0, true, ws_bytes},
+        {"group size 48", m, 128, 192, 48, 0, true, ws_bytes},
+        {"group size not dividing K", m, 128, 320, 128, 0, true, ws_bytes},
+        {"M = 0", 0, 128, 256, 128, 0, true, ws_bytes},
+        {"fused without zeros", m, 128, 256, 128, 0, false, ws_bytes},
+        {"misaligned X", m, 128, 256, 128, 1, true, ws_bytes},
+        {"workspace too small", m, 4096, 4096, 128, 0, true, 1024},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.what);
+        CUDA_OK(dy.poison());
+        const int rc = tl::gpu::marlin_gemm(dx.get() + c.x_offset, dw.get(), ds.get(), c.zeros ? dz.get() : nullptr,
+                                            dy.get(), c.m, c.n, c.k, c.gs, true, work.get(), c.ws, nullptr);
+        EXPECT_NE(0, rc);
+        EXPECT_LT(rc, 0) << "refusals are negative rc values, not CUDA errors";
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<uint16_t> y;
+        CUDA_OK(dy.download(y));
+        EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](uint16_t v) { return v == 0xFFFF; })) << "output was written";
+    }
+    EXPECT_EQ(tl::gpu::kRcBadArgument, tl::gpu::marlin_gemm(nullptr, dw.get(), ds.get(), dz.get(), dy.get(), m, 128,
+                                                             256, 128, true, work.get(), ws_bytes, nullptr));
+    CUDA_OK(cudaGetLastError());
+}
+
+}  // namespace
