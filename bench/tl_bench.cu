@@ -1,12 +1,15 @@
 // tl_bench: the INT4 x FP16 GEMM paths side by side on the layers and M values of shared/H200-NOTES.md.
 //
-//   tl_bench <out.csv> <out.md> [--quick]
+//   tl_bench <out.csv> <out.md> [--quick] [--layer SUBSTRING] [--m M] [--group 128|row] [--kernels a,b,...]
+//
+// The filters keep a subset (for profiling one kernel under ncu); kernel names as in the CSV.
 //
 // Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
 // the calls per graph. Kernels: Marlin-class fused (q*s + z in the kernel), Marlin-class symmetric + the seed's
 // correction (memset, GEMM, a_group_sum, correction_accum), native INT4 (M <= 256 only: it reads all weights once
-// per row and takes seconds beyond that), dequantize + cuBLAS, and cuBLAS FP16 on dense weights.
+// per row and takes seconds beyond that), dequantize + cuBLAS, cuBLAS FP16 on dense weights, and (M <= 16, group
+// 128) the Marlin-class fused kernel held to one resident block per SM instead of two (an A/B of that choice).
 // SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes = K*N/2 + scales + zeros (FP16 [G][N] each) + 2MK + 2MN.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -197,8 +200,8 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     return t;
 }
 
-const char *kKernels[] = {"marlin_fused", "marlin_corr", "native", "deq_cublas", "cublas_fp16"};
-constexpr int kNumKernels = 5;
+const char *kKernels[] = {"marlin_fused", "marlin_corr", "native", "deq_cublas", "cublas_fp16", "marlin_fused_1blk"};
+constexpr int kNumKernels = 6;
 
 struct Row {
     std::string layer;
@@ -223,10 +226,29 @@ std::string cell(const Row &r, int i) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: %s <out.csv> <out.md> [--quick]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s <out.csv> <out.md> [--quick] [--layer S] [--m M] [--group 128|row] [--kernels a,b]\n",
+                     argv[0]);
         return 2;
     }
-    const bool quick = argc > 3 && std::strcmp(argv[3], "--quick") == 0;
+    bool quick = false;
+    std::string only_layer, only_group, only_kernels;
+    int only_m = 0;
+    for (int i = 3; i < argc; ++i) {
+        const std::string arg = argv[i];
+        const bool has_value = i + 1 < argc;
+        if (arg == "--quick") quick = true;
+        else if (arg == "--layer" && has_value) only_layer = argv[++i];
+        else if (arg == "--m" && has_value) only_m = std::atoi(argv[++i]);
+        else if (arg == "--group" && has_value) only_group = argv[++i];
+        else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
+        else {
+            std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+            return 2;
+        }
+    }
+    auto wanted = [&](int kernel) {
+        return only_kernels.empty() || only_kernels.find("," + std::string(kKernels[kernel]) + ",") != std::string::npos;
+    };
     int device_count = 0;
     if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
         std::fprintf(stderr, "no CUDA device\n");
@@ -257,6 +279,14 @@ int main(int argc, char **argv) {
         layers = {{"TinyLoop qkv", 2048, 6144}, {"Llama-8B gate+up", 4096, 28672}};
         ms = {1, 16, 64};
     }
+    if (only_m > 0) ms = {only_m};
+    if (!only_layer.empty()) {
+        std::vector<Layer> kept;
+        for (const Layer &l : layers) {
+            if (std::string(l.name).find(only_layer) != std::string::npos) kept.push_back(l);
+        }
+        layers = kept;
+    }
     const int max_m = *std::max_element(ms.begin(), ms.end());
 
     std::vector<Row> rows;
@@ -267,38 +297,45 @@ int main(int argc, char **argv) {
         uint16_t *y = device_alloc<uint16_t>(static_cast<size_t>(max_m) * n);
         uint16_t *w_scratch = device_alloc<uint16_t>(static_cast<size_t>(k) * n);
         for (const int group : {128, k}) {
+            if (!only_group.empty() && only_group != (group == k ? "row" : "128")) continue;
             LayerData d = make_layer(k, n, group);
             const int gs = group == k ? -1 : group;
             for (const int m : ms) {
                 Row r{layer.name, k, n, m, group, sol_us(m, k, n, d.groups), {}};
                 const int rot = d.copies;
-                r.t[0] = time_calls(stream, rot, [&](int i) {
+                auto fused = [&](int i) {
                     const int c = i % d.copies;
                     return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
                                                 d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream);
-                });
-                r.t[1] = time_calls(stream, rot, [&](int i) {
+                };
+                if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
+                if (wanted(5) && group == 128 && m <= 16) {
+                    tl::gpu::marlin_set_max_blocks_per_sm(1);
+                    r.t[5] = time_calls(stream, rot, fused);
+                    tl::gpu::marlin_set_max_blocks_per_sm(2);
+                }
+                if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
                     return tl::gpu::marlin_gemm_corrected(x, reinterpret_cast<const uint32_t *>(d.codes[c]),
                                                           d.scales[c], d.delta[c], y, m, n, k, gs, workspace,
                                                           ws_bytes, stream);
                 });
                 if (group == 128) {  // the other paths barely depend on the grouping: timed once
-                    if (m <= kNativeMaxM) {
+                    if (m <= kNativeMaxM && wanted(2)) {
                         r.t[2] = time_calls(stream, rot, [&](int i) {
                             const int c = i % d.copies;
                             return tl::gpu::native_int4_gemm(x, d.codes[c], d.scales[c], d.zeros[c], y, m, n, k, group,
                                                              stream);
                         });
                     }
-                    r.t[3] = time_calls(stream, rot, [&](int i) {
+                    if (wanted(3)) r.t[3] = time_calls(stream, rot, [&](int i) {
                         const int c = i % d.copies;
                         return tl::gpu::dequant_cublas_gemm(handle, x, d.codes[c], d.scales[c], d.zeros[c], y, m, n,
                                                             k, group, w_scratch, static_cast<size_t>(k) * n * 2,
                                                             stream);
                     });
                     const int dense_rot = static_cast<int>(d.dense.size());
-                    r.t[4] = time_calls(stream, dense_rot, [&](int i) {
+                    if (wanted(4)) r.t[4] = time_calls(stream, dense_rot, [&](int i) {
                         return tl::gpu::cublas_gemm_fp16(handle, x, d.dense[i % dense_rot], y, m, n, k, stream);
                     });
                 }
@@ -337,8 +374,10 @@ int main(int argc, char **argv) {
     char date[64];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-    std::fprintf(md, "Benchmark %s on %s (SM %d.%d, %d SMs). Command: `%s %s %s%s`.\n\n", date, prop.name, prop.major,
-                 prop.minor, prop.multiProcessorCount, argv[0], argv[1], argv[2], quick ? " --quick" : "");
+    std::string command = argv[0];
+    for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+    std::fprintf(md, "Benchmark %s on %s (SM %d.%d, %d SMs). Command: `%s`.\n\n", date, prop.name, prop.major,
+                 prop.minor, prop.multiProcessorCount, command.c_str());
     std::fprintf(md, "Cells: µs per call (SOL / time). SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes counting "
                      "codes, FP16 scales and zeros, X and Y. Native INT4 only for M ≤ %d. CUDA-graph timing, median of "
                      "%d replays, weights rotated through ≥ 256 MB.\n\n", kNativeMaxM, kReplays);
@@ -347,13 +386,16 @@ int main(int argc, char **argv) {
         std::fprintf(md, per_row ? "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction |\n"
                                    "|---|---|---|---|---|\n"
                                  : "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction | "
-                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) |\n|---|---|---|---|---|---|---|"
-                                   "---|\n");
+                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, 1 block/SM |\n"
+                                   "|---|---|---|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
             if ((r.group == r.k) != per_row) continue;
             std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
                          cell(r, 0).c_str(), cell(r, 1).c_str());
-            if (!per_row) std::fprintf(md, " %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(), cell(r, 4).c_str());
+            if (!per_row) {
+                std::fprintf(md, " %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(), cell(r, 4).c_str(),
+                             cell(r, 5).c_str());
+            }
             std::fprintf(md, "\n");
         }
         std::fprintf(md, "\n");

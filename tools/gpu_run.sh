@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script the GPU machine runs: configure + build (Release, Ninja, sm_90), the GPU and packer tests, the
 # GPU tests again under compute-sanitizer (memcheck, racecheck; small shapes), then the benchmark. Logs go to $OUT
-# (default ./gpu-out): ctest.log, sanitizer.log, bench.csv, bench.md, bench.log, build.log. Ends with a summary.
+# (default ./gpu-out): ctest.log, sanitizer.log, bench.csv, bench.md, bench.log, build.log (and ncu.txt with
+# PROFILE=1: Nsight Compute sections of the Marlin-class kernel). Ends with a summary.
 #
 #   OUT=/path tools/gpu_run.sh            # everything
 #   SKIP_BENCH=1 SKIP_SANITIZER=1 SANITIZER_TOOLS=memcheck BENCH_ARGS=--quick tools/gpu_run.sh
@@ -55,6 +56,23 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   step bench
   timeout "${BENCH_TIMEOUT:-300}" "$BUILD/bin/tl_bench" "$OUT/bench.csv" "$OUT/bench.md" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   summary+=("bench: rc=$? rows=$(($(wc -l <"$OUT/bench.csv" 2>/dev/null || echo 1) - 1))")
+fi
+
+if [ -n "${PROFILE:-}" ]; then
+  # ncu on the Marlin-class kernel of one layer (the third launch: an ordinary launch, not a graph node).
+  step profile
+  : >"$OUT/ncu.txt"
+  for config in "${PROFILE_LAYER:-Llama-70B gate+up}|1|marlin_fused" "${PROFILE_LAYER:-Llama-70B gate+up}|1|marlin_fused_1blk" \
+                "${PROFILE_LAYER:-Llama-70B gate+up}|64|marlin_fused"; do
+    IFS='|' read -r layer m kernels <<<"$config"
+    echo "---- $layer M=$m $kernels" >>"$OUT/ncu.txt"
+    timeout "${PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:marlin_gemm_kernel --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+      --section LaunchStats --section MemoryWorkloadAnalysis \
+      "$BUILD/bin/tl_bench" /tmp/ncu.csv /tmp/ncu.md --layer "$layer" --m "$m" --group 128 --kernels "$kernels" \
+      >>"$OUT/ncu.txt" 2>&1
+    summary+=("ncu $layer M=$m $kernels: rc=$?")
+  done
 fi
 
 step summary

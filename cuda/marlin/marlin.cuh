@@ -17,7 +17,8 @@ constexpr int kTileN = kWarps * 64;    // one 64-column strip per warp
 constexpr int kK16 = kTileK / 16;
 constexpr int kMinStages = 3;
 constexpr int kMaxStages = 8;          // wait_group immediates cover up to 6 pending stages
-constexpr int kStaticSmemReserve = 256;  // the kernel's static shared memory (flag + stage barriers)
+constexpr int kStaticSmemReserve = 128;  // the kernel's static shared memory
+constexpr int kPerBlockSystemSmem = 1024;  // shared memory the driver reserves per resident block
 constexpr int kMinItersPerBlock = 4;
 constexpr int kPartialFloats = kWarps * 8 * 32 * 4;  // FP32 partial sums of one 16-row block of a tile
 
@@ -45,6 +46,8 @@ struct LaunchEnv {
     int device;
     int sm_count;
     int max_smem_optin;
+    int smem_per_sm;
+    int max_blocks_per_sm;  // 1 or 2: residency wanted for MB = 1 (marlin_set_max_blocks_per_sm)
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;

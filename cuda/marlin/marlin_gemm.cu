@@ -8,6 +8,8 @@ namespace tl::gpu {
 
 namespace {
 
+std::atomic<int> g_max_blocks_per_sm{2};
+
 template <int MB, bool FUSED>
 int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
     return gpt == 2 ? marlin::launch<MB, FUSED, 2>(p, env) : marlin::launch<MB, FUSED, 1>(p, env);
@@ -24,8 +26,12 @@ int pick_rows(int mb, int gpt, const marlin::Params &p, const marlin::LaunchEnv 
 
 }  // namespace
 
+void marlin_set_max_blocks_per_sm(int blocks) {
+    g_max_blocks_per_sm.store(blocks >= 2 ? 2 : 1, std::memory_order_relaxed);
+}
+
 size_t marlin_workspace_bytes(int sm_count) {
-    // One block per SM, at most 4 row blocks of partial sums each.
+    // grid * MB <= 4 * SMs: two blocks per SM for MB = 1, one for MB = 2 and 4 (partial sums of MB row blocks each).
     const size_t counters = (static_cast<size_t>(sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
 }
@@ -69,7 +75,11 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.k_tiles = k / marlin::kTileK;
     const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
     p.total_iters = static_cast<long long>(p.m_slices) * n_tiles * p.k_tiles;
-    const marlin::LaunchEnv env{dev.device, dev.sm_count, dev.max_smem_optin, workspace, workspace_bytes, stream};
+    const marlin::LaunchEnv env{dev.device,        dev.sm_count,
+                                dev.max_smem_optin, dev.smem_per_sm,
+                                g_max_blocks_per_sm.load(std::memory_order_relaxed),
+                                workspace,          workspace_bytes,
+                                stream};
     return fused ? pick_rows<true>(mb, gpt, p, env) : pick_rows<false>(mb, gpt, p, env);
 }
 

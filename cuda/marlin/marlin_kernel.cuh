@@ -75,38 +75,6 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     }
 }
 
-// Hopper: the weights and scales of a stage arrive by the bulk-copy (TMA) engine and complete on the stage's
-// mbarrier. With cp.async alone the SM kept only ~20 KB of loads in flight and streamed ~1.7 TB/s at M = 1 (run 3);
-// the copy engine is not bound by the LSU's outstanding-request limit.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-// Orders this thread's earlier generic-proxy shared-memory accesses (after a barrier: everyone's reads of the stage)
-// before the copy engine overwrites the stage.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -203,11 +171,10 @@ struct Cursor {
 };
 
 template <int MB, bool FUSED, int GPT>
-__global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, MB == 1 ? 2 : 1) marlin_gemm_kernel(const Params p) {
     using L = Smem<MB, FUSED, GPT>;
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int last_contributor;
-    __shared__ __align__(8) uint64_t stage_full[kMaxStages];  // bulk-copy completion, one per stage
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const long long begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
@@ -215,51 +182,13 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
     if (begin >= end) return;  // more blocks than k slices: nobody waits for an empty block
     const int strips = p.n / 64;
     const int k16s = p.k / 16;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr bool bulk = true;  // weights and scales through the copy engine
-#else
-    constexpr bool bulk = false;  // SM 8.x: everything through cp.async
-#endif
-    const uint32_t bar0 = smem_addr(&stage_full[0]);
-    uint32_t phases = 0;  // bit s: the parity the next wait on stage s expects
-    if constexpr (bulk) {
-        if (tid == 0) {
-            for (int s = 0; s < p.stages; ++s) mbar_init(bar0 + 8 * s, 1);
-            mbar_init_fence();
-        }
-        __syncthreads();
-    }
-
     // Issues the cp.async copies of iteration `c` into stage `stage`.
     auto load_stage = [&](int stage, Cursor c) {
         uint8_t *st = smem + stage * L::kStage;
         const int n_tile = c.tile / p.m_slices, m_slice = c.tile - n_tile * p.m_slices;
         const int strip = n_tile * kWarps + warp;
         const int group0 = GPT == 2 ? c.kt * 2 : c.kt * kTileK / p.group_size;
-        if constexpr (bulk) {
-            // One thread announces the stage's bytes and issues every copy: each valid strip's 2 KB (contiguous in
-            // global memory) and one contiguous run of scales (and zeros) per group.
-            if (tid == 0) {
-                const int valid = min(kWarps, strips - n_tile * kWarps);
-                const uint32_t bar = bar0 + 8 * stage;
-                const uint32_t scale_bytes = valid * 64 * 2;
-                fence_proxy_async();
-                mbar_expect_tx(bar, valid * (kK16 * 512) + GPT * scale_bytes * (FUSED ? 2 : 1));
-                const uint8_t *src = reinterpret_cast<const uint8_t *>(p.words) +
-                                     (static_cast<size_t>(n_tile * kWarps) * k16s + c.kt * kK16) * 512;
-                for (int w = 0; w < valid; ++w) {
-                    bulk_copy(smem_addr(st) + w * (kK16 * 512), src + static_cast<size_t>(w) * k16s * 512, kK16 * 512, bar);
-                }
-                for (int r = 0; r < GPT; ++r) {
-                    const size_t offset = static_cast<size_t>(group0 + r) * p.n + n_tile * kTileN;
-                    bulk_copy(smem_addr(st + L::kB + L::kA) + r * (kTileN * 2), p.scales + offset, scale_bytes, bar);
-                    if (FUSED) {
-                        bulk_copy(smem_addr(st + L::kB + L::kA + L::kS) + r * (kTileN * 2), p.zeros + offset,
-                                  scale_bytes, bar);
-                    }
-                }
-            }
-        } else if (strip < strips) {  // SM 8.x: this warp's strip, kK16 cells of 512 bytes contiguous in memory
+        if (strip < strips) {  // this warp's strip: kK16 cells of 512 bytes, contiguous in global memory
             const uint4 *src = reinterpret_cast<const uint4 *>(p.words) +
                                (static_cast<size_t>(strip) * k16s + c.kt * kK16) * 32;
             const uint32_t dst = smem_addr(st) + warp * (kK16 * 512);
@@ -277,9 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
             const uint16_t *src = p.x + (valid ? static_cast<size_t>(row) * p.k + c.kt * kTileK + ch * 8 : 0);
             cp_async16_zfill(a_dst + r * 128 + ((ch ^ (r % 8)) * 16), src, valid);
         }
-        // Without the copy engine: scales (threads 0..127) and zeros (threads 128..255) of the GPT groups.
+        // Scales (threads 0..127) and zeros (threads 128..255) of the GPT groups of this k slice.
         const int part = tid / 128, idx = tid % 128;
-        if (!bulk && idx < GPT * 64 && (part == 0 || FUSED)) {
+        if (idx < GPT * 64 && (part == 0 || FUSED)) {
             const int r = idx / 64, ch = idx % 64;
             if (n_tile * kWarps + ch / 8 < strips) {
                 const uint16_t *base = part == 0 ? p.scales : p.zeros;
@@ -435,10 +364,6 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
 #pragma unroll 1
         for (; it < seg_end; ++it) {
             cp_async_wait_pending(p.stages - 2);
-            if constexpr (bulk) {
-                mbar_wait(bar0 + 8 * stage, (phases >> stage) & 1u);
-                phases ^= 1u << stage;
-            }
             __syncthreads();  // stage `stage` landed for everyone; everyone is done with the stage refilled below
             if (fetched < end) {
                 load_stage(stage == 0 ? p.stages - 1 : stage - 1, fetch);
@@ -459,35 +384,52 @@ template <int MB, bool FUSED, int GPT>
 int launch(Params p, const LaunchEnv &env) {
     constexpr int kStage = stage_bytes(MB, FUSED, GPT);
     const auto kernel = marlin_gemm_kernel<MB, FUSED, GPT>;
-    static std::atomic<int> stages_cache[64];  // pipeline depth of this instantiation per device; 0 = not set up
+    // Pipeline depth per (device, resident blocks per SM): 0 = not set up yet, -1 = that residency does not fit.
+    static std::atomic<int> stages_cache[64][2];
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
-    int stages = stages_cache[env.device].load(std::memory_order_relaxed);
-    if (stages == 0) {
-        // As deep as shared memory allows (up to kMaxStages): one block per SM, the loads in flight are what
-        // hides DRAM latency when M is small.
-        stages = std::min(kMaxStages, (env.max_smem_optin - kStaticSmemReserve) / kStage);
-        if (stages < kMinStages) return kRcUnsupported;
-        TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, stages * kStage));
-        int resident = 0;
-        TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, stages * kStage));
-        if (resident < 1) return kRcUnsupported;
-        stages_cache[env.device].store(stages, std::memory_order_relaxed);
+    // Small M (MB = 1, <= 128 registers) runs two blocks per SM: the 8 warps of one block advance in lock-step
+    // through a barrier per k slice, and a second, independent block fills their dependency stalls.
+    const int wanted = MB == 1 ? env.max_blocks_per_sm : 1;
+    for (int per_sm = wanted; per_sm >= 1; --per_sm) {
+        std::atomic<int> &cached = stages_cache[env.device][per_sm - 1];
+        int stages = cached.load(std::memory_order_relaxed);
+        if (stages == 0) {
+            // As deep as shared memory allows for this residency (up to kMaxStages).
+            const int budget = std::min(env.max_smem_optin, env.smem_per_sm / per_sm - kPerBlockSystemSmem) -
+                               kStaticSmemReserve;
+            stages = std::min(kMaxStages, budget / kStage);
+            const int deepest = std::min(kMaxStages, (env.max_smem_optin - kStaticSmemReserve) / kStage);
+            if (stages >= kMinStages) {
+                TL_GPU_CHECK(
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, deepest * kStage));
+                int resident = 0;
+                TL_GPU_CHECK(
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, stages * kStage));
+                if (resident < per_sm) stages = -1;
+            } else {
+                stages = -1;
+            }
+            cached.store(stages, std::memory_order_relaxed);
+        }
+        if (stages < 0) continue;
+        p.stages = stages;
+        // A grid of per_sm blocks per SM; for MB > 1 at least kMinItersPerBlock k slices each, so that a small
+        // layer does not cut each tile between dozens of blocks (their same-address FP32 additions serialize in L2:
+        // run 3 measured 44 us for a 2048 x 2048 layer at M = 64 with 32 contributors per tile).
+        const long long min_iters = MB == 1 ? 1 : kMinItersPerBlock;
+        const long long grid =
+            std::max(1LL, std::min(static_cast<long long>(env.sm_count) * per_sm, p.total_iters / min_iters));
+        const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
+        if (counter_bytes + static_cast<size_t>(grid) * MB * kPartialFloats * sizeof(float) > env.workspace_bytes) {
+            return kRcWorkspace;
+        }
+        p.counters = static_cast<int *>(env.workspace);
+        p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
+        kernel<<<static_cast<unsigned>(grid), kThreads, stages * kStage, env.stream>>>(p);
+        TL_GPU_CHECK_LAUNCH();
+        return 0;
     }
-    p.stages = stages;
-    // One block per SM; but at least kMinItersPerBlock k slices each, so that a small layer does not cut each tile
-    // between dozens of blocks (their same-address FP32 additions serialize in L2: run 3 measured 44 us for a
-    // 2048 x 2048 layer at M = 64 with 32 contributors per tile).
-    const long long grid =
-        std::max(1LL, std::min(static_cast<long long>(env.sm_count), p.total_iters / kMinItersPerBlock));
-    const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
-    if (counter_bytes + static_cast<size_t>(grid) * MB * kPartialFloats * sizeof(float) > env.workspace_bytes) {
-        return kRcWorkspace;
-    }
-    p.counters = static_cast<int *>(env.workspace);
-    p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
-    kernel<<<static_cast<unsigned>(grid), kThreads, stages * kStage, env.stream>>>(p);
-    TL_GPU_CHECK_LAUNCH();
-    return 0;
+    return kRcUnsupported;
 }
 
 }  // namespace tl::gpu::marlin

@@ -152,6 +152,45 @@ TEST(MarlinGemmRepeat, RepeatedCallsAgree) {
     EXPECT_TRUE(tlt::matches_half(again, first, m, n, 1e-3));
 }
 
+// The residency knob (one or two blocks per SM for M <= 16) changes the grid and the pipeline depth, never the result.
+TEST(MarlinGemmResidency, OneAndTwoBlocksPerSmMatchReference) {
+    struct Case {
+        int m, k, n, group_size;
+    };
+    for (const Case c : {Case{16, 4096, 1024, 128}, Case{1, 8192, 2048, 8192}, Case{5, 1024, 4160, 32}}) {
+        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
+        const tl::MarlinPacked p = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
+                                                   c.group_size, tl::MarlinMode::Fused);
+        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(p.scales.size()),
+            dz(p.zeros.size());
+        DeviceBuffer<uint32_t> dw(p.words.size());
+        const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+        DeviceBuffer<uint8_t> work(ws_bytes);
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
+        CUDA_OK(dx.upload(x));
+        CUDA_OK(dw.upload(p.words));
+        CUDA_OK(ds.upload(p.scales));
+        CUDA_OK(dz.upload(p.zeros));
+        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+        for (const int blocks : {1, 2}) {
+            tl::gpu::marlin_set_max_blocks_per_sm(blocks);
+            CUDA_OK(dy.poison());
+            const int rc = tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), c.m, c.n, c.k,
+                                                tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
+                                                ws_bytes, nullptr);
+            tl::gpu::marlin_set_max_blocks_per_sm(2);
+            ASSERT_EQ(0, rc);
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> y;
+            CUDA_OK(dy.download(y));
+            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << blocks << " block(s) per SM";
+        }
+    }
+}
+
 // Unsupported or invalid arguments: a non-zero rc and nothing launched (the output keeps its poison).
 TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
     const int m = 4;
