@@ -289,6 +289,132 @@ TL_API tl_status tl_weight_info(const tl_weight *weight, tl_weight_properties *o
 TL_API tl_status tl_weight_dequantize(const tl_weight *weight, float *out, size_t out_len);
 
 /* ---------------------------------------------------------------------------------------------------------
+ * GPU: devices, packing, quantized GEMM
+ *
+ * Every function here needs a build with CUDA and a usable GPU; otherwise it returns TL_ERR_NO_DEVICE with a
+ * message (tl_device_count alone succeeds, with 0). Streams are `cudaStream_t` values passed as `void *` (NULL =
+ * the legacy default stream); device buffers are the caller's device pointers (cudaMalloc), never owned by the
+ * library. CUDA failures become TL_ERR_CUDA with the CUDA error name in the message.
+ * ------------------------------------------------------------------------------------------------------- */
+
+/** Number of usable CUDA devices: 0 (and TL_OK) in a build without CUDA or on a machine without a GPU. */
+TL_API tl_status tl_device_count(int32_t *out_count);
+
+typedef struct tl_device_properties {
+    uint32_t struct_size;
+    /** NUL-terminated device name. */
+    char name[256];
+    /** Compute capability, e.g. 9 and 0 for an H100/H200. */
+    int32_t sm_major;
+    int32_t sm_minor;
+    /** Streaming multiprocessors. */
+    int32_t sm_count;
+    uint64_t total_memory;
+    uint64_t free_memory;
+    /** 1 if this library's Marlin-class kernel runs on the device (SM 8.0 or newer). */
+    int32_t marlin_supported;
+} tl_device_properties;
+
+/** Properties of device `device` (0-based) into `*out` (whose struct_size the caller sets). */
+TL_API tl_status tl_device_info(int32_t device, tl_device_properties *out);
+
+/** Forms a weight is given on the device by packing (bit flags). The file's own INT4 layout is always uploaded
+ *  too: it feeds the native kernel, which every weight can fall back to. */
+static const uint32_t TL_FORM_MARLIN_FUSED = 1;      /* Marlin-class tiles, zero point applied in registers */
+static const uint32_t TL_FORM_MARLIN_CORRECTION = 2; /* the seed's form: symmetric tiles + delta correction */
+static const uint32_t TL_FORM_FP16_BODY = 4;         /* a dequantized FP16 copy (memory for speed) */
+
+typedef struct tl_pack_options {
+    uint32_t struct_size;
+    /** Device to upload to (default 0). */
+    int32_t device;
+    /** cudaStream_t for the uploads (default NULL); the call waits for them before returning. */
+    void *stream;
+    /** TL_FORM_* flags (default TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION). */
+    uint32_t forms;
+} tl_pack_options;
+
+/** Fills `options` with the defaults and sets struct_size. */
+TL_API tl_status tl_pack_options_init(tl_pack_options *options);
+
+typedef struct tl_pack_report {
+    uint32_t struct_size;
+    /** Quantized weights now on the device (all of them, on success). */
+    uint32_t weights_uploaded;
+    /** Weights that received a Marlin-class form. */
+    uint32_t weights_packed;
+    /** Weights whose shape the Marlin-class kernel does not take (they run on the native kernel). */
+    uint32_t weights_not_packable;
+    /** Device memory held by all forms of these weights, in bytes. */
+    uint64_t device_bytes;
+    /** Of which the Marlin-class forms (and FP16 bodies) beyond the native upload. */
+    uint64_t extra_device_bytes;
+} tl_pack_report;
+
+/** Fills `report` with zeros and sets struct_size. */
+TL_API tl_status tl_pack_report_init(tl_pack_report *report);
+
+/** Uploads every quantized weight of `model` to the device and packs the requested forms, on the host, for
+ *  those the Marlin-class kernel takes. Run once after loading; calling it again replaces earlier packs.
+ *  `options` may be NULL for the defaults; `out_report` may be NULL. Not concurrent with any other use of
+ *  the model (it changes the model's weights); afterwards the model is read-only again. */
+TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options, tl_pack_report *out_report);
+
+/** The same for one owned weight (from tl_weight_create / tl_weight_quantize). TL_ERR_INVALID_ARGUMENT for a
+ *  weight borrowed from a model: pack the model instead. */
+TL_API tl_status tl_weight_pack_marlin(tl_weight *weight, const tl_pack_options *options,
+                                       tl_pack_report *out_report);
+
+/** Dispatcher settings (process-global, read at each call). Each starts from its environment variable. */
+/** 1 (default where the kernel runs) / 0: use the Marlin-class kernel. Env TINYLOOP_USE_MARLIN. */
+static const int32_t TL_DISPATCH_USE_MARLIN = 0;
+/** 0 (default) / 1: use a weight's FP16 body (if packed) first. Env TINYLOOP_EXPERIMENTAL_FP16_BODY. */
+static const int32_t TL_DISPATCH_FP16_BODY = 1;
+/** 0 (default) / 1: cross-iteration rounding for weights with frac4/sign_bit channels. The rounding rule is
+ *  defined by a later version; until then the setting is accepted and such weights take the next path.
+ *  Env TINYLOOP_CROSS_ITER_ROUND. */
+static const int32_t TL_DISPATCH_CROSS_ITER_ROUND = 2;
+/** Which Marlin-class form to prefer: 0 = the faster (default), 1 = fused, 2 = correction.
+ *  Env TINYLOOP_MARLIN_MODE. */
+static const int32_t TL_DISPATCH_MARLIN_MODE = 3;
+/** M from which dequantize-to-FP16 + cuBLAS replaces the Marlin-class kernel (default measured on the H200;
+ *  0 = never). Env TINYLOOP_CUBLAS_MIN_M. */
+static const int32_t TL_DISPATCH_CUBLAS_MIN_M = 4;
+
+/** Sets a dispatcher setting. Thread-safe; calls already under way use the old value. */
+TL_API tl_status tl_set_dispatch(int32_t setting, int32_t value);
+/** Reads a dispatcher setting. */
+TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value);
+
+/** Device workspace tl_quant_gemm needs for this weight at this M (0 is possible). Thread-safe. */
+TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes);
+
+/** Y = X · W on the GPU: x is FP16 [m][k] row-major, y FP16 [m][n] row-major, both device pointers on the
+ *  weight's device, 16-byte aligned. The weight must have been packed (tl_pack_marlin / tl_weight_pack_marlin).
+ *  `workspace` holds at least tl_quant_gemm_workspace_size(weight, m) bytes of device memory, zero-filled
+ *  before its first use (the library leaves it zero-filled after each call); NULL when that size is 0.
+ *  One workspace must not serve two calls that can run at the same time. Enqueued on `stream`; returns without
+ *  waiting. The dispatcher tries, in order: the FP16 body (if enabled and packed), the Marlin-class kernel
+ *  (or dequantize + cuBLAS from TL_DISPATCH_CUBLAS_MIN_M on), the native INT4 kernel; a path that refuses the
+ *  call falls through to the next, so the result is the same whichever ran. Thread-safe on a shared weight. */
+TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, int64_t m, void *stream,
+                               void *workspace, size_t workspace_bytes);
+
+typedef struct tl_dispatch_counts {
+    uint32_t struct_size;
+    uint64_t fp16_body;
+    uint64_t marlin_fused;
+    uint64_t marlin_correction;
+    uint64_t dequant_cublas;
+    uint64_t native;
+    /** Calls in which a path refused the call and a later one ran instead. */
+    uint64_t fallbacks;
+} tl_dispatch_counts;
+
+/** How often each path ran for this weight since it was packed. Thread-safe. */
+TL_API tl_status tl_weight_dispatch_counts(const tl_weight *weight, tl_dispatch_counts *out);
+
+/* ---------------------------------------------------------------------------------------------------------
  * Scoring
  * ------------------------------------------------------------------------------------------------------- */
 

@@ -20,24 +20,13 @@
 #include "cpu_forward.hpp"
 #include "error.hpp"
 #include "format.hpp"
+#include "gpu_backend.hpp"
+#include "handles.hpp"
 #include "half.hpp"
 #include "model.hpp"
 #include "quant.hpp"
 
-#if defined(TL_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
 
-struct tl_weight {
-    tl::Linear linear;  // views share ownership of their storage through linear.keepalive
-    bool borrowed = false;
-};
-
-struct tl_model {
-    std::unique_ptr<tl::Model> model;
-    std::vector<std::unique_ptr<tl_weight>> weights;  // the quantized linears, canonical order
-    std::map<std::string, size_t> weight_index;
-};
 
 namespace {
 
@@ -167,13 +156,6 @@ const char *build_info_json() {
     return text.c_str();
 }
 
-#if defined(TL_WITH_CUDA)
-// Whether a usable CUDA device exists; never throws.
-bool cuda_device_present() {
-    int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-#endif
 
 }  // namespace
 
@@ -502,6 +484,137 @@ TL_API tl_status tl_weight_dequantize(const tl_weight *weight, float *out, size_
     });
 }
 
+// ---- GPU ----
+
+TL_API tl_status tl_device_count(int32_t *out_count) {
+    return guarded([&] {
+        require_not_null(out_count, "out_count");
+        *out_count = tl::device_count();
+    });
+}
+
+TL_API tl_status tl_device_info(int32_t device, tl_device_properties *out) {
+    return guarded([&] {
+        require_struct_size(out, "out");
+        tl::device_info(device, out);
+    });
+}
+
+TL_API tl_status tl_pack_options_init(tl_pack_options *options) {
+    return guarded([&] {
+        require_not_null(options, "options");
+        std::memset(options, 0, sizeof *options);
+        options->struct_size = sizeof *options;
+        options->forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+    });
+}
+
+TL_API tl_status tl_pack_report_init(tl_pack_report *report) {
+    return guarded([&] {
+        require_not_null(report, "report");
+        std::memset(report, 0, sizeof *report);
+        report->struct_size = sizeof *report;
+    });
+}
+
+namespace {
+
+tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
+    tl_pack_options opts;
+    tl_pack_options_init(&opts);
+    if (options != nullptr) {
+        require_struct_size(options, "options");
+        opts = *options;
+    }
+    const uint32_t known = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
+    require((opts.forms & ~known) == 0, "options->forms has unknown bits: " + std::to_string(opts.forms & ~known));
+    return opts;
+}
+
+// Packs `weights` all-or-nothing: the new device forms replace the old ones only once every weight succeeded.
+void pack_weights(const std::vector<tl_weight *> &weights, const tl_pack_options &opts, tl_pack_report *out_report) {
+    if (out_report != nullptr) require_struct_size(out_report, "out_report");
+    tl_pack_report report;
+    tl_pack_report_init(&report);
+    std::vector<std::shared_ptr<tl::DeviceWeight>> packed;
+    for (const tl_weight *w : weights) {
+        tl::PackOutcome outcome;
+        packed.push_back(tl::pack_weight(w->linear, opts.device, opts.stream, opts.forms, &outcome));
+        ++report.weights_uploaded;
+        report.weights_packed += outcome.packed;
+        report.weights_not_packable += !outcome.packable;
+        report.device_bytes += outcome.device_bytes;
+        report.extra_device_bytes += outcome.extra_device_bytes;
+    }
+    for (size_t i = 0; i < weights.size(); ++i) weights[i]->device = std::move(packed[i]);
+    tl::log(TL_LOG_INFO, "[pack] " + std::to_string(report.weights_packed) + " of " +
+                             std::to_string(report.weights_uploaded) + " weights packed for the Marlin-class kernel, " +
+                             std::to_string(report.extra_device_bytes) + " extra device bytes");
+    if (out_report != nullptr) *out_report = report;
+}
+
+const tl::DeviceWeight &packed_weight(const tl_weight *weight) {
+    require_not_null(weight, "weight");
+    if (!weight->device) {
+        if (tl::device_count() == 0) tl::fail(TL_ERR_NO_DEVICE, "no usable CUDA device (or no CUDA in this build)");
+        tl::fail(TL_ERR_INVALID_ARGUMENT, "weight '" + weight->linear.name +
+                                              "' is not on a device: call tl_pack_marlin / tl_weight_pack_marlin first");
+    }
+    return *weight->device;
+}
+
+}  // namespace
+
+TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options, tl_pack_report *out_report) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        const tl_pack_options opts = pack_options_or_defaults(options);
+        std::vector<tl_weight *> weights;
+        for (auto &w : model->weights) weights.push_back(w.get());
+        pack_weights(weights, opts, out_report);
+    });
+}
+
+TL_API tl_status tl_weight_pack_marlin(tl_weight *weight, const tl_pack_options *options,
+                                       tl_pack_report *out_report) {
+    return guarded([&] {
+        require_not_null(weight, "weight");
+        require(!weight->borrowed, "weight '" + weight->linear.name +
+                                       "' belongs to a model: pack the model with tl_pack_marlin instead");
+        pack_weights({weight}, pack_options_or_defaults(options), out_report);
+    });
+}
+
+TL_API tl_status tl_set_dispatch(int32_t setting, int32_t value) {
+    return guarded([&] { tl::set_dispatch(setting, value); });
+}
+
+TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value) {
+    return guarded([&] {
+        require_not_null(out_value, "out_value");
+        *out_value = tl::get_dispatch(setting);
+    });
+}
+
+TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes) {
+    return guarded([&] {
+        require_not_null(out_bytes, "out_bytes");
+        *out_bytes = tl::quant_gemm_workspace_size(packed_weight(weight), m);
+    });
+}
+
+TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, int64_t m, void *stream,
+                               void *workspace, size_t workspace_bytes) {
+    return guarded([&] { tl::quant_gemm(packed_weight(weight), x, y, m, stream, workspace, workspace_bytes); });
+}
+
+TL_API tl_status tl_weight_dispatch_counts(const tl_weight *weight, tl_dispatch_counts *out) {
+    return guarded([&] {
+        require_struct_size(out, "out");
+        tl::dispatch_counts(packed_weight(weight), out);
+    });
+}
+
 // ---- Scoring ----
 
 TL_API tl_status tl_score_options_init(tl_score_options *options) {
@@ -544,7 +657,7 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         }
         if (opts.backend == TL_BACKEND_CUDA) {
 #if defined(TL_WITH_CUDA)
-            if (!cuda_device_present()) tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
+            if (tl::device_count() == 0) tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
             tl::fail(TL_ERR_UNSUPPORTED, "backend CUDA: scoring on the GPU is not implemented in this version");
 #else
             tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but this build has no CUDA support");

@@ -102,7 +102,9 @@ fn parse_header(text: &str) -> Header {
                     .map(str::trim)
                     .filter(|decl| !decl.is_empty())
                     .map(|decl| {
-                        let name = decl.split_whitespace().last().unwrap().trim_start_matches('*');
+                        // `type name` or an array `type name[N]`.
+                        let last = decl.split_whitespace().last().unwrap();
+                        let name = last.split('[').next().unwrap().trim_start_matches('*');
                         assert!(is_identifier(name), "cannot parse field `{decl}` of {typedef_name}");
                         name.to_owned()
                     })

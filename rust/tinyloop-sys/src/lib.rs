@@ -139,6 +139,24 @@ c_constants! {
     /// Symmetric quantization, W = (q - 8)*s, stored with z = -8*s.
     pub const TL_QUANT_SYMMETRIC: i32 = 1;
 
+    /// Device form: Marlin-class tiles with the zero point applied in registers.
+    pub const TL_FORM_MARLIN_FUSED: u32 = 1;
+    /// Device form: the seed's symmetric tiles plus the delta correction.
+    pub const TL_FORM_MARLIN_CORRECTION: u32 = 2;
+    /// Device form: a dequantized FP16 copy.
+    pub const TL_FORM_FP16_BODY: u32 = 4;
+
+    /// Dispatcher setting: use the Marlin-class kernel (0/1).
+    pub const TL_DISPATCH_USE_MARLIN: i32 = 0;
+    /// Dispatcher setting: use a packed FP16 body first (0/1).
+    pub const TL_DISPATCH_FP16_BODY: i32 = 1;
+    /// Dispatcher setting: cross-iteration rounding (0/1).
+    pub const TL_DISPATCH_CROSS_ITER_ROUND: i32 = 2;
+    /// Dispatcher setting: Marlin-class form, 0 = faster, 1 = fused, 2 = correction.
+    pub const TL_DISPATCH_MARLIN_MODE: i32 = 3;
+    /// Dispatcher setting: M from which dequantize + cuBLAS is used (0 = never).
+    pub const TL_DISPATCH_CUBLAS_MIN_M: i32 = 4;
+
     /// CUDA where available, else the CPU.
     pub const TL_BACKEND_AUTO: i32 = 0;
     /// The CPU reference backend.
@@ -284,6 +302,51 @@ c_structs! {
         pub n_windows: i32,
         pub seconds: f64,
     }
+
+    /// What `tl_device_info` reports.
+    pub struct tl_device_properties {
+        pub struct_size: u32,
+        /// NUL-terminated device name.
+        pub name: [c_char; 256],
+        pub sm_major: i32,
+        pub sm_minor: i32,
+        pub sm_count: i32,
+        pub total_memory: u64,
+        pub free_memory: u64,
+        /// 1 if the Marlin-class kernel runs on the device.
+        pub marlin_supported: i32,
+    }
+
+    /// Options of `tl_pack_marlin` / `tl_weight_pack_marlin`.
+    pub struct tl_pack_options {
+        pub struct_size: u32,
+        pub device: i32,
+        /// A `cudaStream_t`, or NULL.
+        pub stream: *mut c_void,
+        /// `TL_FORM_*` flags.
+        pub forms: u32,
+    }
+
+    /// What packing did.
+    pub struct tl_pack_report {
+        pub struct_size: u32,
+        pub weights_uploaded: u32,
+        pub weights_packed: u32,
+        pub weights_not_packable: u32,
+        pub device_bytes: u64,
+        pub extra_device_bytes: u64,
+    }
+
+    /// Per-path call counters of a packed weight.
+    pub struct tl_dispatch_counts {
+        pub struct_size: u32,
+        pub fp16_body: u64,
+        pub marlin_fused: u64,
+        pub marlin_correction: u64,
+        pub dequant_cublas: u64,
+        pub native: u64,
+        pub fallbacks: u64,
+    }
 }
 
 c_functions! {
@@ -339,6 +402,42 @@ c_functions! {
     pub fn tl_weight_info(weight: *const tl_weight, out: *mut tl_weight_properties) -> tl_status;
     /// Dequantizes into `out[n][k]`; `out_len` must be at least k*n.
     pub fn tl_weight_dequantize(weight: *const tl_weight, out: *mut f32, out_len: usize) -> tl_status;
+
+    /// Number of usable CUDA devices (0 without CUDA or a GPU).
+    pub fn tl_device_count(out_count: *mut i32) -> tl_status;
+    /// Properties of one device (the caller sets `out.struct_size`).
+    pub fn tl_device_info(device: i32, out: *mut tl_device_properties) -> tl_status;
+    /// Fills pack options with the defaults and sets struct_size.
+    pub fn tl_pack_options_init(options: *mut tl_pack_options) -> tl_status;
+    /// Zeroes a pack report and sets struct_size.
+    pub fn tl_pack_report_init(report: *mut tl_pack_report) -> tl_status;
+    /// Uploads and packs every quantized weight of a model; `options` and `out_report` may be NULL.
+    pub fn tl_pack_marlin(model: *mut tl_model, options: *const tl_pack_options, out_report: *mut tl_pack_report)
+        -> tl_status;
+    /// Uploads and packs one owned weight.
+    pub fn tl_weight_pack_marlin(
+        weight: *mut tl_weight,
+        options: *const tl_pack_options,
+        out_report: *mut tl_pack_report,
+    ) -> tl_status;
+    /// Sets a `TL_DISPATCH_*` setting.
+    pub fn tl_set_dispatch(setting: i32, value: i32) -> tl_status;
+    /// Reads a `TL_DISPATCH_*` setting.
+    pub fn tl_get_dispatch(setting: i32, out_value: *mut i32) -> tl_status;
+    /// Device workspace bytes `tl_quant_gemm` needs for this weight at this M.
+    pub fn tl_quant_gemm_workspace_size(weight: *const tl_weight, m: i64, out_bytes: *mut usize) -> tl_status;
+    /// Y = X * W on the GPU (device pointers, FP16).
+    pub fn tl_quant_gemm(
+        weight: *const tl_weight,
+        x: *const c_void,
+        y: *mut c_void,
+        m: i64,
+        stream: *mut c_void,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    ) -> tl_status;
+    /// How often each path ran for a packed weight.
+    pub fn tl_weight_dispatch_counts(weight: *const tl_weight, out: *mut tl_dispatch_counts) -> tl_status;
 
     /// Fills score options with the defaults and sets struct_size.
     pub fn tl_score_options_init(options: *mut tl_score_options) -> tl_status;

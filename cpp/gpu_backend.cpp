@@ -1,0 +1,511 @@
+#include "gpu_backend.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+
+#if defined(TL_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#include <cublas_v2.h>
+
+#include "gpu_kernels.hpp"
+#include "marlin_pack.hpp"
+#endif
+
+namespace tl {
+
+// ---- Dispatcher settings: process-global, initialised from the environment ----------------------------------
+
+namespace {
+
+int32_t env_setting(const char *name, int32_t fallback) {
+    const char *text = std::getenv(name);
+    if (text == nullptr || *text == '\0') return fallback;
+    char *end = nullptr;
+    const long v = std::strtol(text, &end, 10);
+    if (*end != '\0' || v < 0 || v > INT32_MAX) {
+        log(TL_LOG_WARN, std::string("ignoring ") + name + "='" + text + "' (not a non-negative integer)");
+        return fallback;
+    }
+    return static_cast<int32_t>(v);
+}
+
+// Where dequantize + cuBLAS starts to beat the Marlin-class kernel (docs/benchmarks.md); 0 = never.
+constexpr int32_t kDefaultCublasMinM = 0;
+
+struct Settings {
+    std::atomic<int32_t> values[5];
+    Settings() {
+        values[TL_DISPATCH_USE_MARLIN] = env_setting("TINYLOOP_USE_MARLIN", 1);
+        values[TL_DISPATCH_FP16_BODY] = env_setting("TINYLOOP_EXPERIMENTAL_FP16_BODY", 0);
+        values[TL_DISPATCH_CROSS_ITER_ROUND] = env_setting("TINYLOOP_CROSS_ITER_ROUND", 0);
+        values[TL_DISPATCH_MARLIN_MODE] = env_setting("TINYLOOP_MARLIN_MODE", 0);
+        values[TL_DISPATCH_CUBLAS_MIN_M] = env_setting("TINYLOOP_CUBLAS_MIN_M", kDefaultCublasMinM);
+    }
+};
+
+Settings &settings() {
+    static Settings s;
+    return s;
+}
+
+void check_setting(int32_t setting) {
+    if (setting < 0 || setting > TL_DISPATCH_CUBLAS_MIN_M) {
+        fail(TL_ERR_INVALID_ARGUMENT, "setting " + std::to_string(setting) + " is not a TL_DISPATCH_* value");
+    }
+}
+
+}  // namespace
+
+void set_dispatch(int32_t setting, int32_t value) {
+    check_setting(setting);
+    const int32_t max = setting == TL_DISPATCH_MARLIN_MODE ? 2 : setting == TL_DISPATCH_CUBLAS_MIN_M ? INT32_MAX : 1;
+    if (value < 0 || value > max) {
+        fail(TL_ERR_INVALID_ARGUMENT,
+             "value " + std::to_string(value) + " is out of range [0, " + std::to_string(max) + "] for setting " +
+                 std::to_string(setting));
+    }
+    settings().values[setting].store(value, std::memory_order_relaxed);
+}
+
+int32_t get_dispatch(int32_t setting) {
+    check_setting(setting);
+    return settings().values[setting].load(std::memory_order_relaxed);
+}
+
+#if !defined(TL_WITH_CUDA)
+
+// ---- A build without CUDA -------------------------------------------------------------------------------------
+
+struct DeviceWeight {};
+
+namespace {
+[[noreturn]] void no_cuda() { fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support"); }
+}  // namespace
+
+int32_t device_count() noexcept { return 0; }
+void device_info(int32_t, tl_device_properties *) { no_cuda(); }
+std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint32_t, PackOutcome *) { no_cuda(); }
+size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
+void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t) { no_cuda(); }
+void dispatch_counts(const DeviceWeight &, tl_dispatch_counts *) { no_cuda(); }
+
+#else
+
+// ---- CUDA -------------------------------------------------------------------------------------------------------
+
+namespace {
+
+void check_cuda(cudaError_t err, const char *what) {
+    if (err == cudaSuccess) return;
+    fail(err == cudaErrorMemoryAllocation ? TL_ERR_OUT_OF_MEMORY : TL_ERR_CUDA,
+         std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+// Makes `device` current for a scope and restores the caller's device after.
+class DeviceScope {
+public:
+    explicit DeviceScope(int device) {
+        check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    }
+    ~DeviceScope() { cudaSetDevice(previous_); }
+    DeviceScope(const DeviceScope &) = delete;
+    DeviceScope &operator=(const DeviceScope &) = delete;
+
+private:
+    int previous_ = 0;
+};
+
+void require_device(int32_t device) {
+    const int32_t count = device_count();
+    if (count == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device on this machine");
+    if (device < 0 || device >= count) {
+        fail(TL_ERR_INVALID_ARGUMENT,
+             "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)");
+    }
+}
+
+// Owned device memory on one device; freed on destruction (errors there are ignored: nothing to report to).
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    DeviceBuffer(int device, size_t bytes) : device_(device), bytes_(bytes) {
+        check_cuda(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+    }
+    ~DeviceBuffer() {
+        if (ptr_ == nullptr) return;
+        int previous = 0;
+        cudaGetDevice(&previous);
+        cudaSetDevice(device_);
+        cudaFree(ptr_);
+        cudaSetDevice(previous);
+    }
+    DeviceBuffer(DeviceBuffer &&o) noexcept { swap(o); }
+    DeviceBuffer &operator=(DeviceBuffer &&o) noexcept {
+        swap(o);
+        return *this;
+    }
+    DeviceBuffer(const DeviceBuffer &) = delete;
+    DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+
+    template <class T>
+    static DeviceBuffer upload(int device, const std::vector<T> &host, cudaStream_t stream) {
+        return upload(device, host.data(), host.size() * sizeof(T), stream);
+    }
+    static DeviceBuffer upload(int device, const void *host, size_t bytes, cudaStream_t stream) {
+        DeviceBuffer b(device, bytes);
+        check_cuda(cudaMemcpyAsync(b.ptr_, host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (upload)");
+        return b;
+    }
+
+    template <class T = void>
+    T *get() const {
+        return static_cast<T *>(ptr_);
+    }
+    size_t bytes() const { return bytes_; }
+    explicit operator bool() const { return ptr_ != nullptr; }
+
+private:
+    void swap(DeviceBuffer &o) noexcept {
+        std::swap(device_, o.device_);
+        std::swap(ptr_, o.ptr_);
+        std::swap(bytes_, o.bytes_);
+    }
+    int device_ = 0;
+    void *ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// cuBLAS handles are expensive to create and may not be shared by concurrent calls: a pool per device, handles
+// borrowed for one call. They live for the whole process (destroying them at exit races the CUDA runtime's own
+// teardown).
+class CublasPool {
+public:
+    struct Lease {
+        CublasPool *pool;
+        int device;
+        cublasHandle_t handle;
+        ~Lease() { pool->give_back(device, handle); }
+    };
+    Lease borrow(int device) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            auto &free_list = free_[device];
+            if (!free_list.empty()) {
+                cublasHandle_t h = free_list.back();
+                free_list.pop_back();
+                return Lease{this, device, h};
+            }
+        }
+        cublasHandle_t h = nullptr;
+        const cublasStatus_t st = cublasCreate(&h);
+        if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
+        return Lease{this, device, h};
+    }
+
+private:
+    void give_back(int device, cublasHandle_t h) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        free_[device].push_back(h);
+    }
+    std::mutex mutex_;
+    std::map<int, std::vector<cublasHandle_t>> free_;
+};
+
+CublasPool &cublas_pool() {
+    static CublasPool *pool = new CublasPool;  // never destroyed, see above
+    return *pool;
+}
+
+std::once_flag g_first_marlin_dispatch;
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Checks that [p, p + bytes) lies inside one device allocation on `device`, so that a host pointer or a short
+// buffer becomes TL_ERR_INVALID_ARGUMENT instead of an illegal-address fault that would poison the context.
+void check_device_range(const void *p, size_t bytes, int device, const char *name) {
+    cudaPointerAttributes attr{};
+    const cudaError_t err = cudaPointerGetAttributes(&attr, p);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // not sticky; clear it
+        fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + " is not a pointer CUDA knows");
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+        fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + " is not device memory");
+    }
+    if (attr.device != device) {
+        fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + " is on device " + std::to_string(attr.device) +
+                                          ", the weight is on device " + std::to_string(device));
+    }
+    // The allocation's extent, through the driver entry point (no link-time dependency on libcuda).
+    using AddressRangeFn = int (*)(unsigned long long *, size_t *, unsigned long long);
+    static AddressRangeFn address_range = [] {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult status{};
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &status) !=
+                cudaSuccess ||
+            status != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            fn = nullptr;
+        }
+        return reinterpret_cast<AddressRangeFn>(fn);
+    }();
+    if (address_range == nullptr) return;
+    unsigned long long base = 0;
+    size_t size = 0;
+    const auto addr = reinterpret_cast<unsigned long long>(p);
+    if (address_range(&base, &size, addr) != 0) return;  // not a plain allocation (e.g. a VMM mapping): skip
+    if (addr + bytes > base + size) {
+        fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + " needs " + std::to_string(bytes) +
+                                          " bytes but its allocation ends " + std::to_string(base + size - addr) +
+                                          " bytes after it");
+    }
+}
+
+}  // namespace
+
+struct DeviceWeight {
+    int device = 0;
+    int32_t k = 0, n = 0, group_size = 0;
+    int32_t kernel_group_size = 0;  // -1 for per-column scales (one group spanning K)
+    std::string name;
+
+    DeviceBuffer codes, scales, zeros;              // the file's layout: native kernel, dequantize
+    DeviceBuffer words, fused_scales, fused_zeros;  // Marlin-class tiles; fused form
+    DeviceBuffer corr_words, corr_scales, delta;    // correction form (words/scales empty when shared)
+    DeviceBuffer fp16_body;                         // [N][K] FP16
+    bool has_fused = false, has_correction = false, marlin_ok = false;
+    size_t marlin_workspace = 0;
+
+    mutable std::atomic<uint64_t> n_fp16{0}, n_fused{0}, n_correction{0}, n_cublas{0}, n_native{0}, n_fallbacks{0};
+
+    const uint32_t *correction_words() const { return corr_words ? corr_words.get<uint32_t>() : words.get<uint32_t>(); }
+    const uint16_t *correction_scales() const {
+        return corr_scales ? corr_scales.get<uint16_t>() : fused_scales.get<uint16_t>();
+    }
+};
+
+int32_t device_count() noexcept {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+void device_info(int32_t device, tl_device_properties *out) {
+    require_device(device);
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    size_t free_bytes = 0, total_bytes = 0;
+    {
+        DeviceScope scope(device);
+        check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    }
+    tl_device_properties p;
+    std::memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    std::memcpy(p.name, prop.name, std::min(sizeof p.name - 1, std::strlen(prop.name)));
+    p.sm_major = prop.major;
+    p.sm_minor = prop.minor;
+    p.sm_count = prop.multiProcessorCount;
+    p.total_memory = total_bytes;
+    p.free_memory = free_bytes;
+    p.marlin_supported = prop.major >= 8;
+    *out = p;
+}
+
+std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream_ptr, uint32_t forms,
+                                          PackOutcome *outcome) {
+    if (!w.quantized || w.bits != 4) fail(TL_ERR_UNSUPPORTED, "'" + w.name + "' is not an INT4 weight");
+    require_device(device);
+    tl_device_properties props;
+    device_info(device, &props);
+    DeviceScope scope(device);
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+
+    auto dw = std::make_shared<DeviceWeight>();
+    dw->device = device;
+    dw->k = w.k;
+    dw->n = w.n;
+    dw->group_size = w.group_size;
+    dw->name = w.name;
+    const size_t groups = static_cast<size_t>(w.n) * static_cast<size_t>(w.n_groups());
+    dw->codes = DeviceBuffer::upload(device, w.codes, static_cast<size_t>(w.n) * (w.k / 2), stream);
+    dw->scales = DeviceBuffer::upload(device, w.scales, groups * sizeof(uint16_t), stream);
+    dw->zeros = DeviceBuffer::upload(device, w.zeros, groups * sizeof(uint16_t), stream);
+    const uint64_t native_bytes = dw->codes.bytes() + dw->scales.bytes() + dw->zeros.bytes();
+
+    const bool packable = props.marlin_supported && marlin_shape_error(w.k, w.n, w.group_size) == nullptr;
+    dw->kernel_group_size = marlin_kernel_group_size(w.k, w.group_size);
+    if (packable && (forms & TL_FORM_MARLIN_FUSED)) {
+        const MarlinPacked p = marlin_pack(w, MarlinMode::Fused);
+        dw->words = DeviceBuffer::upload(device, p.words, stream);
+        dw->fused_scales = DeviceBuffer::upload(device, p.scales, stream);
+        dw->fused_zeros = DeviceBuffer::upload(device, p.zeros, stream);
+        dw->has_fused = true;
+    }
+    if (packable && (forms & TL_FORM_MARLIN_CORRECTION)) {
+        const MarlinPacked p = marlin_pack(w, MarlinMode::Symmetric);
+        // The symmetric codes are q itself, so both forms share the tiles when both are packed.
+        if (!dw->has_fused) {
+            dw->words = DeviceBuffer::upload(device, p.words, stream);
+            dw->fused_scales = DeviceBuffer::upload(device, p.scales, stream);
+        } else {
+            const MarlinPacked fused = marlin_pack(w, MarlinMode::Fused);
+            if (fused.words != p.words) dw->corr_words = DeviceBuffer::upload(device, p.words, stream);
+            if (fused.scales != p.scales) dw->corr_scales = DeviceBuffer::upload(device, p.scales, stream);
+        }
+        dw->delta = DeviceBuffer::upload(device, p.delta, stream);
+        dw->has_correction = true;
+    }
+    dw->marlin_ok = dw->has_fused || dw->has_correction;
+    if (dw->marlin_ok) dw->marlin_workspace = align_up(gpu::marlin_workspace_bytes(props.sm_count), 256);
+    if (forms & TL_FORM_FP16_BODY) {
+        dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(w.n) * w.k * sizeof(uint16_t));
+        const int rc = gpu::dequant_int4_fp16(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
+                                              dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), w.n, w.k,
+                                              w.group_size, stream);
+        if (rc != 0) fail(TL_ERR_CUDA, "dequantizing '" + w.name + "' to FP16 failed (rc " + std::to_string(rc) + ")");
+    }
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (pack)");
+
+    if (outcome != nullptr) {
+        outcome->packed = dw->marlin_ok;
+        outcome->packable = packable;
+        outcome->device_bytes = native_bytes;
+        for (const DeviceBuffer *b : {&dw->words, &dw->fused_scales, &dw->fused_zeros, &dw->corr_words,
+                                      &dw->corr_scales, &dw->delta, &dw->fp16_body}) {
+            outcome->extra_device_bytes += b->bytes();
+        }
+        outcome->device_bytes += outcome->extra_device_bytes;
+    }
+    return dw;
+}
+
+namespace {
+
+// The dequantize + cuBLAS path's scratch sits after the Marlin-class kernel's zero-filled region.
+size_t cublas_scratch_bytes(const DeviceWeight &dw) { return static_cast<size_t>(dw.n) * dw.k * sizeof(uint16_t); }
+
+bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
+    const int32_t min_m = get_dispatch(TL_DISPATCH_CUBLAS_MIN_M);
+    return dw.marlin_ok && min_m > 0 && m >= min_m;
+}
+
+}  // namespace
+
+size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
+    if (m < 1) fail(TL_ERR_INVALID_ARGUMENT, "m must be >= 1, got " + std::to_string(m));
+    return dw.marlin_workspace + (cublas_path_wanted(dw, m) ? cublas_scratch_bytes(dw) : 0);
+}
+
+void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream_ptr, void *workspace,
+                size_t workspace_bytes) {
+    if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
+    if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
+    if (y == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "y is NULL");
+    if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15u) {
+        fail(TL_ERR_INVALID_ARGUMENT, "x and y must be 16-byte aligned");
+    }
+    if (workspace == nullptr && workspace_bytes != 0) fail(TL_ERR_INVALID_ARGUMENT, "workspace is NULL but workspace_bytes is not 0");
+    DeviceScope scope(dw.device);
+    const int mi = static_cast<int>(m);
+    check_device_range(x, static_cast<size_t>(m) * dw.k * sizeof(uint16_t), dw.device, "x");
+    check_device_range(y, static_cast<size_t>(m) * dw.n * sizeof(uint16_t), dw.device, "y");
+    if (workspace != nullptr) check_device_range(workspace, workspace_bytes, dw.device, "workspace");
+
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    const auto *xh = static_cast<const uint16_t *>(x);
+    auto *yh = static_cast<uint16_t *>(y);
+    bool fell_back = false;
+    // A path's non-zero rc: the next path runs instead. A positive rc is a CUDA error: clear it if it is not sticky.
+    auto refused = [&](int rc, const char *path) {
+        if (rc > 0) cudaGetLastError();
+        fell_back = true;
+        log(TL_LOG_WARN, std::string("[dispatch] ") + path + " refused '" + dw.name + "' (rc " + std::to_string(rc) +
+                             "), falling through");
+    };
+    auto done = [&](std::atomic<uint64_t> &counter) {
+        counter.fetch_add(1, std::memory_order_relaxed);
+        if (fell_back) dw.n_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    };
+
+    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
+        auto lease = cublas_pool().borrow(dw.device);
+        const int rc = gpu::cublas_gemm_fp16(lease.handle, xh, dw.fp16_body.get<uint16_t>(), yh, mi, dw.n, dw.k, stream);
+        if (rc == 0) return done(dw.n_fp16);
+        refused(rc, "FP16 body");
+    }
+
+    if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
+        const bool workspace_ok = workspace_bytes >= dw.marlin_workspace;
+        if (cublas_path_wanted(dw, m) && workspace_bytes >= dw.marlin_workspace + cublas_scratch_bytes(dw)) {
+            auto lease = cublas_pool().borrow(dw.device);
+            const int rc = gpu::dequant_cublas_gemm(
+                lease.handle, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(), yh,
+                mi, dw.n, dw.k, dw.group_size, static_cast<char *>(workspace) + dw.marlin_workspace,
+                workspace_bytes - dw.marlin_workspace, stream);
+            if (rc == 0) return done(dw.n_cublas);
+            refused(rc, "dequantize + cuBLAS");
+        }
+        const int32_t mode = get_dispatch(TL_DISPATCH_MARLIN_MODE);
+        int rc = gpu::kRcUnsupported;
+        std::atomic<uint64_t> *counter = nullptr;
+        if (!workspace_ok) {
+            refused(gpu::kRcWorkspace, "Marlin-class kernel (workspace too small)");
+        } else if (dw.has_fused && mode != 2) {
+            rc = gpu::marlin_gemm(xh, dw.words.get<uint32_t>(), dw.fused_scales.get<uint16_t>(),
+                                  dw.fused_zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.kernel_group_size, true,
+                                  workspace, dw.marlin_workspace, stream);
+            counter = &dw.n_fused;
+        } else if (dw.has_correction && mode != 1) {
+            rc = gpu::marlin_gemm_corrected(xh, dw.correction_words(), dw.correction_scales(), dw.delta.get<float>(),
+                                            yh, mi, dw.n, dw.k, dw.kernel_group_size, workspace, dw.marlin_workspace,
+                                            stream);
+            counter = &dw.n_correction;
+        }
+        if (counter != nullptr) {
+            if (rc == 0) {
+                std::call_once(g_first_marlin_dispatch, [&] {
+                    log(TL_LOG_INFO, "[marlin] first dispatch ok: BT=" + std::to_string(m) + " N=" + std::to_string(dw.n) +
+                                         " K=" + std::to_string(dw.k) + " gs=" + std::to_string(dw.kernel_group_size));
+                });
+                return done(*counter);
+            }
+            refused(rc, counter == &dw.n_fused ? "Marlin-class fused" : "Marlin-class correction");
+        }
+    }
+
+    const int rc = gpu::native_int4_gemm(xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
+                                         dw.zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.group_size, stream);
+    if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), ("native INT4 GEMM of '" + dw.name + "'").c_str());
+    if (rc < 0) fail(TL_ERR_INTERNAL, "the native INT4 GEMM refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
+    done(dw.n_native);
+}
+
+void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out) {
+    tl_dispatch_counts c;
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.fp16_body = dw.n_fp16.load();
+    c.marlin_fused = dw.n_fused.load();
+    c.marlin_correction = dw.n_correction.load();
+    c.dequant_cublas = dw.n_cublas.load();
+    c.native = dw.n_native.load();
+    c.fallbacks = dw.n_fallbacks.load();
+    *out = c;
+}
+
+#endif  // TL_WITH_CUDA
+
+}  // namespace tl

@@ -1,0 +1,40 @@
+// The GPU side of the C API: devices, packing weights onto a device, and the quantized-GEMM dispatcher
+// (FP16 body -> Marlin-class (or dequantize + cuBLAS at large M) -> native INT4). Compiled in every build; in a
+// build without CUDA every function but device_count throws TL_ERR_NO_DEVICE.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "model.hpp"
+#include "tinyloop.h"
+
+namespace tl {
+
+// A weight's device forms and its per-path call counters. Opaque outside gpu_backend.cpp.
+struct DeviceWeight;
+
+int32_t device_count() noexcept;
+void device_info(int32_t device, tl_device_properties *out);
+
+struct PackOutcome {
+    bool packed = false;    // received a Marlin-class form
+    bool packable = false;  // the Marlin-class kernel takes its shape
+    uint64_t device_bytes = 0;
+    uint64_t extra_device_bytes = 0;  // beyond the native upload
+};
+
+// Uploads `w` (quantized) to `device` with the requested TL_FORM_* forms, packing on the host.
+std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream, uint32_t forms,
+                                          PackOutcome *outcome);
+
+size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
+void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream, void *workspace,
+                size_t workspace_bytes);
+void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out);
+
+void set_dispatch(int32_t setting, int32_t value);
+int32_t get_dispatch(int32_t setting);
+
+}  // namespace tl

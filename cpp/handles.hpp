@@ -1,0 +1,23 @@
+// The structs behind the C API's opaque handles (shared by capi/src/capi.cpp and the GPU backend).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu_backend.hpp"
+#include "model.hpp"
+
+struct tl_weight {
+    tl::Linear linear;  // views share ownership of their storage through linear.keepalive
+    bool borrowed = false;
+    // The weight's device forms once packed (tl_pack_marlin / tl_weight_pack_marlin); null before.
+    std::shared_ptr<tl::DeviceWeight> device;
+};
+
+struct tl_model {
+    std::unique_ptr<tl::Model> model;
+    std::vector<std::unique_ptr<tl_weight>> weights;  // the quantized linears, canonical order
+    std::map<std::string, size_t> weight_index;
+};
