@@ -96,6 +96,17 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint3
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
 void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t) { no_cuda(); }
 void dispatch_counts(const DeviceWeight &, tl_dispatch_counts *) { no_cuda(); }
+void *device_malloc(int32_t, size_t) { no_cuda(); }
+void device_free(void *ptr, void *) {
+    if (ptr != nullptr) no_cuda();
+}
+void memcpy_any(void *, const void *, size_t, void *) { no_cuda(); }
+void memset_device(void *, int32_t, size_t, void *) { no_cuda(); }
+void *stream_create(int32_t) { no_cuda(); }
+void stream_destroy(void *stream) {
+    if (stream != nullptr) no_cuda();
+}
+void stream_synchronize(void *) { no_cuda(); }
 
 #else
 
@@ -504,6 +515,61 @@ void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out) {
     c.native = dw.n_native.load();
     c.fallbacks = dw.n_fallbacks.load();
     *out = c;
+}
+
+void *device_malloc(int32_t device, size_t bytes) {
+    require_device(device);
+    if (bytes == 0) fail(TL_ERR_INVALID_ARGUMENT, "bytes must be > 0");
+    DeviceScope scope(device);
+    void *p = nullptr;
+    check_cuda(cudaMalloc(&p, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+    return p;
+}
+
+void device_free(void *ptr, void *stream) {
+    if (ptr == nullptr) return;
+    if (device_count() == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device");
+    if (stream != nullptr) {
+        check_cuda(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
+    } else {
+        check_cuda(cudaFree(ptr), "cudaFree");
+    }
+}
+
+void memcpy_any(void *dst, const void *src, size_t bytes, void *stream) {
+    if (device_count() == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device");
+    if (bytes == 0) return;
+    if (dst == nullptr || src == nullptr) fail(TL_ERR_INVALID_ARGUMENT, dst == nullptr ? "dst is NULL" : "src is NULL");
+    auto s = static_cast<cudaStream_t>(stream);
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (memcpy)");
+}
+
+void memset_device(void *dst, int32_t value, size_t bytes, void *stream) {
+    if (device_count() == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device");
+    if (value < 0 || value > 255) fail(TL_ERR_INVALID_ARGUMENT, "value must be in [0, 255], got " + std::to_string(value));
+    if (bytes == 0) return;
+    if (dst == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "dst is NULL");
+    check_cuda(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+}
+
+void *stream_create(int32_t device) {
+    require_device(device);
+    DeviceScope scope(device);
+    cudaStream_t s = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+}
+
+void stream_destroy(void *stream) {
+    if (stream == nullptr) return;
+    if (device_count() == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device");
+    check_cuda(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+}
+
+void stream_synchronize(void *stream) {
+    if (device_count() == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device");
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 
 #endif  // TL_WITH_CUDA

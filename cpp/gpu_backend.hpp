@@ -34,6 +34,15 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
                 size_t workspace_bytes);
 void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out);
 
+// Device memory and streams for the C API's callers (throw TL_ERR_NO_DEVICE / TL_ERR_CUDA / TL_ERR_INVALID_ARGUMENT).
+void *device_malloc(int32_t device, size_t bytes);
+void device_free(void *ptr, void *stream);
+void memcpy_any(void *dst, const void *src, size_t bytes, void *stream);
+void memset_device(void *dst, int32_t value, size_t bytes, void *stream);
+void *stream_create(int32_t device);
+void stream_destroy(void *stream);
+void stream_synchronize(void *stream);
+
 void set_dispatch(int32_t setting, int32_t value);
 int32_t get_dispatch(int32_t setting);
 

@@ -386,6 +386,25 @@ TL_API tl_status tl_set_dispatch(int32_t setting, int32_t value);
 /** Reads a dispatcher setting. */
 TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value);
 
+/** Device memory and streams, for callers without their own CUDA runtime (Rust, Python through ctypes, dlopen).
+ *  Pointers and streams made here are ordinary CUDA ones: they mix freely with the caller's own. */
+/** cudaMalloc on `device`; *out_ptr is 256-byte aligned. `bytes` > 0. */
+TL_API tl_status tl_device_malloc(int32_t device, size_t bytes, void **out_ptr);
+/** Frees memory from tl_device_malloc (or cudaMalloc): stream-ordered on `stream` when it is not NULL
+ *  (cudaFreeAsync), else after the device is idle (cudaFree). NULL ptr is a no-op. */
+TL_API tl_status tl_device_free(void *ptr, void *stream);
+/** Copies host → device, device → host, or device → device (`bytes` may be 0), ordered on `stream`; returns
+ *  after the copy is complete (the stream is synchronized). */
+TL_API tl_status tl_memcpy(void *dst, const void *src, size_t bytes, void *stream);
+/** Sets `bytes` bytes of device memory to `value` (0..255), ordered on `stream`; returns without waiting. */
+TL_API tl_status tl_memset_device(void *dst, int32_t value, size_t bytes, void *stream);
+/** Creates a non-blocking stream on `device`. */
+TL_API tl_status tl_stream_create(int32_t device, void **out_stream);
+/** Destroys a stream from tl_stream_create (work already queued still completes). NULL is a no-op. */
+TL_API tl_status tl_stream_destroy(void *stream);
+/** Waits until all work queued on `stream` (NULL = the legacy default stream) is done. */
+TL_API tl_status tl_stream_synchronize(void *stream);
+
 /** Device workspace tl_quant_gemm needs for this weight at this M (0 is possible). Thread-safe. */
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes);
 

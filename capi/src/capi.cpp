@@ -596,6 +596,40 @@ TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value) {
     });
 }
 
+TL_API tl_status tl_device_malloc(int32_t device, size_t bytes, void **out_ptr) {
+    return guarded([&] {
+        require_not_null(out_ptr, "out_ptr");
+        *out_ptr = tl::device_malloc(device, bytes);
+    });
+}
+
+TL_API tl_status tl_device_free(void *ptr, void *stream) {
+    return guarded([&] { tl::device_free(ptr, stream); });
+}
+
+TL_API tl_status tl_memcpy(void *dst, const void *src, size_t bytes, void *stream) {
+    return guarded([&] { tl::memcpy_any(dst, src, bytes, stream); });
+}
+
+TL_API tl_status tl_memset_device(void *dst, int32_t value, size_t bytes, void *stream) {
+    return guarded([&] { tl::memset_device(dst, value, bytes, stream); });
+}
+
+TL_API tl_status tl_stream_create(int32_t device, void **out_stream) {
+    return guarded([&] {
+        require_not_null(out_stream, "out_stream");
+        *out_stream = tl::stream_create(device);
+    });
+}
+
+TL_API tl_status tl_stream_destroy(void *stream) {
+    return guarded([&] { tl::stream_destroy(stream); });
+}
+
+TL_API tl_status tl_stream_synchronize(void *stream) {
+    return guarded([&] { tl::stream_synchronize(stream); });
+}
+
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes) {
     return guarded([&] {
         require_not_null(out_bytes, "out_bytes");

@@ -57,6 +57,24 @@ Test(gpu, every_gpu_call_says_no_device) {
     cr_assert_str_not_empty(tl_last_error_message());
     tl_weight_free(owned);
     tl_model_free(model);
+
+    void *ptr = (void *)(uintptr_t)0x1;
+    cr_assert_eq(tl_device_malloc(0, 64, &ptr), TL_ERR_NO_DEVICE);
+    cr_assert_eq(ptr, (void *)(uintptr_t)0x1, "the output was written on failure");
+    void *stream = NULL;
+    cr_assert_eq(tl_stream_create(0, &stream), TL_ERR_NO_DEVICE);
+    cr_assert_eq(tl_stream_synchronize(NULL), TL_ERR_NO_DEVICE);
+    cr_assert_eq(tl_memcpy(x, y, sizeof x, NULL), TL_ERR_NO_DEVICE);
+    cr_assert_eq(tl_memset_device(x, 0, sizeof x, NULL), TL_ERR_NO_DEVICE);
+    cr_assert_str_not_empty(tl_last_error_message());
+    /* Freeing/destroying NULL is a no-op everywhere. */
+    ASSERT_OK(tl_device_free(NULL, NULL));
+    ASSERT_OK(tl_stream_destroy(NULL));
+}
+
+Test(gpu, memory_functions_check_their_arguments) {
+    ASSERT_FAILS_NAMING(tl_device_malloc(0, 64, NULL), TL_ERR_INVALID_ARGUMENT, "out_ptr");
+    ASSERT_FAILS_NAMING(tl_stream_create(0, NULL), TL_ERR_INVALID_ARGUMENT, "out_stream");
 }
 
 Test(gpu, a_borrowed_weight_is_packed_through_its_model) {

@@ -424,6 +424,20 @@ c_functions! {
     pub fn tl_set_dispatch(setting: i32, value: i32) -> tl_status;
     /// Reads a `TL_DISPATCH_*` setting.
     pub fn tl_get_dispatch(setting: i32, out_value: *mut i32) -> tl_status;
+    /// cudaMalloc on a device.
+    pub fn tl_device_malloc(device: i32, bytes: usize, out_ptr: *mut *mut c_void) -> tl_status;
+    /// Frees device memory, stream-ordered when `stream` is not NULL. NULL ptr is a no-op.
+    pub fn tl_device_free(ptr: *mut c_void, stream: *mut c_void) -> tl_status;
+    /// Copies between host and device memory (any direction) and waits for the copy.
+    pub fn tl_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize, stream: *mut c_void) -> tl_status;
+    /// Sets device memory to a byte value, ordered on a stream.
+    pub fn tl_memset_device(dst: *mut c_void, value: i32, bytes: usize, stream: *mut c_void) -> tl_status;
+    /// Creates a non-blocking stream on a device.
+    pub fn tl_stream_create(device: i32, out_stream: *mut *mut c_void) -> tl_status;
+    /// Destroys a stream. NULL is a no-op.
+    pub fn tl_stream_destroy(stream: *mut c_void) -> tl_status;
+    /// Waits for all work queued on a stream.
+    pub fn tl_stream_synchronize(stream: *mut c_void) -> tl_status;
     /// Device workspace bytes `tl_quant_gemm` needs for this weight at this M.
     pub fn tl_quant_gemm_workspace_size(weight: *const tl_weight, m: i64, out_bytes: *mut usize) -> tl_status;
     /// Y = X * W on the GPU (device pointers, FP16).
