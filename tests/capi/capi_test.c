@@ -125,3 +125,14 @@ struct grid assert_4bit_grid(const float *values, int32_t count, const char *wha
     }
     return grid;
 }
+
+void assert_rejects_wrong_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what) {
+    const uint32_t wrong[] = {0, (uint32_t)sizeof(uint32_t), full_size + 8, full_size + SPARE_BYTES};
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); ++i) {
+        const tl_status status = call(wrong[i]);
+        cr_assert_eq(status, TL_ERR_INVALID_ARGUMENT, "%s with struct_size %u: %d (%s)", what, wrong[i], (int)status,
+                     tl_status_string(status));
+        cr_assert(contains_word(tl_last_error_message(), "struct_size"), "%s with struct_size %u: message \"%s\"",
+                  what, wrong[i], tl_last_error_message());
+    }
+}

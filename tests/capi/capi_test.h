@@ -55,6 +55,14 @@ int build_has_cuda(void);
 /* A path for a scratch file unique to this process, under the build tree. */
 void scratch_path(char *out, size_t out_size, const char *stem);
 
+/* Bytes of zeroed room kept after a struct under test, so a library that ignored struct_size could not write past
+ * the caller's memory. */
+#define SPARE_BYTES 64
+
+/* Asserts that `call(size)` is TL_ERR_INVALID_ARGUMENT naming struct_size for each wrong size: 0, a size holding
+ * only struct_size, and two sizes larger than the library knows. */
+void assert_rejects_wrong_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what);
+
 /* Asserts that `call` returned TL_OK and left the thread's message empty. */
 #define ASSERT_OK(call)                                                                                      \
     do {                                                                                                     \

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole project on the GPU machine in one go: configure (Ninja, Release, sm_90), build everything, run every
+# CTest suite the machine can (all but the Criterion C suite: libcriterion is not on the GPU image), the GPU suites
+# again under compute-sanitizer memcheck and racecheck, then the GEMM benchmark. Logs under $OUT.
+#
+#   OUT=/path tools/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=... to trim)
+# Header-only build dependencies missing there (CLI11) come in a carried folder .devdeps/include.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+BUILD=${BUILD:-/tmp/tl-device-build}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+step() { echo "== $* ($(date +%T))"; }
+summary=()
+
+step configure
+extra_flags=""
+[ -d .devdeps/include ] && extra_flags="-I$PWD/.devdeps/include"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
+  -DTL_CAPI_TESTS=OFF -DCMAKE_CXX_FLAGS="$extra_flags" >"$OUT/build.log" 2>&1 || {
+  tail -30 "$OUT/build.log"; echo "configure failed"; exit 1; }
+step build
+if ! timeout "${BUILD_TIMEOUT:-360}" cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  echo "build failed"
+  exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader || true
+
+step ctest
+timeout "${CTEST_TIMEOUT:-360}" ctest --test-dir "$BUILD" --output-on-failure -j 8 >"$OUT/ctest.log" 2>&1
+summary+=("ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)")
+grep -E "\*\*\*Failed|Timeout|Exception|\*\*\*Skipped" "$OUT/ctest.log" | head -30
+
+if [ -z "${SKIP_SANITIZER:-}" ]; then
+  step sanitizer
+  : >"$OUT/sanitizer.log"
+  for tool in memcheck racecheck; do
+    for cmd in "$BUILD/bin/tl_gpu_tests --quick" "$BUILD/bin/tl_gpu_api_tests" \
+               ${SANITIZER_EXTRA:+"$SANITIZER_EXTRA"}; do
+      echo "---- compute-sanitizer --tool $tool $cmd" >>"$OUT/sanitizer.log"
+      # shellcheck disable=SC2086
+      timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 99 $cmd \
+        >>"$OUT/sanitizer.log" 2>&1
+      rc=$?
+      summary+=("sanitizer $tool $(basename "${cmd%% *}"): rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
+    done
+  done
+fi
+
+if [ -z "${SKIP_BENCH:-}" ]; then
+  step bench
+  timeout "${BENCH_TIMEOUT:-300}" "$BUILD/bin/tl_bench" "$OUT/bench.csv" "$OUT/bench.md" ${BENCH_ARGS:-} \
+    >"$OUT/bench.log" 2>&1
+  summary+=("bench: rc=$? rows=$(($(wc -l <"$OUT/bench.csv" 2>/dev/null || echo 1) - 1))")
+fi
+
+step summary
+printf '%s\n' "${summary[@]}"
