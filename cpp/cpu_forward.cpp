@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cross_iter.hpp"
 #include "error.hpp"
 #include "quant.hpp"
 #include "thread_pool.hpp"
@@ -128,17 +129,26 @@ void linear_tile(const Linear &w, const float *x, int32_t M, int32_t n0, int32_t
         }
 }
 
+using LinearInputHook = std::function<void(const Linear &, const float *, int32_t)>;
+
 // The pool and each worker's scratch, for one call.
 struct Context {
-    explicit Context(int32_t n_threads) : pool(n_threads), tiles(pool.size()), work(pool.size()) {}
+    explicit Context(int32_t n_threads, const LinearInputHook *linear_input = nullptr)
+        : pool(n_threads), tiles(pool.size()), work(pool.size()), linear_input(linear_input) {}
     ThreadPool pool;
     std::vector<TileScratch> tiles;
     std::vector<std::vector<float>> work;  // attention scores, head logits
     std::vector<float> kv_panels;          // attention keys and values of every head, packed
+    const LinearInputHook *linear_input;   // ScoreOptions::linear_input, or null
 };
+
+void report_input(const Context &ctx, const Linear &w, const float *x, int32_t rows) {
+    if (ctx.linear_input != nullptr && *ctx.linear_input) (*ctx.linear_input)(w, x, rows);
+}
 
 // y = x W over all M rows, one task per column tile.
 void linear(Context &ctx, const Linear &w, const float *x, float *y, int32_t M) {
+    report_input(ctx, w, x, M);
     const size_t n_tiles = (w.n + kTileCols - 1) / kTileCols;
     ctx.pool.parallel_for(n_tiles, [&](size_t tile, int32_t worker) {
         const int32_t n0 = static_cast<int32_t>(tile) * kTileCols;
@@ -365,6 +375,7 @@ void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *t
     constexpr size_t kLogitBudget = size_t(1) << 20;  // floats of logits per worker
     const int32_t V = head.n, D = head.k, M = T - 1;
     const int32_t chunk = static_cast<int32_t>(std::clamp<size_t>(kLogitBudget / V, 1, 64));
+    report_input(ctx, head, h, M);
     ctx.pool.parallel_for((M + chunk - 1) / chunk, [&](size_t i, int32_t worker) {
         const int32_t t0 = static_cast<int32_t>(i) * chunk, rows = std::min(chunk, M - t0);
         std::vector<float> &logits = ctx.work[worker];
@@ -383,14 +394,18 @@ void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *t
     });
 }
 
-void score_window(Context &ctx, const Model &model, const int32_t *tokens, int32_t T, Activations &a, double *nll) {
+// `loop_blocks`: the looped block per iteration under cross-iteration rounding, else empty (model.loop each time).
+void score_window(Context &ctx, const Model &model, const std::vector<Block> &loop_blocks, const int32_t *tokens,
+                  int32_t T, Activations &a, double *nll) {
     const ModelConfig &c = model.config;
     const size_t D = static_cast<size_t>(c.d_model);
     for (int32_t t = 0; t < T; ++t)
         for (size_t d = 0; d < D; ++d)
             a.x[t * D + d] = load_float(model.embed_dtype, model.embed, static_cast<size_t>(tokens[t]) * D + d);
     for (const Block &b : model.pre) block_forward(ctx, c, b, a, T);
-    for (int32_t l = 0; l < c.loops; ++l) block_forward(ctx, c, model.loop, a, T);
+    for (int32_t l = 0; l < c.loops; ++l) {
+        block_forward(ctx, c, loop_blocks.empty() ? model.loop : loop_blocks[l], a, T);
+    }
     for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
         rmsnorm(a.x.data() + t0 * D, model.final_norm.data(), a.xn.data() + t0 * D, t1 - t0, c.d_model, c.norm_eps);
     });
@@ -424,15 +439,19 @@ ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens
         fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + " needs too many windows");
     }
 
-    Context ctx(options.n_threads);
+    Context ctx(options.n_threads, &options.linear_input);
     Activations activations(c, L);
+    std::vector<Block> loop_blocks;
+    if (options.cross_iter_round) {
+        for (int32_t l = 0; l < c.loops; ++l) loop_blocks.push_back(cross_iter_block(model.loop, l, c.loops));
+    }
     std::vector<double> nll(stride);
     ScoreResult result;
     result.n_windows = static_cast<int32_t>(n_windows);
     for (size_t w = 0; w < n_windows; ++w) {
         const size_t start = w * stride;
         const int32_t len = static_cast<int32_t>(std::min<size_t>(L, n_tokens - start));
-        score_window(ctx, model, tokens + start, len, activations, nll.data());
+        score_window(ctx, model, loop_blocks, tokens + start, len, activations, nll.data());
         for (int32_t p = 0; p + 1 < len; ++p) {
             result.nll_sum += nll[p];
             if (options.token_nll) options.token_nll[start + p] = static_cast<float>(nll[p]);

@@ -16,6 +16,13 @@ struct ScoreOptions {
     // Called with (tokens done, total); returning false cancels (TL_ERR_CANCELLED).
     std::function<bool(uint64_t, uint64_t)> progress;
     float *token_nll = nullptr;  // optional [n_tokens - 1]
+    // Cross-iteration rounding (TINYLOOP_CROSS_ITER_ROUND=1): the looped block's linears that carry frac4 or
+    // sign_bit channels use different codes on each loop iteration (cross_iter.hpp, docs/quality.md).
+    bool cross_iter_round = false;
+    // Optional: called on the calling thread with each linear layer's input x [rows][w.k] just before the layer
+    // runs, the looped block's linears once per loop iteration and the head with the rows it scores. For
+    // collecting calibration activations.
+    std::function<void(const Linear &w, const float *x, int32_t rows)> linear_input;
 };
 
 struct ScoreResult {

@@ -37,8 +37,10 @@ int32_t env_setting(const char *name, int32_t fallback) {
     return static_cast<int32_t>(v);
 }
 
-// Where dequantize + cuBLAS starts to beat the Marlin-class kernel (docs/benchmarks.md); 0 = never.
-constexpr int32_t kDefaultCublasMinM = 0;
+// Where dequantize + cuBLAS starts to beat the Marlin-class kernel (0 = never). Measured on the H200
+// (docs/benchmarks.md, 2026-11-30): fused wins at M <= 64 on the Llama 8B/70B layers and loses from M = 256 on every
+// layer (small TinyLoop layers cross earlier, near 32-64), so one threshold between the two.
+constexpr int32_t kDefaultCublasMinM = 128;
 
 struct Settings {
     std::atomic<int32_t> values[5];

@@ -3,10 +3,12 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "gpu_backend.hpp"
+#include "gpu_score.hpp"
 #include "model.hpp"
 
 struct tl_weight {
@@ -20,4 +22,8 @@ struct tl_model {
     std::unique_ptr<tl::Model> model;
     std::vector<std::unique_ptr<tl_weight>> weights;  // the quantized linears, canonical order
     std::map<std::string, size_t> weight_index;
+    // The model on each device tl_score's CUDA backend used, created on first use (under gpu_mutex). A GpuModel
+    // serializes its own calls.
+    mutable std::mutex gpu_mutex;
+    mutable std::map<int32_t, std::unique_ptr<tl::GpuModel>> gpu_models;
 };

@@ -1,10 +1,10 @@
 #include "synthetic.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "cross_iter.hpp"
 #include "error.hpp"
 #include "format.hpp"
 #include "half.hpp"
@@ -49,33 +49,6 @@ std::vector<float> normal_values(Rng &rng, size_t count, double stddev, double m
     // std::fma rounds once everywhere; `mean + stddev * n` may or may not be contracted, depending on the target.
     for (float &x : v) x = static_cast<float>(std::fma(stddev, rng.normal(), mean));
     return v;
-}
-
-// The optional rounding channels of a quantized weight, from the unquantized values w[n][k]. With
-// x = (w - z)/s the exact code and r = x - q the rounding residual (|r| <= 1/2 unless clipped):
-//   frac4:    floor(|r| * 16), the 4 bits below the code's last place, same nibble layout as the codes;
-//   sign_bit: 1 where r < 0 (the code was rounded up), bit kk % 8 of byte [n][kk / 8].
-void add_rounding_channels(const float *w, QuantizedMatrix &m, bool frac4, bool sign_bit) {
-    const size_t k = static_cast<size_t>(m.k);
-    if (sign_bit && k % 8 != 0) {
-        fail(TL_ERR_INVALID_ARGUMENT, "sign_bit channel needs K divisible by 8, got K = " + std::to_string(k));
-    }
-    if (frac4) m.frac4.assign(m.n * k / 2, 0);
-    if (sign_bit) m.sign_bit.assign(m.n * k / 8, 0);
-    const int32_t groups = m.k / m.group_size;
-    for (size_t nn = 0; nn < static_cast<size_t>(m.n); ++nn) {
-        for (size_t kk = 0; kk < k; ++kk) {
-            const size_t g = nn * groups + kk / m.group_size;
-            const double s = half_to_float(m.scales[g]), z = half_to_float(m.zeros[g]);
-            const int q = (m.codes[nn * k / 2 + kk / 2] >> ((kk & 1) * 4)) & 0x0F;
-            const double r = s == 0.0 ? 0.0 : (w[nn * k + kk] - z) / s - q;
-            if (frac4) {
-                const int bits = std::min(15, static_cast<int>(std::floor(std::fabs(r) * 16.0)));
-                m.frac4[nn * k / 2 + kk / 2] |= static_cast<uint8_t>(bits << ((kk & 1) * 4));
-            }
-            if (sign_bit && r < 0.0) m.sign_bit[nn * k / 8 + kk / 8] |= static_cast<uint8_t>(1u << (kk % 8));
-        }
-    }
 }
 
 // A [n][k] weight drawn from N(0, 1/sqrt(k)), quantized or kept dense as the options say.

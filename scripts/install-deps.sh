@@ -8,9 +8,14 @@ packages=(
   build-essential cmake pkg-config git
   nlohmann-json3-dev   # JSON header of .tinyloop files
   libcli11-dev         # command-line parsing of the tinyloop tool
+  libeigen3-dev        # Cholesky factorizations of the GPTQ quantizer (header-only)
   libgtest-dev         # C++ unit tests
   libcriterion-dev     # C API conformance suite
   librust-cc-dev       # Rust build script: compiles the C++ core
+  librust-log-dev      # Rust crate: destructors log the errors they cannot return
+  librust-serde-json-dev  # Rust scoring-service example: line-delimited JSON
+  librust-criterion-dev   # Rust benchmarks (cargo bench)
+  python3              # the ctypes example (examples/python), run by CTest
 )
 # Rust toolchain: Debian's, unless one is already on PATH (e.g. rustup).
 command -v cargo >/dev/null 2>&1 || packages+=(cargo rustc)

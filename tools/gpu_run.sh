@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one script the GPU machine runs: configure + build (Release, Ninja, sm_90), the GPU and packer tests, the
 # GPU tests again under compute-sanitizer (memcheck, racecheck; small shapes), then the benchmark. Logs go to $OUT
-# (default ./gpu-out): ctest.log, sanitizer.log, bench.csv, bench.md, bench.log, build.log (and ncu.txt with
-# PROFILE=1: Nsight Compute sections of the Marlin-class kernel). Ends with a summary.
+# (default ./gpu-out): ctest.log, checks.log (precision of the worst case, spills in the SASS), sass.txt (the M <= 8
+# kernel), sanitizer.log, bench.csv, bench.md, bench.log, build.log (removed when the build succeeds), and ncu.txt
+# with PROFILE=1 (Nsight Compute sections and stall reasons of the Marlin-class kernels). Ends with a summary.
 #
 #   OUT=/path tools/gpu_run.sh            # everything
 #   SKIP_BENCH=1 SKIP_SANITIZER=1 SANITIZER_TOOLS=memcheck BENCH_ARGS=--quick tools/gpu_run.sh
@@ -34,11 +35,25 @@ if ! timeout "${BUILD_TIMEOUT:-300}" cmake --build "$BUILD" -j "$(nproc)" --targ
   exit 1
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader || true
+summary+=("build: $(grep -c 'warning' "$OUT/build.log") warning lines")
+rm -f "$OUT/build.log"  # kept only when the build fails: $OUT returns at most 8 files
 
 step ctest
 timeout "${CTEST_TIMEOUT:-300}" ctest --test-dir "$BUILD" -R 'gpu\.|pack\.' --output-on-failure -j 4 >"$OUT/ctest.log" 2>&1
 summary+=("ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)")
 grep -E "\*\*\*Failed|Timeout|Exception|FAILED" "$OUT/ctest.log" | head -20
+
+# The precision lines of the worst case (per-row scales, K = 28672) and the local-memory traffic of the kernels' SASS
+# (spills show as LDL/STL; this machine has cuobjdump, the build machine may not).
+"$BUILD/bin/tl_gpu_tests" --gtest_filter='MarlinPrecision.*' 2>&1 | grep -E '^\[precision\]' >"$OUT/checks.log"
+for obj in "$BUILD"/CMakeFiles/tinyloop_core.dir/cuda/marlin/marlin_*.cu.o; do
+  cuobjdump -sass "$obj" 2>/dev/null | awk -v f="$(basename "$obj")" '/Function :/ {name=$3} /LDL|STL/ {n[name]++}
+    END {for (k in n) printf "%s %s: %d LDL/STL\n", f, k, n[k]}'
+done >>"$OUT/checks.log"
+cat "$OUT/checks.log"
+# The SASS of the M <= 8 kernel (fused, group >= 128, 128-deep slices): what the hot loop really issues.
+cuobjdump -sass -fun '_ZN2tl3gpu6marlin20marlin_skinny_kernelILi1ELb1ELi1ELi8EEEvNS1_6ParamsE' \
+  "$BUILD"/CMakeFiles/tinyloop_core.dir/cuda/marlin/marlin_skinny_fused.cu.o >"$OUT/sass.txt" 2>&1
 
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   step sanitizer
@@ -59,20 +74,32 @@ if [ -z "${SKIP_BENCH:-}" ]; then
 fi
 
 if [ -n "${PROFILE:-}" ]; then
-  # ncu on the Marlin-class kernel of one layer (the third launch: an ordinary launch, not a graph node).
+  # ncu on the Marlin-class kernels of one layer at M = 1 and 16 (the third launch: an ordinary launch, not a graph node).
   step profile
   : >"$OUT/ncu.txt"
-  for config in "${PROFILE_LAYER:-Llama-70B gate+up}|1|marlin_fused" "${PROFILE_LAYER:-Llama-70B gate+up}|1|marlin_fused_1blk" \
-                "${PROFILE_LAYER:-Llama-70B gate+up}|64|marlin_fused"; do
+  for config in "${PROFILE_LAYER:-Llama-70B gate+up}|1|marlin_fused" "${PROFILE_LAYER:-Llama-70B gate+up}|16|marlin_fused"; do
     IFS='|' read -r layer m kernels <<<"$config"
     echo "---- $layer M=$m $kernels" >>"$OUT/ncu.txt"
-    timeout "${PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:marlin_gemm_kernel --launch-skip 2 \
+    timeout "${PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:marlin_ --launch-skip 2 \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
       --section LaunchStats --section MemoryWorkloadAnalysis \
       "$BUILD/bin/tl_bench" /tmp/ncu.csv /tmp/ncu.md --layer "$layer" --m "$m" --group 128 --kernels "$kernels" \
       >>"$OUT/ncu.txt" 2>&1
     summary+=("ncu $layer M=$m $kernels: rc=$?")
   done
+  # Stall reasons (warps per issue cycle stalled on each), M = 1; a separate run so that a metric this ncu lacks
+  # costs only this part.
+  stalls=""
+  for r in barrier long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle not_selected \
+           selected dispatch_stall no_instruction drain membar branch_resolving sleeping misc; do
+    stalls+="${stalls:+,}smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+  done
+  echo "---- stall reasons, ${PROFILE_LAYER:-Llama-70B gate+up} M=1" >>"$OUT/ncu.txt"
+  timeout "${PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:marlin_ --launch-skip 2 --launch-count 1 \
+    --metrics "$stalls,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
+    "$BUILD/bin/tl_bench" /tmp/ncu.csv /tmp/ncu.md --layer "${PROFILE_LAYER:-Llama-70B gate+up}" --m 1 --group 128 \
+    --kernels marlin_fused >>"$OUT/ncu.txt" 2>&1
+  summary+=("ncu stall reasons: rc=$?")
 fi
 
 step summary

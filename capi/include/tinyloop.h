@@ -447,7 +447,8 @@ typedef int32_t (*tl_progress_fn)(void *user_data, uint64_t done, uint64_t total
 
 typedef struct tl_score_options {
     uint32_t struct_size;
-    /** TL_BACKEND_AUTO (default): CUDA where this build and machine have a GPU, else the CPU. */
+    /** TL_BACKEND_AUTO (default): CUDA where this build and machine have a GPU (falling back to the CPU if the
+     *  GPU path declines the request, e.g. an option it does not support), else the CPU. */
     int32_t backend;
     /** CPU worker threads; 0 (default) = the machine's hardware concurrency. */
     int32_t n_threads;
@@ -462,6 +463,13 @@ typedef struct tl_score_options {
      *  Must hold token_nll_len >= n_tokens - 1 floats when not NULL (else TL_ERR_BUFFER_TOO_SMALL). */
     float *token_nll;
     size_t token_nll_len;
+    /** CUDA backend: the device (default 0) and a cudaStream_t to run on (default NULL: the library's own
+     *  stream for this model and device). The call returns when the work is done either way. */
+    int32_t device;
+    void *stream;
+    /** CUDA backend: 1 to capture each window length's forward pass in a CUDA graph and replay it; 0 (default)
+     *  runs every launch eagerly (docs/benchmarks.md has both measured). */
+    int32_t use_graphs;
 } tl_score_options;
 
 /** Fills `options` with the defaults and sets struct_size. */
@@ -481,6 +489,15 @@ typedef struct tl_score_result {
     int32_t n_windows;
     /** Wall-clock seconds spent in the call. */
     double seconds;
+    /** CUDA backend: INT4 GEMMs by dispatcher path during this call (CUDA-graph replays included), FP16 GEMMs of
+     *  dense or tied layers through cuBLAS, and calls in which a path refused and a later one ran. 0 on the CPU. */
+    uint64_t gemm_marlin_fused;
+    uint64_t gemm_marlin_correction;
+    uint64_t gemm_dequant_cublas;
+    uint64_t gemm_fp16_body;
+    uint64_t gemm_native;
+    uint64_t gemm_dense_cublas;
+    uint64_t gemm_fallbacks;
 } tl_score_result;
 
 /** Fills `result` with zeros and sets struct_size. */

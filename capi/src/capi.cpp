@@ -563,6 +563,24 @@ const tl::DeviceWeight &packed_weight(const tl_weight *weight) {
     return *weight->device;
 }
 
+// The model's GpuModel on `device`, created (uploaded and packed) on first use. Packing forms follow the dispatcher
+// settings at creation: the FP16 body only when that path is enabled (it costs 2 bytes per weight).
+tl::GpuModel &gpu_model_for(const tl_model &model, int32_t device) {
+    std::lock_guard<std::mutex> lock(model.gpu_mutex);
+    std::unique_ptr<tl::GpuModel> &slot = model.gpu_models[device];
+    if (!slot) {
+        tl::GpuModelOptions options;
+        if (tl::get_dispatch(TL_DISPATCH_FP16_BODY)) options.forms |= TL_FORM_FP16_BODY;
+        try {
+            slot = std::make_unique<tl::GpuModel>(*model.model, device, options);
+        } catch (...) {
+            model.gpu_models.erase(device);
+            throw;
+        }
+    }
+    return *slot;
+}
+
 }  // namespace
 
 TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options, tl_pack_report *out_report) {
@@ -689,36 +707,62 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
             tl::fail(TL_ERR_BUFFER_TOO_SMALL, "options->token_nll_len is " + std::to_string(opts.token_nll_len) +
                                                   ", needs n_tokens - 1 = " + std::to_string(n_tokens - 1));
         }
-        if (opts.backend == TL_BACKEND_CUDA) {
+        require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU || opts.backend == TL_BACKEND_CUDA,
+                "options->backend must be TL_BACKEND_AUTO, TL_BACKEND_CPU or TL_BACKEND_CUDA, got " +
+                    std::to_string(opts.backend));
+        require(opts.use_graphs == 0 || opts.use_graphs == 1,
+                "options->use_graphs must be 0 or 1, got " + std::to_string(opts.use_graphs));
+        if (opts.backend == TL_BACKEND_CUDA && tl::device_count() == 0) {
 #if defined(TL_WITH_CUDA)
-            if (tl::device_count() == 0) tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
-            tl::fail(TL_ERR_UNSUPPORTED, "backend CUDA: scoring on the GPU is not implemented in this version");
+            tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
 #else
             tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but this build has no CUDA support");
 #endif
         }
-        require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU,
-                "options->backend must be TL_BACKEND_AUTO, TL_BACKEND_CPU or TL_BACKEND_CUDA, got " +
-                    std::to_string(opts.backend));
 
         tl::ScoreOptions score;
         score.n_threads = opts.n_threads;
         score.window = opts.window;
         score.token_nll = opts.token_nll;
+        score.cross_iter_round = tl::get_dispatch(TL_DISPATCH_CROSS_ITER_ROUND) != 0;
         if (opts.progress != nullptr) {
             const tl_progress_fn fn = opts.progress;
             void *user = opts.progress_user_data;
             score.progress = [fn, user](uint64_t done, uint64_t total) { return fn(user, done, total) == 0; };
         }
-        const tl::ScoreResult r = tl::score_cpu(*model->model, tokens, n_tokens, score);
 
         tl_score_result result;
         std::memset(&result, 0, sizeof result);
         result.struct_size = sizeof result;
+        tl::ScoreResult r;
+        bool on_gpu = opts.backend == TL_BACKEND_CUDA || (opts.backend == TL_BACKEND_AUTO && tl::device_count() > 0);
+        if (on_gpu) {
+            try {
+                tl::GpuModel &gpu = gpu_model_for(*model, opts.device);
+                const tl::GpuScoreStats before = gpu.stats();
+                gpu.set_use_graphs(opts.use_graphs != 0);
+                r = tl::score_cuda(gpu, tokens, n_tokens, score, opts.device, opts.stream);
+                const tl::GpuScoreStats after = gpu.stats();
+                result.gemm_marlin_fused = after.dispatch.marlin_fused - before.dispatch.marlin_fused;
+                result.gemm_marlin_correction = after.dispatch.marlin_correction - before.dispatch.marlin_correction;
+                result.gemm_dequant_cublas = after.dispatch.dequant_cublas - before.dispatch.dequant_cublas;
+                result.gemm_fp16_body = after.dispatch.fp16_body - before.dispatch.fp16_body;
+                result.gemm_native = after.dispatch.native - before.dispatch.native;
+                result.gemm_fallbacks = after.dispatch.fallbacks - before.dispatch.fallbacks;
+                result.gemm_dense_cublas = after.cublas_dense - before.cublas_dense;
+            } catch (const tl::Error &e) {
+                // AUTO takes the CPU when the GPU path declines a request it does not support; real failures stand.
+                if (opts.backend != TL_BACKEND_AUTO || e.code() != TL_ERR_UNSUPPORTED) throw;
+                tl::log(TL_LOG_INFO, std::string("[score] GPU declined, scoring on the CPU: ") + e.what());
+                on_gpu = false;
+            }
+        }
+        if (!on_gpu) r = tl::score_cpu(*model->model, tokens, n_tokens, score);
+
         result.nll_sum = r.nll_sum;
         result.tokens_scored = r.tokens_scored;
         result.perplexity = r.tokens_scored > 0 ? std::exp(r.nll_sum / static_cast<double>(r.tokens_scored)) : 0.0;
-        result.backend = TL_BACKEND_CPU;
+        result.backend = on_gpu ? TL_BACKEND_CUDA : TL_BACKEND_CPU;
         result.n_windows = r.n_windows;
         result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         *out_result = result;

@@ -18,6 +18,7 @@
 
 #include "error.hpp"
 #include "format.hpp"
+#include "gptq.hpp"
 #include "quant.hpp"
 #include "synthetic.hpp"
 #include "tinyloop.h"
@@ -78,16 +79,20 @@ std::vector<int32_t> read_token_file(const std::string &path) {
     return tokens;
 }
 
-// A progress bar on stderr, drawn only when stderr is a terminal.
-int32_t draw_progress(void *, uint64_t done, uint64_t total) {
-    if (total == 0) return 0;
+// A progress bar on stderr; callers draw it only when stderr is a terminal.
+void draw_bar(const char *label, uint64_t done, uint64_t total, const char *unit) {
+    if (total == 0) return;
     const int width = 40;
     const int filled = static_cast<int>(width * done / total);
-    std::fprintf(stderr, "\r[%.*s%*s] %3d%% %llu/%llu tokens", filled, "========================================",
+    std::fprintf(stderr, "\r%s[%.*s%*s] %3d%% %llu/%llu %s", label, filled, "========================================",
                  width - filled, "", static_cast<int>(100 * done / total), static_cast<unsigned long long>(done),
-                 static_cast<unsigned long long>(total));
+                 static_cast<unsigned long long>(total), unit);
     if (done == total) std::fprintf(stderr, "\n");
     std::fflush(stderr);
+}
+
+int32_t draw_progress(void *, uint64_t done, uint64_t total) {
+    draw_bar("", done, total, "tokens");
     return 0;
 }
 
@@ -203,13 +208,24 @@ int main(int argc, char **argv) {
     make->add_flag("--sign-bit", synth.sign_bit, "write sign_bit channels");
 
     std::string in_path;
-    bool quantize_head = false;
-    auto *quantize = app.add_subcommand("quantize", "quantize a model's dense linears to INT4 (min-max)");
+    std::string method = "minmax", calib_path;
+    tl::QuantizeOptions quant;
+    auto *quantize = app.add_subcommand("quantize", "quantize a model's dense linears to INT4 (min-max or GPTQ)");
     quantize->add_option("input", in_path, "a .tinyloop/safetensors file with dense linears")->required();
     quantize->add_option("output", out_path, "the INT4 .tinyloop to write")->required();
+    quantize->add_option("--method", method, "minmax | gptq")
+        ->check(CLI::IsMember({"minmax", "gptq"}))->capture_default_str();
+    quantize->add_option("--calib", calib_path, "GPTQ calibration text (byte-level tokens)");
+    quantize->add_option("--damp", quant.gptq.damp, "GPTQ dampening, a fraction of mean(diag H)")
+        ->capture_default_str();
+    quantize->add_flag("--act-order", quant.gptq.act_order, "GPTQ: quantize inputs by decreasing activation energy");
+    quantize->add_option("--calib-window", quant.calib_window, "calibration window, 0 = the model's max_seq");
+    quantize->add_option("--threads", quant.n_threads, "CPU threads for calibration, 0 = all");
     quantize->add_option("--group-size", group_size, "0 = per row (default 128)");
-    quantize->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric min-max");
-    quantize->add_flag("--quantize-head", quantize_head, "also quantize a dense head");
+    quantize->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric INT4");
+    quantize->add_flag("--quantize-head", quant.quantize_head, "also quantize a dense head");
+    quantize->add_flag("--frac4", quant.frac4, "write frac4 cross-iteration rounding channels");
+    quantize->add_flag("--sign-bit", quant.sign_bit, "write sign_bit cross-iteration rounding channels");
 
     std::string text, token_file, backend = "auto", per_token;
     int threads = 0, window = 0;
@@ -247,25 +263,24 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (*quantize) {
+            quant.quantizer = method == "gptq" ? tl::Quantizer::Gptq : tl::Quantizer::MinMax;
+            if (quant.quantizer == tl::Quantizer::Gptq && calib_path.empty()) {
+                throw CliError("--method gptq needs --calib FILE");
+            }
+            quant.gptq.method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
+            quant.gptq.group_size = group_size >= 0 ? group_size : 128;
+            if (isatty(STDERR_FILENO)) {
+                quant.progress = [](const char *stage, uint64_t done, uint64_t total) {
+                    const bool calibrating = std::string(stage) == "calibrate";
+                    draw_bar(calibrating ? "calibrate " : "quantize  ", done, total,
+                             calibrating ? "tokens" : "linears");
+                };
+            }
+            const std::vector<int32_t> calib =
+                calib_path.empty() ? std::vector<int32_t>{} : read_text_tokens(calib_path);
             tl::LoadOptions load;
             auto model = tl::load_model(in_path, load);
-            model->config.group_size = group_size >= 0 ? group_size : 128;
-            const auto method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
-            auto requantize = [&](tl::Linear &l) {
-                if (l.quantized) throw CliError("'" + l.name + "' is already quantized; quantize takes dense linears");
-                std::vector<float> w(static_cast<size_t>(l.k) * static_cast<size_t>(l.n));
-                tl::dequantize_rows(l, 0, l.n, w.data());
-                l = tl::make_quantized_linear(l.name, tl::quantize_minmax(w.data(), l.k, l.n,
-                                                                          model->config.group_size, method));
-            };
-            for (tl::Block &b : model->pre)
-                for (int i = 0; i < 5; ++i) requantize(*b.linear(i));
-            for (int i = 0; i < 5; ++i) requantize(*model->loop.linear(i));
-            if (quantize_head && model->head_kind == tl::HeadKind::Dense) {
-                requantize(model->head);
-                model->head_kind = tl::HeadKind::Quantized;
-            }
-            tl::validate_config(model->config);
+            tl::quantize_model(*model, quant, calib);
             tl::save_model(out_path, *model);
             std::printf("wrote %s\n", out_path.c_str());
             return 0;

@@ -1,6 +1,6 @@
-// Declarations shared by the Marlin-class kernel's translation units: tile constants, kernel parameters and the
-// per-instantiation launch function (defined in marlin_kernel.cuh, instantiated in marlin_fused.cu and
-// marlin_symmetric.cu so the two halves compile in parallel).
+// Declarations shared by the Marlin-class kernels' translation units: tile constants, kernel parameters and the
+// per-instantiation launch functions (defined in marlin_kernel.cuh for M > 16 and marlin_skinny.cuh for M <= 16,
+// instantiated in marlin_{,skinny_}{fused,symmetric}.cu so that they compile in parallel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,6 +26,10 @@ constexpr int kPartialFloats = kWarps * 8 * 32 * 4;  // FP32 partial sums of one
 constexpr int stage_bytes(int mb, bool fused, int gpt) {
     return kTileK * kTileN / 2 + mb * 16 * kTileK * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
 }
+// The same for the skinny kernel: NB*8 activation rows, slices of KS k16 steps (4: 64 deep, 8: 128 deep).
+constexpr int skinny_stage_bytes(int nb, bool fused, int gpt, int ks) {
+    return ks * 16 * kTileN / 2 + nb * 8 * ks * 16 * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
+}
 
 struct Params {
     const uint16_t *x;
@@ -47,15 +51,20 @@ struct LaunchEnv {
     int sm_count;
     int max_smem_optin;
     int smem_per_sm;
-    int max_blocks_per_sm;  // 1 or 2: residency wanted for MB = 1 (marlin_set_max_blocks_per_sm)
+    int max_blocks_per_sm;  // 1 or 2: residency wanted for M <= 16 (marlin_set_max_blocks_per_sm)
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;
 };
 
-// MB: 16-row blocks per tile (1, 2, 4); FUSED: q*s + z vs (q - 8)*s; GPT: groups per 64-deep k slice (1, or 2
-// for group size 32). Returns an rc as in gpu_kernels.hpp.
+// MB: 16-row blocks per tile (2, 4: M > 16); FUSED: q*s + z vs (q - 8)*s; GPT: groups per 64-deep k slice (1, or
+// 2 for group size 32). Returns an rc as in gpu_kernels.hpp.
 template <int MB, bool FUSED, int GPT>
 int launch(Params p, const LaunchEnv &env);
+// M <= 16: NB = 8-row activation tiles per tile (1: M <= 8, 2: M <= 16); FUSED and GPT as above; KS = k16 steps
+// per slice: 4, or 8 (128-deep slices, one fold per slice) when 128 divides K and the group size (then GPT = 1).
+// p.k_tiles counts slices of KS * 16.
+template <int NB, bool FUSED, int GPT, int KS>
+int launch_skinny(Params p, const LaunchEnv &env);
 
 }  // namespace tl::gpu::marlin

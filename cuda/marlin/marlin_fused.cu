@@ -1,9 +1,7 @@
-// Instantiations of the Marlin-class kernel, fused zero-point mode (q*s + z).
+// Instantiations of the M > 16 Marlin-class kernel, fused zero-point mode (q*s + z).
 #include "marlin_kernel.cuh"
 
 namespace tl::gpu::marlin {
-template int launch<1, true, 1>(Params, const LaunchEnv &);
-template int launch<1, true, 2>(Params, const LaunchEnv &);
 template int launch<2, true, 1>(Params, const LaunchEnv &);
 template int launch<2, true, 2>(Params, const LaunchEnv &);
 template int launch<4, true, 1>(Params, const LaunchEnv &);

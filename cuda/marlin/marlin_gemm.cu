@@ -1,5 +1,5 @@
-// The public launcher of the Marlin-class GEMM: argument and shape checks, tile-height choice, dispatch to the
-// instantiation. The kernel is in marlin_kernel.cuh.
+// The public launcher of the Marlin-class GEMM: argument and shape checks, kernel and tile-height choice, dispatch
+// to the instantiation. The kernels: marlin_skinny.cuh (M <= 16), marlin_kernel.cuh (M > 16).
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
 #include "marlin_pack.hpp"
@@ -14,12 +14,20 @@ template <int MB, bool FUSED>
 int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
     return gpt == 2 ? marlin::launch<MB, FUSED, 2>(p, env) : marlin::launch<MB, FUSED, 1>(p, env);
 }
+template <int NB, bool FUSED>
+int pick_skinny_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    return gpt == 2 ? marlin::launch_skinny<NB, FUSED, 2, 4>(p, env) : marlin::launch_skinny<NB, FUSED, 1, 4>(p, env);
+}
 
+// rows_per_tile: 8 or 16 (skinny kernel), 32 or 64; slice_k: 64, or 128 (8 rows, group size a multiple of 128).
 template <bool FUSED>
-int pick_rows(int mb, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
-    switch (mb) {
-        case 1: return pick_groups<1, FUSED>(gpt, p, env);
-        case 2: return pick_groups<2, FUSED>(gpt, p, env);
+int pick_rows(int rows_per_tile, int slice_k, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    switch (rows_per_tile) {
+        case 8:
+            return slice_k == 128 ? marlin::launch_skinny<1, FUSED, 1, 8>(p, env)
+                                  : pick_skinny_groups<1, FUSED>(gpt, p, env);
+        case 16: return pick_skinny_groups<2, FUSED>(gpt, p, env);
+        case 32: return pick_groups<2, FUSED>(gpt, p, env);
         default: return pick_groups<4, FUSED>(gpt, p, env);
     }
 }
@@ -31,7 +39,9 @@ void marlin_set_max_blocks_per_sm(int blocks) {
 }
 
 size_t marlin_workspace_bytes(int sm_count) {
-    // grid * MB <= 4 * SMs: two blocks per SM for MB = 1, one for MB = 2 and 4 (partial sums of MB row blocks each).
+    // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
+    // or 64 rows above); the counters of up to two blocks per SM fit in the 256-byte rounding slack and the room
+    // that the skinny kernel's smaller partial blocks leave.
     const size_t counters = (static_cast<size_t>(sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
 }
@@ -48,18 +58,23 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     }
     const int group_size = gs == -1 ? k : gs;
     if (group_size < 1 || marlin_shape_error(k, n, group_size) != nullptr) return kRcUnsupported;
+    if (static_cast<long long>(k) * n >= (1LL << 36)) return kRcUnsupported;  // the skinny kernel's 32-bit offsets
 
     DeviceInfo dev;
     if (const int rc = current_device_info(dev)) return rc;
     const int gpt = group_size == 32 ? 2 : 1;
-    // Tile height: the smallest that covers M (up to 64 rows), lowered if even a 3-stage pipeline would not fit.
-    int mb = m <= 16 ? 1 : m <= 32 ? 2 : 4;
-    auto fits = [&](int rows) {
-        return marlin::kMinStages * marlin::stage_bytes(rows, fused, gpt) + marlin::kStaticSmemReserve <=
-               dev.max_smem_optin;
+    // Tile height: the smallest that covers M (8, 16, 32, 64 rows), lowered if even a 3-stage pipeline would not fit.
+    int rows = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
+    auto fits = [&](int r) {
+        const int stage =
+            r <= 16 ? marlin::skinny_stage_bytes(r / 8, fused, gpt, 4) : marlin::stage_bytes(r / 16, fused, gpt);
+        return marlin::kMinStages * stage + marlin::kStaticSmemReserve <= dev.max_smem_optin;
     };
-    while (mb > 1 && !fits(mb)) mb /= 2;
-    if (!fits(mb)) return kRcUnsupported;
+    while (rows > 32 && !fits(rows)) rows /= 2;
+    if (!fits(rows)) return kRcUnsupported;
+    // 128-deep slices halve the per-slice overhead of the M <= 8 kernel; two 16-row blocks of three such stages
+    // would not fit an SM's shared memory, so M <= 16 keeps 64.
+    const int slice_k = rows == 8 && k % 128 == 0 && group_size % 128 == 0 ? 128 : marlin::kTileK;
 
     marlin::Params p{};
     p.x = x;
@@ -71,8 +86,8 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.n = n;
     p.k = k;
     p.group_size = group_size;
-    p.m_slices = (m + mb * 16 - 1) / (mb * 16);
-    p.k_tiles = k / marlin::kTileK;
+    p.m_slices = (m + rows - 1) / rows;
+    p.k_tiles = k / slice_k;
     const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
     p.total_iters = static_cast<long long>(p.m_slices) * n_tiles * p.k_tiles;
     const marlin::LaunchEnv env{dev.device,        dev.sm_count,
@@ -80,7 +95,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
                                 g_max_blocks_per_sm.load(std::memory_order_relaxed),
                                 workspace,          workspace_bytes,
                                 stream};
-    return fused ? pick_rows<true>(mb, gpt, p, env) : pick_rows<false>(mb, gpt, p, env);
+    return fused ? pick_rows<true>(rows, slice_k, gpt, p, env) : pick_rows<false>(rows, slice_k, gpt, p, env);
 }
 
 }  // namespace tl::gpu

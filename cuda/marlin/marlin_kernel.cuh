@@ -1,6 +1,6 @@
-// The Marlin-class INT4 x FP16 GEMM kernel (SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
-// tl::marlin_pack (cpp/marlin_pack.hpp documents the layout). Written for this project; upstream Marlin was read
-// to understand the technique, nothing was copied.
+// The Marlin-class INT4 x FP16 GEMM kernel for M > 16 (SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
+// tl::marlin_pack (cpp/marlin_pack.hpp documents the layout). M <= 16 runs marlin_skinny.cuh instead. Written for
+// this project; upstream Marlin was read to understand the technique, nothing was copied.
 //
 // Shape of the computation
 //  - A block of 8 warps owns a tile of MB*16 rows x 512 columns; warp w owns the 64-column strip w of the tile
@@ -23,14 +23,7 @@
 // varies between runs (results may differ by FP32 rounding, at most about 1 FP16 ulp).
 #pragma once
 
-#include <cuda_fp16.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-
-#include "../gpu_common.cuh"
-#include "marlin.cuh"
+#include "marlin_device.cuh"
 
 namespace tl::gpu::marlin {
 
@@ -42,69 +35,6 @@ struct Smem {
     static constexpr int kStage = stage_bytes(MB, FUSED, GPT);
     static_assert(kStage == kB + kA + kS * (FUSED ? 2 : 1), "stage layout: [weights | activations | scales | zeros]");
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Plain cp.async.cg (L2 only, no L1 allocation for streamed data). No L2 cache-policy hint: the
-// createpolicy + .L2::cache_hint pair faults with an illegal instruction on the project's H200.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-// Copies 16 bytes, or writes 16 zero bytes when !valid (src must still be a valid address).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// wait_group takes an immediate; the pipeline depth is a launch parameter (it depends on the device's shared
-// memory), so pick the immediate with a block-uniform switch.
-__device__ __forceinline__ void cp_async_wait_pending(int pending) {
-    switch (pending) {
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        case 3: cp_async_wait<3>(); break;
-        case 4: cp_async_wait<4>(); break;
-        case 5: cp_async_wait<5>(); break;
-        default: cp_async_wait<6>(); break;
-    }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (a & b) | c in one instruction.
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-__device__ __forceinline__ half2 as_h2(uint32_t u) {
-    half2 h;
-    memcpy(&h, &u, sizeof h);
-    return h;
-}
-__device__ __forceinline__ uint32_t as_u32(half2 h) {
-    uint32_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
 
 // One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1).
 // (q & 0x000F000F) | 0x6400 6400 is the FP16 pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q,
@@ -146,19 +76,6 @@ __device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&
     }
 }
 
-__device__ __forceinline__ void add_partial(float *dst, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(a, b));  // one vector RED on Hopper
-#else
-    atomicAdd(dst, a);
-    atomicAdd(dst + 1, b);
-#endif
-}
-
-__device__ __forceinline__ void store_half2(uint16_t *y, float a, float b) {
-    *reinterpret_cast<half2 *>(y) = __floats2half2_rn(a, b);
-}
-
 struct Cursor {
     int tile;
     int kt;
@@ -171,7 +88,7 @@ struct Cursor {
 };
 
 template <int MB, bool FUSED, int GPT>
-__global__ void __launch_bounds__(kThreads, MB == 1 ? 2 : 1) marlin_gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p) {
     using L = Smem<MB, FUSED, GPT>;
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int last_contributor;
@@ -382,54 +299,10 @@ __global__ void __launch_bounds__(kThreads, MB == 1 ? 2 : 1) marlin_gemm_kernel(
 
 template <int MB, bool FUSED, int GPT>
 int launch(Params p, const LaunchEnv &env) {
-    constexpr int kStage = stage_bytes(MB, FUSED, GPT);
-    const auto kernel = marlin_gemm_kernel<MB, FUSED, GPT>;
-    // Pipeline depth per (device, resident blocks per SM): 0 = not set up yet, -1 = that residency does not fit.
+    static_assert(MB >= 2, "M <= 16 runs the skinny kernel");
     static std::atomic<int> stages_cache[64][2];
-    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
-    // Small M (MB = 1, <= 128 registers) runs two blocks per SM: the 8 warps of one block advance in lock-step
-    // through a barrier per k slice, and a second, independent block fills their dependency stalls.
-    const int wanted = MB == 1 ? env.max_blocks_per_sm : 1;
-    for (int per_sm = wanted; per_sm >= 1; --per_sm) {
-        std::atomic<int> &cached = stages_cache[env.device][per_sm - 1];
-        int stages = cached.load(std::memory_order_relaxed);
-        if (stages == 0) {
-            // As deep as shared memory allows for this residency (up to kMaxStages).
-            const int budget = std::min(env.max_smem_optin, env.smem_per_sm / per_sm - kPerBlockSystemSmem) -
-                               kStaticSmemReserve;
-            stages = std::min(kMaxStages, budget / kStage);
-            const int deepest = std::min(kMaxStages, (env.max_smem_optin - kStaticSmemReserve) / kStage);
-            if (stages >= kMinStages) {
-                TL_GPU_CHECK(
-                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, deepest * kStage));
-                int resident = 0;
-                TL_GPU_CHECK(
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, stages * kStage));
-                if (resident < per_sm) stages = -1;
-            } else {
-                stages = -1;
-            }
-            cached.store(stages, std::memory_order_relaxed);
-        }
-        if (stages < 0) continue;
-        p.stages = stages;
-        // A grid of per_sm blocks per SM; for MB > 1 at least kMinItersPerBlock k slices each, so that a small
-        // layer does not cut each tile between dozens of blocks (their same-address FP32 additions serialize in L2:
-        // run 3 measured 44 us for a 2048 x 2048 layer at M = 64 with 32 contributors per tile).
-        const long long min_iters = MB == 1 ? 1 : kMinItersPerBlock;
-        const long long grid =
-            std::max(1LL, std::min(static_cast<long long>(env.sm_count) * per_sm, p.total_iters / min_iters));
-        const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
-        if (counter_bytes + static_cast<size_t>(grid) * MB * kPartialFloats * sizeof(float) > env.workspace_bytes) {
-            return kRcWorkspace;
-        }
-        p.counters = static_cast<int *>(env.workspace);
-        p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
-        kernel<<<static_cast<unsigned>(grid), kThreads, stages * kStage, env.stream>>>(p);
-        TL_GPU_CHECK_LAUNCH();
-        return 0;
-    }
-    return kRcUnsupported;
+    return launch_kernel(marlin_gemm_kernel<MB, FUSED, GPT>, p, env, stage_bytes(MB, FUSED, GPT), 1,
+                         kMinItersPerBlock, MB * kPartialFloats, stages_cache);
 }
 
 }  // namespace tl::gpu::marlin

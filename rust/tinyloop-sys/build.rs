@@ -1,21 +1,35 @@
 //! Builds (or finds) the TinyLoop C library for the bindings.
 //!
-//! Default: compiles the C++ core with the `cc` crate from `cpp/sources.txt`, the same list CMake reads, into
-//! a static library. With `TINYLOOP_LIB_DIR` set: links the prebuilt shared `libtinyloop` found there.
-//! Neither path needs a GPU (there is no CUDA feature yet).
+//! Default: compiles the C++ core with the `cc` crate from `cpp/sources.txt`, the same list CMake reads, into a
+//! static library. With the `cuda` feature: also the CUDA sources of `cuda/sources.txt` through nvcc (the `cc`
+//! crate's CUDA support), for the architectures of `TINYLOOP_CUDA_ARCHS` (default `80;86;89;90`), and links the
+//! static CUDA runtime and cuBLAS. With `TINYLOOP_LIB_DIR` set: links the prebuilt shared `libtinyloop` found
+//! there instead. No path needs a GPU or `nvidia-smi`.
 
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The GPUs the project supports: Ampere (80, 86), Ada (89), Hopper (90). Same default as CMakeLists.txt.
+const DEFAULT_CUDA_ARCHS: &str = "80;86;89;90";
+
 fn main() {
     println!("cargo:rerun-if-env-changed=TINYLOOP_LIB_DIR");
     if let Some(dir) = env::var_os("TINYLOOP_LIB_DIR") {
+        if cuda_feature() {
+            println!(
+                "cargo:warning=TINYLOOP_LIB_DIR is set: the `cuda` feature has no effect, the prebuilt library decides"
+            );
+        }
         link_prebuilt(Path::new(&dir));
     } else {
         build_from_source();
     }
+}
+
+fn cuda_feature() -> bool {
+    env::var_os("CARGO_FEATURE_CUDA").is_some()
 }
 
 fn link_prebuilt(dir: &Path) {
@@ -26,26 +40,22 @@ fn link_prebuilt(dir: &Path) {
     println!("cargo:rustc-link-lib=dylib=tinyloop");
 }
 
+/// Where the CUDA toolkit is and what it builds for.
+struct CudaToolkit {
+    root: PathBuf,
+    version: String,
+    /// Architecture names as nvcc spells them after `sm_` (e.g. "90", "90a").
+    archs: Vec<String>,
+}
+
 fn build_from_source() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let repo_root = manifest_dir.join("..").join("..");
-    let source_list = repo_root.join("cpp").join("sources.txt");
-    let list_text = fs::read_to_string(&source_list).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {}: {e}. tinyloop-sys builds the library from the TinyLoop repository it lives in; \
-             outside it, set TINYLOOP_LIB_DIR to a directory holding a prebuilt libtinyloop",
-            source_list.display()
-        )
-    });
-    println!("cargo:rerun-if-changed={}", source_list.display());
-
-    let sources = parse_source_list(&list_text);
-    if sources.is_empty() {
-        panic!("{} lists no sources", source_list.display());
-    }
+    let cxx_sources = read_source_list(&repo_root, "cpp/sources.txt");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let generated = out_dir.join("generated");
     fs::create_dir_all(&generated).expect("create OUT_DIR/generated");
+    let cuda = cuda_feature().then(find_cuda);
 
     let mut build = cc::Build::new();
     build
@@ -57,33 +67,150 @@ fn build_from_source() {
         .include(&generated)
         // nlohmann/json.hpp (header-only, Debian's nlohmann-json3-dev).
         .include("/usr/include")
+        // Eigen/Cholesky for the GPTQ quantizer (header-only, Debian's libeigen3-dev).
+        .include("/usr/include/eigen3")
         .define("TINYLOOP_BUILDING_LIBRARY", None);
-    for source in &sources {
-        let path = repo_root.join(source);
-        if !path.is_file() {
-            panic!("{} lists {source}, which does not exist", source_list.display());
-        }
-        println!("cargo:rerun-if-changed={}", path.display());
-        build.file(path);
+    if let Some(cuda) = &cuda {
+        // gpu_backend.cpp includes the CUDA runtime, cuBLAS and cuda/gpu_kernels.hpp.
+        build.define("TL_WITH_CUDA", "1").include(repo_root.join("cuda")).include(cuda.root.join("include"));
     }
+    build.files(&cxx_sources);
     // The sources include headers from these folders; cargo watches a folder's whole tree.
-    for dir in [repo_root.join("cpp"), repo_root.join("capi").join("include")] {
-        println!("cargo:rerun-if-changed={}", dir.display());
+    for dir in ["cpp", "capi/include"] {
+        println!("cargo:rerun-if-changed={}", repo_root.join(dir).display());
     }
-
-    write_build_info(&generated.join("build_info.hpp"), &compiler_description(&build));
+    write_build_info(&generated.join("build_info.hpp"), &compiler_description(&build), cuda.as_ref());
     // cc links the C++ standard library (libstdc++ with GCC on Linux) itself because cpp(true) is set.
     build.compile("tinyloop");
+
+    if let Some(cuda) = &cuda {
+        build_cuda(&repo_root, &generated, cuda);
+    }
     println!("cargo:rustc-link-lib=pthread");
 }
 
-/// Non-empty lines of `cpp/sources.txt` with `#` comments removed: paths relative to the repository root.
-fn parse_source_list(text: &str) -> Vec<String> {
-    text.lines()
+/// Compiles the CUDA sources with nvcc into a second static library and links the CUDA libraries. Both
+/// archives are bundled into this crate's rlib, so the calls between them (each way) resolve in one archive.
+fn build_cuda(repo_root: &Path, generated: &Path, cuda: &CudaToolkit) {
+    let sources = read_source_list(repo_root, "cuda/sources.txt");
+    println!("cargo:rerun-if-changed={}", repo_root.join("cuda").display());
+    let nvcc = cuda.root.join("bin").join("nvcc");
+    if !nvcc.is_file() {
+        panic!("the `cuda` feature needs nvcc, and {} does not exist (set CUDA_HOME)", nvcc.display());
+    }
+    // cc takes nvcc from the NVCC variable; the toolkit found above wins over a `nvcc` on PATH.
+    if env::var_os("NVCC").is_none() {
+        env::set_var("NVCC", &nvcc);
+    }
+    let mut build = cc::Build::new();
+    build
+        .cuda(true)
+        .cudart("static")
+        .flag("-std=c++17")
+        .flag("--expt-relaxed-constexpr")
+        .flag("-lineinfo")
+        // cc passes -G for a debug profile, which makes device code unoptimised and very slow: never for kernels.
+        .debug(false)
+        .opt_level(2)
+        .include(repo_root.join("cuda"))
+        .include(repo_root.join("cpp"))
+        .include(repo_root.join("capi").join("include"))
+        .include(generated)
+        .define("TINYLOOP_BUILDING_LIBRARY", None)
+        .define("TL_WITH_CUDA", "1");
+    for arch in &cuda.archs {
+        build.flag(&format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+    }
+    // PTX of the newest architecture too, so that a newer GPU can compile the kernels at load time.
+    if let Some(newest) = cuda.archs.last() {
+        build.flag(&format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
+    }
+    build.files(&sources);
+    build.compile("tinyloop_cuda");
+
+    let lib64 = cuda.root.join("lib64");
+    println!("cargo:rustc-link-search=native={}", lib64.display());
+    println!("cargo:rustc-link-lib=dylib=cublas");
+    // What the static CUDA runtime needs from the system.
+    for lib in ["dl", "rt"] {
+        println!("cargo:rustc-link-lib={lib}");
+    }
+}
+
+fn find_cuda() -> CudaToolkit {
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=TINYLOOP_CUDA_ARCHS");
+    let root = env::var_os("CUDA_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/local/cuda"));
+    let version = Command::new(root.join("bin").join("nvcc"))
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| parse_nvcc_release(&String::from_utf8_lossy(&out.stdout)))
+        .unwrap_or_default();
+    let archs_text = env::var("TINYLOOP_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_CUDA_ARCHS.to_owned());
+    let archs = parse_cuda_archs(&archs_text).unwrap_or_else(|bad| {
+        panic!("TINYLOOP_CUDA_ARCHS={archs_text:?}: {bad:?} is not an architecture like 90 or 90a")
+    });
+    if archs.is_empty() {
+        panic!("TINYLOOP_CUDA_ARCHS={archs_text:?} names no architecture");
+    }
+    CudaToolkit { root, version, archs }
+}
+
+/// "80;86,90a" -> ["80", "86", "90a"]: separated by ';', ',' or spaces; digits with an optional letter suffix.
+fn parse_cuda_archs(text: &str) -> Result<Vec<String>, String> {
+    text.split(|c: char| c == ';' || c == ',' || c.is_whitespace())
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            let digits = item.trim_end_matches(|c: char| c.is_ascii_lowercase());
+            let valid =
+                !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && item.len() - digits.len() <= 1;
+            if valid {
+                Ok(item.to_owned())
+            } else {
+                Err(item.to_owned())
+            }
+        })
+        .collect()
+}
+
+/// "Cuda compilation tools, release 13.0, V13.0.88" -> "13.0.88".
+fn parse_nvcc_release(text: &str) -> Option<String> {
+    let line = text.lines().find(|line| line.contains("release"))?;
+    let version = line.rsplit(", V").next()?.trim();
+    Some(version.to_owned())
+}
+
+/// The paths in a source list (`#` comments, blank lines skipped), resolved against the repository root and
+/// checked to exist.
+fn read_source_list(repo_root: &Path, list: &str) -> Vec<PathBuf> {
+    let list_path = repo_root.join(list);
+    let text = fs::read_to_string(&list_path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {}: {e}. tinyloop-sys builds the library from the TinyLoop repository it lives in; \
+             outside it, set TINYLOOP_LIB_DIR to a directory holding a prebuilt libtinyloop",
+            list_path.display()
+        )
+    });
+    println!("cargo:rerun-if-changed={}", list_path.display());
+    let sources: Vec<PathBuf> = text
+        .lines()
         .map(|line| line.split('#').next().unwrap_or("").trim())
         .filter(|line| !line.is_empty())
-        .map(str::to_owned)
-        .collect()
+        .map(|source| {
+            let path = repo_root.join(source);
+            if !path.is_file() {
+                panic!("{} lists {source}, which does not exist", list_path.display());
+            }
+            println!("cargo:rerun-if-changed={}", path.display());
+            path
+        })
+        .collect();
+    if sources.is_empty() {
+        panic!("{} lists no sources", list_path.display());
+    }
+    sources
 }
 
 /// "GNU 12.2.0" / "Clang 16.0.6", like CMake's "${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}".
@@ -108,19 +235,36 @@ fn compiler_description(build: &cc::Build) -> String {
 }
 
 /// The equivalent of what CMake generates from `cpp/build_info.hpp.in`.
-fn write_build_info(path: &Path, compiler: &str) {
+fn write_build_info(path: &Path, compiler: &str, cuda: Option<&CudaToolkit>) {
+    let (cuda_version, cuda_archs) = match cuda {
+        // tl_build_info reports architectures as integers, as CMake's list does ("90a" -> 90).
+        Some(cuda) => (
+            cuda.version.clone(),
+            cuda.archs
+                .iter()
+                .map(|arch| arch.trim_end_matches(|c: char| c.is_ascii_lowercase()))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        None => (String::new(), String::new()),
+    };
     let text = format!(
         "// Generated by rust/tinyloop-sys/build.rs (the equivalent of cpp/build_info.hpp.in).\n\
          #pragma once\n\
          #define TL_BUILD_COMPILER {}\n\
          #define TL_BUILD_TYPE {}\n\
-         #define TL_BUILD_CUDA_VERSION \"\"\n\
-         #define TL_BUILD_CUDA_ARCHS \"\"\n",
+         #define TL_BUILD_CUDA_VERSION {}\n\
+         #define TL_BUILD_CUDA_ARCHS {}\n",
         c_string_literal(compiler),
         // The C++ core is always built at -O2 whatever cargo's profile.
         c_string_literal("cargo -O2"),
+        c_string_literal(&cuda_version),
+        c_string_literal(&cuda_archs),
     );
-    fs::write(path, text).expect("write build_info.hpp");
+    // Rewritten only when it changes, so that an unchanged build does not recompile what includes it.
+    if fs::read_to_string(path).ok().as_deref() != Some(text.as_str()) {
+        fs::write(path, text).expect("write build_info.hpp");
+    }
 }
 
 fn c_string_literal(text: &str) -> String {

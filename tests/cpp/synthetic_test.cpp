@@ -152,7 +152,8 @@ TEST(Synthetic, QuantizedModelIsTheDenseOneQuantizedWithItsChannels) {
             ASSERT_EQ(std::memcmp(q[i]->scales, expected.scales.data(), expected.scales.size() * 2), 0);
             ASSERT_NE(q[i]->frac4, nullptr);
             ASSERT_NE(q[i]->sign_bit, nullptr);
-            // The channels refine the code: q -/+ frac4/16 is within 1/16 of the exact (w - z)/s.
+            // The channels refine the code: q - 1/2 + frac4/16 is the exact (w - z)/s cut to 1/16 (except where
+            // the bucket is clipped at 0 or 15), and sign_bit says whether it lies below q.
             for (int32_t nn = 0; nn < q[i]->n; ++nn)
                 for (int32_t kk = 0; kk < q[i]->k; ++kk) {
                     const size_t g = static_cast<size_t>(nn) * q[i]->n_groups() + kk / q[i]->group_size;
@@ -161,11 +162,15 @@ TEST(Synthetic, QuantizedModelIsTheDenseOneQuantizedWithItsChannels) {
                     const size_t at = static_cast<size_t>(nn) * q[i]->k + kk;
                     const int frac = (q[i]->frac4[at / 2] >> ((kk & 1) * 4)) & 0xF;
                     const bool negative = (q[i]->sign_bit[at / 8] >> (kk % 8)) & 1;
-                    const double refined = tl::code_at(*q[i], kk, nn) + (negative ? -frac : frac) / 16.0;
-                    // What is left lies on the side sign_bit names, below one frac4 step.
-                    const double left = negative ? refined - exact : exact - refined;
-                    ASSERT_GE(left, -1e-9) << "n " << nn << " k " << kk;
-                    ASSERT_LT(left, 1.0 / 16 + 1e-9) << "n " << nn << " k " << kk;
+                    const int code = tl::code_at(*q[i], kk, nn);
+                    const double floor16 = code - 0.5 + frac / 16.0;
+                    if (frac > 0) {
+                        ASSERT_GE(exact, floor16 - 1e-9) << "n " << nn << " k " << kk;
+                    }
+                    if (frac < 15) {
+                        ASSERT_LT(exact, floor16 + 1.0 / 16 + 1e-9) << "n " << nn << " k " << kk;
+                    }
+                    ASSERT_EQ(negative, exact < code) << "n " << nn << " k " << kk;
                 }
         }
     }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ std::vector<GemmShape> gemm_shapes() {
         {16, 64, 8192, 32, false, ""},     {33, 192, 1536, 64, false, ""},    {64, 3072, 512, 128, false, ""},
         {255, 128, 4096, 128, false, ""},  {1024, 1024, 512, 32, false, ""},  {100, 640, 960, 128, false, ""},
         {48, 256, 320, 256, false, ""},
+        // M <= 16 (the skinny kernel): partial 8-row tiles, group 32 / 64 / 192 (a fold every 64 k), per row, 128-deep
+        // slices (K = 384: three of them), per row with K % 128 != 0 (64-deep slices).
+        {9, 1024, 1536, 32, false, ""},    {13, 1152, 320, 192, false, ""},   {5, 512, 704, 64, false, ""},
+        {3, 28672, 1024, 28672, false, ""}, {4, 384, 256, 128, false, ""},     {2, 320, 192, 320, false, ""},
         // The benchmark layers of H200-NOTES (K x N).
         {1, 2048, 6144, 128, true, "tl_qkv"},       {16, 2048, 2048, 2048, true, "tl_out"},
         {64, 2048, 16384, 128, true, "tl_gateup"},  {7, 8192, 2048, 128, true, "tl_down"},
@@ -187,6 +192,54 @@ TEST(MarlinGemmResidency, OneAndTwoBlocksPerSmMatchReference) {
             std::vector<uint16_t> y;
             CUDA_OK(dy.download(y));
             EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << blocks << " block(s) per SM";
+        }
+    }
+}
+
+// The worst case for precision: per-row scales with K = 28672 (the unscaled sums of the skinny kernel carry a
+// 1024 * sum(x) bias), M = 1, 8 and 16, every element against FP64. Prints the measured relative errors.
+TEST(MarlinPrecision, PerRowLongK) {
+    if (tlt::g_quick) GTEST_SKIP() << "quick mode";
+    const int k = 28672, n = 1024;
+    const tlt::Int4Weight w = tlt::random_weight(k, n, k);
+    const tl::MarlinPacked fused = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, k,
+                                                   tl::MarlinMode::Fused);
+    const tl::MarlinPacked sym = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, k,
+                                                 tl::MarlinMode::Symmetric);
+    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+    DeviceBuffer<uint16_t> dx(static_cast<size_t>(16) * k), dy(static_cast<size_t>(16) * n), ds(fused.scales.size()),
+        dz(fused.zeros.size()), dss(sym.scales.size());
+    DeviceBuffer<uint32_t> dwf(fused.words.size()), dws(sym.words.size());
+    DeviceBuffer<float> ddelta(sym.delta.size());
+    DeviceBuffer<uint8_t> work(ws_bytes);
+    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dwf.ok(), dws.ok(), ddelta.ok(), work.ok()}) ASSERT_TRUE(ok);
+    CUDA_OK(dwf.upload(fused.words));
+    CUDA_OK(ds.upload(fused.scales));
+    CUDA_OK(dz.upload(fused.zeros));
+    CUDA_OK(dws.upload(sym.words));
+    CUDA_OK(dss.upload(sym.scales));
+    CUDA_OK(ddelta.upload(sym.delta));
+    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    for (const int m : {1, 8, 16}) {
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
+        CUDA_OK(cudaMemcpy(dx.get(), x.data(), x.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        const std::vector<double> ref = tlt::reference_gemm(x, m, w, {});
+        for (const bool fused_mode : {true, false}) {
+            CUDA_OK(dy.poison());
+            const int rc = fused_mode ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), m, n, k,
+                                                             -1, true, work.get(), ws_bytes, nullptr)
+                                      : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(),
+                                                                       dy.get(), m, n, k, -1, work.get(), ws_bytes,
+                                                                       nullptr);
+            ASSERT_EQ(0, rc);
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> y;
+            CUDA_OK(dy.download(y));
+            y.resize(static_cast<size_t>(m) * n);
+            const ::testing::AssertionResult r = tlt::matches(y, m, n, ref, {}, 2e-3);
+            std::printf("[precision] per row, K = %d, N = %d, M = %2d, %s: %s\n", k, n, m,
+                        fused_mode ? "fused    " : "symmetric", r.message());
+            EXPECT_TRUE(r) << "M = " << m << (fused_mode ? " fused" : " symmetric");
         }
     }
 }

@@ -166,6 +166,50 @@ TEST(GpuApi, DeviceInfo) {
     EXPECT_EQ(tl_device_info(count, &p), TL_ERR_INVALID_ARGUMENT);
 }
 
+// The whole fixture packs (10 of 10 weights), every weight runs on the fused Marlin-class path with no fallback,
+// and the first-dispatch line is logged exactly once. The line is once per process: this test comes before every
+// other test that dispatches, so it also holds when the whole binary runs in one process (compute-sanitizer).
+TEST(GpuApi, ModelPackAndFirstDispatchLog) {
+    static std::vector<std::string> lines;
+    ASSERT_EQ(tl_set_log_callback([](void *, int32_t, const char *msg) { lines.emplace_back(msg); }, nullptr,
+                                  TL_LOG_INFO),
+              TL_OK);
+    tl_model *model = nullptr;
+    TL_OK_(tl_model_load(TL_TEST_FIXTURE, nullptr, &model));
+    tl_pack_report report;
+    tl_pack_report_init(&report);
+    TL_OK_(tl_pack_marlin(model, nullptr, &report));
+    EXPECT_EQ(report.weights_uploaded, 10u);
+    EXPECT_EQ(report.weights_packed, 10u);
+    EXPECT_EQ(report.weights_not_packable, 0u);
+    select(Path::Fused);
+    size_t n = 0;
+    TL_OK_(tl_model_weight_count(model, &n));
+    for (int round = 0; round < 2; ++round) {
+        for (size_t i = 0; i < n; ++i) {
+            const tl_weight *w = nullptr;
+            TL_OK_(tl_model_weight_at(model, i, &w));
+            const Problem pr = make_problem(w, 16);
+            EXPECT_LE(run_gemm(w, pr), 2e-3) << i;
+        }
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const tl_weight *w = nullptr;
+        TL_OK_(tl_model_weight_at(model, i, &w));
+        const tl_dispatch_counts c = counts_of(w);
+        EXPECT_EQ(c.marlin_fused, 2u) << i;
+        EXPECT_EQ(c.native + c.fallbacks + c.marlin_correction + c.dequant_cublas + c.fp16_body, 0u) << i;
+    }
+    int first_dispatch = 0;
+    for (const std::string &l : lines) {
+        if (l.rfind("[marlin] first dispatch ok: BT=16 N=", 0) == 0) ++first_dispatch;
+        std::printf("log: %s\n", l.c_str());
+    }
+    EXPECT_EQ(first_dispatch, 1);
+    tl_set_log_callback(nullptr, nullptr, TL_LOG_ERROR);
+    tl_model_free(model);
+}
+
 // Every path on packable shapes (M from 1, per group and per row) gives the reference within 2e-3 and
 // counts itself; a shape the Marlin-class kernel does not take runs on the native kernel whatever is selected.
 TEST(GpuApi, EveryPathMatchesTheReference) {
@@ -240,49 +284,6 @@ TEST(GpuApi, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
     WeightPtr unpacked = random_weight(256, 128, 64);
     EXPECT_EQ(tl_quant_gemm(unpacked.get(), x.ptr, y.ptr, 4, nullptr, ws.ptr, ws_bytes), TL_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(tl_last_error_message()).find("tl_weight_pack_marlin"), std::string::npos);
-}
-
-// The whole fixture packs (10 of 10 weights), every weight runs on the fused Marlin-class path with no fallback,
-// and the first-dispatch line is logged exactly once.
-TEST(GpuApi, ModelPackAndFirstDispatchLog) {
-    static std::vector<std::string> lines;
-    ASSERT_EQ(tl_set_log_callback([](void *, int32_t, const char *msg) { lines.emplace_back(msg); }, nullptr,
-                                  TL_LOG_INFO),
-              TL_OK);
-    tl_model *model = nullptr;
-    TL_OK_(tl_model_load(TL_TEST_FIXTURE, nullptr, &model));
-    tl_pack_report report;
-    tl_pack_report_init(&report);
-    TL_OK_(tl_pack_marlin(model, nullptr, &report));
-    EXPECT_EQ(report.weights_uploaded, 10u);
-    EXPECT_EQ(report.weights_packed, 10u);
-    EXPECT_EQ(report.weights_not_packable, 0u);
-    select(Path::Fused);
-    size_t n = 0;
-    TL_OK_(tl_model_weight_count(model, &n));
-    for (int round = 0; round < 2; ++round) {
-        for (size_t i = 0; i < n; ++i) {
-            const tl_weight *w = nullptr;
-            TL_OK_(tl_model_weight_at(model, i, &w));
-            const Problem pr = make_problem(w, 16);
-            EXPECT_LE(run_gemm(w, pr), 2e-3) << i;
-        }
-    }
-    for (size_t i = 0; i < n; ++i) {
-        const tl_weight *w = nullptr;
-        TL_OK_(tl_model_weight_at(model, i, &w));
-        const tl_dispatch_counts c = counts_of(w);
-        EXPECT_EQ(c.marlin_fused, 2u) << i;
-        EXPECT_EQ(c.native + c.fallbacks + c.marlin_correction + c.dequant_cublas + c.fp16_body, 0u) << i;
-    }
-    int first_dispatch = 0;
-    for (const std::string &l : lines) {
-        if (l.rfind("[marlin] first dispatch ok: BT=16 N=", 0) == 0) ++first_dispatch;
-        std::printf("log: %s\n", l.c_str());
-    }
-    EXPECT_EQ(first_dispatch, 1);
-    tl_set_log_callback(nullptr, nullptr, TL_LOG_ERROR);
-    tl_model_free(model);
 }
 
 int main(int argc, char **argv) {

@@ -139,6 +139,38 @@ TEST(MarlinPack, WordsFollowTheDocumentedFragmentOrder) {
     }
 }
 
+// The second reading of the same words, used by the M <= 16 kernel: word w of lane L is the mma.m16n8k16 A
+// fragment of the 16 x 16 tile (rows = columns 16w + r of the strip, columns = k), written here from the PTX
+// fragment definition: register i (nibbles i and i + 4, the low half first) holds row L/4 + 8 (i & 1), columns
+// 2 (L % 4) + 8 (i >> 1) + {0, 1}.
+TEST(MarlinPack, WordsAreMmaAFragments) {
+    std::mt19937_64 rng(std::random_device{}());
+    const int32_t k = 128, n = 128, gs = 64;
+    const RawInt4 w = random_int4(k, n, gs, rng);
+    const tl::MarlinPacked p =
+        tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, gs, tl::MarlinMode::Fused);
+    for (int32_t strip = 0; strip < n / 64; ++strip) {
+        for (int32_t kb = 0; kb < k / 16; ++kb) {
+            for (int32_t lane = 0; lane < 32; ++lane) {
+                for (int32_t word = 0; word < 4; ++word) {
+                    const uint32_t v = p.words[((static_cast<size_t>(strip) * (k / 16) + kb) * 32 + lane) * 4 + word];
+                    for (int32_t reg = 0; reg < 4; ++reg) {
+                        for (int32_t half = 0; half < 2; ++half) {
+                            const int32_t row = lane / 4 + 8 * (reg & 1);
+                            const int32_t col = 2 * (lane % 4) + 8 * (reg >> 1) + half;
+                            const int32_t nn = strip * 64 + 16 * word + row, kk = kb * 16 + col;
+                            const uint8_t byte = w.codes[static_cast<size_t>(nn) * (k / 2) + kk / 2];
+                            const uint32_t code = (byte >> ((kk & 1) * 4)) & 0xF;
+                            ASSERT_EQ((v >> (4 * (reg + 4 * half))) & 0xF, code)
+                                << "strip " << strip << " k block " << kb << " lane " << lane << " word " << word;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 // Symmetric form: for every cell, (q - 8)s + delta equals the library's dequantized W = q*s + z.
 TEST(MarlinPack, DeltaMatchesDequantize) {
     std::mt19937_64 rng(std::random_device{}());

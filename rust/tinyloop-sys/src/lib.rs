@@ -289,6 +289,12 @@ c_structs! {
         /// Optional output: NLL of token i + 1 at index i.
         pub token_nll: *mut f32,
         pub token_nll_len: usize,
+        /// CUDA backend: the device (default 0).
+        pub device: i32,
+        /// CUDA backend: a `cudaStream_t`, or NULL for the library's own stream.
+        pub stream: *mut c_void,
+        /// CUDA backend: 1 to capture each window length's forward pass in a CUDA graph.
+        pub use_graphs: i32,
     }
 
     /// What `tl_score` reports.
@@ -301,6 +307,15 @@ c_structs! {
         pub backend: i32,
         pub n_windows: i32,
         pub seconds: f64,
+        /// CUDA backend: INT4 GEMMs by dispatcher path during the call, FP16 GEMMs of dense or tied layers, and
+        /// fallbacks. 0 on the CPU.
+        pub gemm_marlin_fused: u64,
+        pub gemm_marlin_correction: u64,
+        pub gemm_dequant_cublas: u64,
+        pub gemm_fp16_body: u64,
+        pub gemm_native: u64,
+        pub gemm_dense_cublas: u64,
+        pub gemm_fallbacks: u64,
     }
 
     /// What `tl_device_info` reports.

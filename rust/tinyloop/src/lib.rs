@@ -1,27 +1,51 @@
 //! Safe Rust API for TinyLoop INT4: load `.tinyloop` models (looped transformers with asymmetric INT4 weights
-//! `W = q * s + z`), inspect, quantize and dequantize INT4 weights, and score token sequences.
+//! `W = q * s + z`), inspect, quantize and dequantize INT4 weights, score token sequences, and run the INT4 x
+//! FP16 GEMM on a GPU with device buffers and workspaces this crate owns.
 //!
-//! The crate wraps the C API (`capi/include/tinyloop.h`, through `tinyloop-sys`); no `unsafe` is needed to use
-//! it. Every fallible call returns [`Error`], which carries the kind of failure and the library's message for
-//! it. A [`Model`] is read-only once loaded: it is `Send` and `Sync`, and any number of threads may score it at
-//! once.
+//! The crate wraps the whole C API (`capi/include/tinyloop.h`, through `tinyloop-sys`); no `unsafe` is needed to
+//! use it. Every fallible call returns [`Error`], which carries the kind of failure (one variant per C status)
+//! and the library's message for it. Thread safety follows the C documentation: a [`Model`] is read-only once
+//! loaded, `Send` and `Sync`, and any number of threads may score it at once; owned [`Weight`]s likewise.
+//! [`Stream`] is `Send + Sync`; [`DeviceBuffer`] and [`Workspace`] are `Send` and used through `&mut` where they
+//! are written.
+//!
+//! Without a GPU (or in a build without the `cuda` feature) everything but the GPU calls works, and those return
+//! [`Error::NoDevice`]; [`Device::count`] returns 0.
 //!
 //! ```
-//! use tinyloop::{Model, ScoreOptions};
+//! use tinyloop::{
+//!     f16_bits_to_f32, f32_to_f16_bits, quant_gemm, Device, DeviceBuffer, Error, Model, PackOptions, QuantWeight,
+//!     ScoreOptions, Stream, Workspace,
+//! };
 //!
 //! # fn main() -> Result<(), tinyloop::Error> {
 //! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/tiny.tinyloop");
-//! let model = Model::load(path)?;
+//! let mut model = Model::load(path)?;
 //! let info = model.info();
 //! println!("d_model {}, {} quantized weights", info.d_model, info.n_quant_weights);
 //!
-//! let up = model.find_weight("loop.mlp_up")?;
-//! assert_eq!(up.dequantize()?.len(), up.info().k * up.info().n);
-//!
+//! // Scoring (on the GPU where there is one, else on the CPU).
 //! let tokens: Vec<i32> = (0..64).map(|i| (i * 7 % info.vocab) as i32).collect();
-//! let options = ScoreOptions { token_nll: true, ..ScoreOptions::default() };
-//! let result = model.score(&tokens, &options)?;
+//! let result = model.score(&tokens, &ScoreOptions { token_nll: true, ..ScoreOptions::default() })?;
 //! println!("perplexity {:.3} over {} tokens", result.perplexity, result.tokens_scored);
+//!
+//! // One quantized GEMM, Y = X * W, on the first GPU.
+//! if Device::count()? == 0 {
+//!     // Without a GPU the GPU calls say so.
+//!     assert!(matches!(model.pack(&PackOptions::default()), Err(Error::NoDevice(_))));
+//!     return Ok(());
+//! }
+//! let stream = Stream::new(&Device::new(0))?;
+//! model.pack(&PackOptions { stream: Some(&stream), ..PackOptions::default() })?;
+//! let up = model.find_weight("loop.mlp_up")?;
+//! let (m, k, n) = (4, up.info().k, up.info().n);
+//! let x: Vec<u16> = (0..m * k).map(|i| f32_to_f16_bits((i % 7) as f32 / 8.0 - 0.4)).collect();
+//! let x = DeviceBuffer::from_slice(&stream, &x)?;
+//! let mut y = DeviceBuffer::<u16>::zeroed(&stream, m * n)?;
+//! let mut workspace = Workspace::new(&stream);
+//! quant_gemm(&up, &x, &mut y, m, &stream, &mut workspace)?;
+//! let y: Vec<f32> = y.to_vec()?.into_iter().map(f16_bits_to_f32).collect();
+//! println!("y[0] = {}, paths taken: {:?}", y[0], up.dispatch_counts()?);
 //! # Ok(())
 //! # }
 //! ```
@@ -33,12 +57,23 @@ use std::fmt;
 
 use tinyloop_sys as sys;
 
+mod device;
 mod error;
+mod gemm;
+mod half;
+mod logging;
 mod model;
 mod score;
 mod weight;
 
+pub use device::{Device, DeviceBuffer, DeviceCopy, DeviceInfo, Stream};
 pub use error::{Error, Result};
+pub use gemm::{
+    get_dispatch, quant_gemm, set_dispatch, DispatchCounts, DispatchSetting, PackForms, PackOptions, PackReport,
+    QuantWeight, Workspace,
+};
+pub use half::{f16_bits_to_f32, f32_to_f16_bits};
+pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{HeadKind, LoadOptions, Model, ModelInfo};
 pub use score::{Backend, ScoreOptions, ScoreResult};
 pub use weight::{QuantMethod, QuantizeOptions, Weight, WeightDesc, WeightInfo, WeightRef};
@@ -122,6 +157,13 @@ mod tests {
         assert_eq!(ours.threads as i32, score.n_threads);
         assert_eq!(ours.window as i32, score.window);
         assert!(score.progress.is_none() && score.token_nll.is_null() && !ours.token_nll);
+        assert_eq!((ours.device as i32, i32::from(ours.use_graphs)), (score.device, score.use_graphs));
+        assert!(score.stream.is_null());
+
+        let mut pack: sys::tl_pack_options = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { sys::tl_pack_options_init(&mut pack) }, sys::TL_OK);
+        assert_eq!((pack.forms, pack.device), (PackForms::default().to_c(), 0));
+        assert!(pack.stream.is_null());
     }
 
     #[test]

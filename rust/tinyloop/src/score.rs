@@ -7,7 +7,9 @@ use std::panic::{self, AssertUnwindSafe};
 
 use tinyloop_sys as sys;
 
+use crate::device::Stream;
 use crate::error::{check, Error, Result};
+use crate::gemm::DispatchCounts;
 use crate::model::Model;
 use crate::to_c_int;
 
@@ -46,6 +48,11 @@ pub struct ScoreOptions {
     pub window: usize,
     /// Return each predicted token's NLL in [`ScoreResult::token_nll`] (default `false`).
     pub token_nll: bool,
+    /// CUDA backend: the device to run on (default 0).
+    pub device: usize,
+    /// CUDA backend: capture each window length's forward pass in a CUDA graph and replay it (default `false`:
+    /// every launch runs eagerly).
+    pub use_graphs: bool,
 }
 
 /// What [`Model::score`] reports.
@@ -66,6 +73,11 @@ pub struct ScoreResult {
     /// With [`ScoreOptions::token_nll`]: `token_nll[i]` is the NLL (natural log) of token `i + 1`, so it has
     /// `tokens.len() - 1` entries. `None` otherwise.
     pub token_nll: Option<Vec<f32>>,
+    /// CUDA backend: the quantized GEMMs of this call by dispatcher path (CUDA-graph replays included), and the
+    /// calls in which a path refused and a later one ran. All zero on the CPU.
+    pub gemm_counts: DispatchCounts,
+    /// CUDA backend: FP16 GEMMs of dense or tied layers through cuBLAS. 0 on the CPU.
+    pub dense_cublas_gemms: u64,
 }
 
 /// The progress closure and a panic it raised, carried through the C callback's `user_data`.
@@ -96,7 +108,14 @@ impl Model {
     /// Scores a token sequence: the NLL of each token given those before it. Tokens must be in `0..vocab` and
     /// there must be at least 2. Any number of threads may score one model at the same time.
     pub fn score(&self, tokens: &[i32], options: &ScoreOptions) -> Result<ScoreResult> {
-        self.score_impl(tokens, options, None)
+        self.score_impl(tokens, options, None, None)
+    }
+
+    /// Like [`Model::score`], running the CUDA backend's work on `stream` instead of the library's own stream for
+    /// this model and device (the device is the stream's). Returns when the work is done.
+    pub fn score_on_stream(&self, tokens: &[i32], options: &ScoreOptions, stream: &Stream) -> Result<ScoreResult> {
+        let options = ScoreOptions { device: stream.device().index(), ..*options };
+        self.score_impl(tokens, &options, Some(stream), None)
     }
 
     /// Like [`Model::score`], calling `progress(done, total)` (tokens processed so far, of `total`) on this
@@ -108,13 +127,14 @@ impl Model {
         options: &ScoreOptions,
         mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
     ) -> Result<ScoreResult> {
-        self.score_impl(tokens, options, Some(&mut progress))
+        self.score_impl(tokens, options, None, Some(&mut progress))
     }
 
     fn score_impl(
         &self,
         tokens: &[i32],
         options: &ScoreOptions,
+        stream: Option<&Stream>,
         callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
     ) -> Result<ScoreResult> {
         let mut token_nll = options.token_nll.then(|| vec![0.0f32; tokens.len().saturating_sub(1)]);
@@ -128,12 +148,16 @@ impl Model {
             progress_user_data: progress.as_mut().map_or(std::ptr::null_mut(), |p| (p as *mut Progress<'_>).cast()),
             token_nll: token_nll.as_mut().map_or(std::ptr::null_mut(), |nll| nll.as_mut_ptr()),
             token_nll_len: token_nll.as_ref().map_or(0, Vec::len),
+            device: to_c_int(options.device, "device")?,
+            stream: stream.map_or(std::ptr::null_mut(), Stream::raw),
+            use_graphs: options.use_graphs.into(),
         };
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };
         result.struct_size = std::mem::size_of::<sys::tl_score_result>() as u32;
         // SAFETY: the model is live; `tokens` holds tokens.len() values; the NLL buffer holds token_nll_len
-        // floats; `progress` outlives the call and is reached only through the callback on this thread.
+        // floats; `progress` outlives the call and is reached only through the callback on this thread; the
+        // stream (if any) is live and the call waits for its work before returning.
         let status =
             unsafe { sys::tl_score(self.raw().as_ptr(), tokens.as_ptr(), tokens.len(), &c_options, &mut result) };
         if let Some(payload) = progress.and_then(|p| p.panic) {
@@ -153,6 +177,15 @@ impl Model {
             n_windows: crate::to_usize(result.n_windows, "n_windows")?,
             seconds: result.seconds,
             token_nll,
+            gemm_counts: DispatchCounts {
+                fp16_body: result.gemm_fp16_body,
+                marlin_fused: result.gemm_marlin_fused,
+                marlin_correction: result.gemm_marlin_correction,
+                dequant_cublas: result.gemm_dequant_cublas,
+                native: result.gemm_native,
+                fallbacks: result.gemm_fallbacks,
+            },
+            dense_cublas_gemms: result.gemm_dense_cublas,
         })
     }
 }

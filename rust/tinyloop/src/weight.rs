@@ -302,6 +302,10 @@ impl Weight {
         }
     }
 
+    pub(crate) fn raw(&self) -> NonNull<sys::tl_weight> {
+        self.raw
+    }
+
     /// The weight's shape and storage facts.
     pub fn info(&self) -> &WeightInfo {
         &self.info

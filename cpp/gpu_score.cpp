@@ -1,0 +1,786 @@
+#include "gpu_score.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "error.hpp"
+#include "gpu_backend.hpp"
+#include "half.hpp"
+#include "quant.hpp"
+
+#if defined(TL_WITH_CUDA)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "forward/forward_kernels.hpp"
+#include "gpu_kernels.hpp"
+#endif
+
+namespace tl {
+
+// ---- Host-side pieces (every build) -------------------------------------------------------------------------
+
+namespace {
+
+void require_int4(const Linear &w, const char *what) {
+    if (!w.quantized || w.bits != 4 || w.codes == nullptr || w.scales == nullptr || w.zeros == nullptr ||
+        w.group_size <= 0 || w.k % 2 != 0 || w.k % w.group_size != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, std::string(what) + ": '" + w.name + "' is not a complete INT4 weight");
+    }
+}
+
+// A copy of w's rows [0, n) into out rows [row0, row0 + n) of a QuantizedMatrix with the same K and groups.
+void copy_rows(const Linear &w, QuantizedMatrix &out, int32_t row0) {
+    const size_t row_bytes = static_cast<size_t>(w.k) / 2, groups = static_cast<size_t>(w.n_groups());
+    const size_t n = static_cast<size_t>(w.n);
+    std::memcpy(out.codes.data() + row0 * row_bytes, w.codes, n * row_bytes);
+    std::memcpy(out.scales.data() + row0 * groups, w.scales, n * groups * sizeof(uint16_t));
+    std::memcpy(out.zeros.data() + row0 * groups, w.zeros, n * groups * sizeof(uint16_t));
+}
+
+// An empty (zero-filled) QuantizedMatrix shaped like w but with n rows.
+QuantizedMatrix zero_matrix(const Linear &w, int32_t n) {
+    QuantizedMatrix m;
+    m.k = w.k;
+    m.n = n;
+    m.group_size = w.group_size;
+    m.bits = w.bits;
+    m.codes.assign(static_cast<size_t>(n) * (w.k / 2), 0);
+    m.scales.assign(static_cast<size_t>(n) * w.n_groups(), 0);
+    m.zeros.assign(m.scales.size(), 0);
+    return m;
+}
+
+}  // namespace
+
+Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name) {
+    require_int4(a, "concat_linear_rows");
+    require_int4(b, "concat_linear_rows");
+    if (a.k != b.k || a.group_size != b.group_size) {
+        fail(TL_ERR_INVALID_ARGUMENT, "concat_linear_rows: '" + a.name + "' and '" + b.name +
+                                          "' differ in K or group size");
+    }
+    QuantizedMatrix m = zero_matrix(a, a.n + b.n);
+    copy_rows(a, m, 0);
+    copy_rows(b, m, a.n);
+    return make_quantized_linear(std::move(name), std::move(m));
+}
+
+Linear pad_linear_rows(const Linear &w, int32_t multiple) {
+    require_int4(w, "pad_linear_rows");
+    if (multiple < 1) fail(TL_ERR_INVALID_ARGUMENT, "pad_linear_rows: multiple must be >= 1");
+    QuantizedMatrix m = zero_matrix(w, (w.n + multiple - 1) / multiple * multiple);
+    copy_rows(w, m, 0);
+    return make_quantized_linear(w.name, std::move(m));
+}
+
+void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,
+                 std::vector<float> &sin_table) {
+    const int32_t half = head_dim / 2;
+    cos_table.resize(static_cast<size_t>(T) * half);
+    sin_table.resize(cos_table.size());
+    for (int32_t i = 0; i < half; ++i) {
+        const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+        for (int32_t t = 0; t < T; ++t) {
+            const double angle = static_cast<double>(t) * inv_freq;
+            cos_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(angle));
+            sin_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
+        }
+    }
+}
+
+#if !defined(TL_WITH_CUDA)
+
+// ---- A build without CUDA -------------------------------------------------------------------------------------
+
+struct GpuModel::State {
+    ModelConfig config;
+};
+
+GpuModel::GpuModel(const Model &, int32_t, const GpuModelOptions &) {
+    fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
+}
+GpuModel::~GpuModel() = default;
+int32_t GpuModel::device() const { return 0; }
+const ModelConfig &GpuModel::config() const { return state_->config; }
+void GpuModel::set_use_graphs(bool) {}
+GpuScoreStats GpuModel::stats() const { return {}; }
+uint64_t GpuModel::device_bytes() const { return 0; }
+
+ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *) {
+    fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
+}
+
+#else
+
+// ---- CUDA -------------------------------------------------------------------------------------------------------
+
+namespace {
+
+void check_cuda(cudaError_t err, const std::string &what) {
+    if (err == cudaSuccess) return;
+    cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+    fail(err == cudaErrorMemoryAllocation ? TL_ERR_OUT_OF_MEMORY : TL_ERR_CUDA,
+         what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+// A launcher's rc (cuda/forward/forward_kernels.hpp): positive = a CUDA error, negative = refused arguments, which
+// the checks made when the GpuModel was built should have ruled out.
+void check_rc(int rc, const std::string &what) {
+    if (rc == 0) return;
+    if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), what);
+    fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
+}
+
+// Makes `device` current for a scope and restores the caller's device after.
+class DeviceScope {
+public:
+    explicit DeviceScope(int device) {
+        check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    }
+    ~DeviceScope() { cudaSetDevice(previous_); }
+    DeviceScope(const DeviceScope &) = delete;
+    DeviceScope &operator=(const DeviceScope &) = delete;
+
+private:
+    int previous_ = 0;
+};
+
+// Owned device memory, allocated on the current device. The GpuModel makes its device current before freeing.
+class Buffer {
+public:
+    Buffer() = default;
+    explicit Buffer(size_t bytes) : bytes_(bytes) {
+        check_cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+    }
+    static Buffer upload(const void *host, size_t bytes) {
+        Buffer b(bytes);
+        check_cuda(cudaMemcpy(b.ptr_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
+        return b;
+    }
+    ~Buffer() {
+        if (ptr_ != nullptr) cudaFree(ptr_);
+    }
+    Buffer(Buffer &&o) noexcept { swap(o); }
+    Buffer &operator=(Buffer &&o) noexcept {
+        swap(o);
+        return *this;
+    }
+    Buffer(const Buffer &) = delete;
+    Buffer &operator=(const Buffer &) = delete;
+
+    template <class T = void>
+    T *as() const {
+        return static_cast<T *>(ptr_);
+    }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void swap(Buffer &o) noexcept {
+        std::swap(ptr_, o.ptr_);
+        std::swap(bytes_, o.bytes_);
+    }
+    void *ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// GEMM calls by path: the dispatcher's per-weight counters summed, plus the dense (cuBLAS) calls.
+struct Tally {
+    std::array<uint64_t, 7> v{};  // fp16_body, marlin_fused, marlin_correction, dequant_cublas, native, fallbacks, dense
+    Tally &operator+=(const Tally &o) {
+        for (size_t i = 0; i < v.size(); ++i) v[i] += o.v[i];
+        return *this;
+    }
+    Tally operator-(const Tally &o) const {
+        Tally d;
+        for (size_t i = 0; i < v.size(); ++i) d.v[i] = v[i] - o.v[i];
+        return d;
+    }
+};
+
+// One linear layer on the device: INT4 through the dispatcher, or FP16 values through cuBLAS.
+struct DeviceLinear {
+    std::string name;
+    int32_t k = 0, n = 0;  // n: the device weight's rows (the head's padded N)
+    int32_t groups = 0;    // INT4 groups along K
+    std::shared_ptr<DeviceWeight> quant;
+    Buffer dense;                             // FP16 [n][k], unless the values are shared
+    const uint16_t *dense_values = nullptr;   // dense, or the embedding table (tied F16 head)
+    uint64_t bytes = 0;
+};
+
+struct DeviceBlock {
+    Buffer attn_norm, mlp_norm;  // FP32 [d_model]
+    DeviceLinear qkv, out;
+    // gate_up: gate and up as one weight (N = 2·ffn), `up` empty (n == 0). When the two cannot be packed together
+    // (an INT4 and a dense one, or different group sizes) gate_up holds the gate alone and `up` the up projection.
+    DeviceLinear gate_up, up;
+    DeviceLinear down;
+};
+
+// Activations and scratch for windows of up to `rows` tokens.
+struct Activations {
+    int32_t rows = 0;
+    int32_t chunk = 0;     // head positions per logits chunk, a multiple of 8 (keeps chunk starts 16-byte aligned)
+    size_t up_offset = 0;  // halves: where a separate up projection writes inside gu (16-byte aligned)
+    Buffer x;              // FP32 [rows][D], the residual stream
+    Buffer xn;             // FP16 [rows][D], normalized (GEMM input)
+    Buffer qkv;            // FP16 [rows][3A]
+    Buffer att;            // FP16 [rows][A]
+    Buffer proj;           // FP16 [rows][D], attn_out / mlp_down output, added to x by the next norm
+    Buffer gu;             // FP16 [rows][2F] (fused) or gate [rows][F] + up at up_offset
+    Buffer hidden;         // FP16 [rows][F], SwiGLU output
+    Buffer logits;         // FP16 [chunk][head rows]
+    Buffer tokens;         // INT32 [rows]
+    Buffer nll;            // FP32 [rows]
+    Buffer rope_cos, rope_sin;  // FP32 [rows][head_dim/2]
+    uint64_t bytes = 0;
+};
+
+// One window length's captured forward pass.
+struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    Tally per_replay;                 // the GEMMs one replay runs
+    std::array<int32_t, 5> settings;  // the dispatcher settings at capture: the paths baked into the graph
+    void *scratch = nullptr;          // the correction path's per-stream scratch at capture
+    ~Graph() {
+        if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
+};
+
+std::array<int32_t, 5> dispatch_settings() {
+    std::array<int32_t, 5> s{};
+    for (int32_t i = 0; i < 5; ++i) s[i] = get_dispatch(i);
+    return s;
+}
+
+constexpr size_t kLogitBudgetBytes = size_t(64) << 20;  // default logits chunk
+constexpr size_t kMaxGraphs = 8;                          // cached window lengths per GpuModel
+
+int32_t round_up(int64_t v, int64_t multiple) { return static_cast<int32_t>((v + multiple - 1) / multiple * multiple); }
+
+}  // namespace
+
+struct GpuModel::State {
+    int32_t device = 0;
+    ModelConfig config;
+    GpuModelOptions options;
+    std::mutex mutex;  // one call at a time
+    cudaStream_t own_stream = nullptr;
+    cublasHandle_t cublas = nullptr;
+
+    Buffer embed;  // [vocab][d_model] in the file's dtype
+    gpu::TableType embed_type = gpu::TableType::F32;
+    std::vector<DeviceBlock> pre;
+    DeviceBlock loop;
+    Buffer final_norm;
+    DeviceLinear head;
+    uint64_t weight_bytes = 0;
+    int32_t max_groups = 0;  // over the INT4 weights: sizes the correction path's scratch
+    bool loop_has_rounding_channels = false;  // frac4 / sign_bit on a looped linear (cross-iteration rounding)
+
+    Activations act;
+    Buffer workspace;  // the dispatcher's, zero-filled once
+    std::vector<float> host_nll;
+    std::map<int32_t, std::unique_ptr<Graph>> graphs;
+
+    uint64_t dense_calls = 0;  // cuBLAS GEMMs enqueued (captured ones included)
+    Tally ran;                 // GEMMs executed
+    uint64_t windows = 0, captures = 0, replays = 0;
+
+    ~State() {
+        graphs.clear();
+        if (cublas != nullptr) cublasDestroy(cublas);
+        if (own_stream != nullptr) cudaStreamDestroy(own_stream);
+    }
+
+    std::vector<const DeviceLinear *> linears() const {
+        std::vector<const DeviceLinear *> all;
+        auto add_block = [&](const DeviceBlock &b) {
+            for (const DeviceLinear *l : {&b.qkv, &b.out, &b.gate_up, &b.up, &b.down}) {
+                if (l->n > 0) all.push_back(l);
+            }
+        };
+        for (const DeviceBlock &b : pre) add_block(b);
+        add_block(loop);
+        all.push_back(&head);
+        return all;
+    }
+
+    Tally counted() const {
+        Tally t;
+        for (const DeviceLinear *l : linears()) {
+            if (!l->quant) continue;
+            tl_dispatch_counts c;
+            dispatch_counts(*l->quant, &c);
+            const uint64_t v[6] = {c.fp16_body, c.marlin_fused, c.marlin_correction, c.dequant_cublas, c.native,
+                                   c.fallbacks};
+            for (int i = 0; i < 6; ++i) t.v[i] += v[i];
+        }
+        t.v[6] = dense_calls;
+        return t;
+    }
+};
+
+namespace {
+
+// ---- Building the device model ----
+
+void check_linear_shape(const Linear &w, const std::string &name, int32_t k, int32_t n) {
+    if (w.k != k || w.n != n) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " is [K=" + std::to_string(w.k) + ", N=" +
+                                          std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
+                                          ", N=" + std::to_string(n) + "]");
+    }
+    if (w.quantized) {
+        require_int4(w, ("model: " + name).c_str());
+    } else if (w.dense == nullptr) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has no values");
+    }
+}
+
+void check_model(const Model &model) {
+    const ModelConfig &c = model.config;
+    if (c.d_model <= 0 || c.n_heads <= 0 || c.head_dim <= 0 || c.ffn <= 0 || c.vocab <= 0 || c.pre < 0 ||
+        c.loops < 0 || c.head_dim % 2 != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: config has a non-positive dimension or an odd head_dim");
+    }
+    if (c.head_dim > gpu::kAttentionMaxHeadDim) {
+        fail(TL_ERR_UNSUPPORTED, "model: head_dim = " + std::to_string(c.head_dim) + " exceeds the GPU attention's " +
+                                     std::to_string(gpu::kAttentionMaxHeadDim));
+    }
+    if (model.embed == nullptr || model.final_norm.size() != static_cast<size_t>(c.d_model) ||
+        model.pre.size() != static_cast<size_t>(c.pre)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: embedding, final norm or pre blocks do not match the config");
+    }
+    const int32_t D = c.d_model, A = c.attn_dim(), F = c.ffn;
+    auto check_block = [&](const Block &b, const std::string &prefix) {
+        if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
+            fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
+        }
+        check_linear_shape(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
+        check_linear_shape(b.attn_out, prefix + ".attn_out", A, D);
+        check_linear_shape(b.mlp_gate, prefix + ".mlp_gate", D, F);
+        check_linear_shape(b.mlp_up, prefix + ".mlp_up", D, F);
+        check_linear_shape(b.mlp_down, prefix + ".mlp_down", F, D);
+    };
+    for (size_t i = 0; i < model.pre.size(); ++i) check_block(model.pre[i], "pre." + std::to_string(i));
+    check_block(model.loop, "loop");
+    check_linear_shape(model.head, "head", D, c.vocab);
+}
+
+gpu::TableType table_type(DType dtype) {
+    switch (dtype) {
+        case DType::F16: return gpu::TableType::F16;
+        case DType::BF16: return gpu::TableType::BF16;
+        case DType::F32: return gpu::TableType::F32;
+        default: fail(TL_ERR_INVALID_ARGUMENT, std::string("model: embedding dtype ") + dtype_name(dtype));
+    }
+}
+
+// w's values as FP16 [n][k] (rounded to nearest; a dense weight beyond FP16's range becomes infinite).
+std::vector<uint16_t> dense_fp16(const Linear &w) {
+    std::vector<uint16_t> out(static_cast<size_t>(w.n) * w.k);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float_to_half(load_float(w.dense_dtype, w.dense, i));
+    return out;
+}
+
+Buffer upload_floats(const std::vector<float> &v) { return Buffer::upload(v.data(), v.size() * sizeof(float)); }
+
+void ensure_cublas(GpuModel::State &s) {
+    if (s.cublas != nullptr) return;
+    const cublasStatus_t st = cublasCreate(&s.cublas);
+    if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
+}
+
+DeviceLinear make_linear(GpuModel::State &s, const Linear &w) {
+    DeviceLinear d;
+    d.name = w.name;
+    d.k = w.k;
+    d.n = w.n;
+    if (w.quantized) {
+        PackOutcome outcome;
+        d.quant = pack_weight(w, s.device, s.own_stream, s.options.forms, &outcome);
+        d.groups = w.n_groups();
+        d.bytes = outcome.device_bytes;
+        s.max_groups = std::max(s.max_groups, d.groups);
+    } else {
+        ensure_cublas(s);
+        const std::vector<uint16_t> values = dense_fp16(w);
+        d.dense = Buffer::upload(values.data(), values.size() * sizeof(uint16_t));
+        d.dense_values = d.dense.as<uint16_t>();
+        d.bytes = d.dense.bytes();
+    }
+    s.weight_bytes += d.bytes;
+    return d;
+}
+
+DeviceBlock make_block(GpuModel::State &s, const Block &b) {
+    DeviceBlock d;
+    d.attn_norm = upload_floats(b.attn_norm);
+    d.mlp_norm = upload_floats(b.mlp_norm);
+    s.weight_bytes += d.attn_norm.bytes() + d.mlp_norm.bytes();
+    d.qkv = make_linear(s, b.attn_qkv);
+    d.out = make_linear(s, b.attn_out);
+    const Linear &gate = b.mlp_gate, &up = b.mlp_up;
+    if (gate.quantized && up.quantized && gate.group_size == up.group_size) {
+        const std::string prefix = gate.name.substr(0, gate.name.rfind('.') + 1);
+        d.gate_up = make_linear(s, concat_linear_rows(gate, up, prefix + "mlp_gate_up"));
+    } else {
+        d.gate_up = make_linear(s, gate);
+        d.up = make_linear(s, up);
+    }
+    d.down = make_linear(s, b.mlp_down);
+    return d;
+}
+
+DeviceLinear make_head(GpuModel::State &s, const Model &model) {
+    const Linear &w = model.head;
+    if (w.quantized) {
+        // The Marlin-class kernel needs N % 64 == 0; the padding rows' logits are never read by head_nll.
+        return make_linear(s, w.n % 64 == 0 ? w : pad_linear_rows(w, 64));
+    }
+    if (model.head_kind == HeadKind::Tied && w.dense == model.embed && model.embed_dtype == DType::F16) {
+        ensure_cublas(s);
+        DeviceLinear d;
+        d.name = w.name;
+        d.k = w.k;
+        d.n = w.n;
+        d.dense_values = s.embed.as<uint16_t>();  // the table is the FP16 weight already
+        return d;
+    }
+    return make_linear(s, w);
+}
+
+// ---- Running a window ----
+
+void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream) {
+    if (w.quant) {
+        quant_gemm(*w.quant, x, y, m, stream, s.workspace.as(), s.workspace.bytes());
+        return;
+    }
+    check_rc(gpu::cublas_gemm_fp16(s.cublas, x, w.dense_values, y, m, w.n, w.k, stream),
+             "FP16 GEMM (cuBLAS) of '" + w.name + "'");
+    ++s.dense_calls;
+}
+
+// The forward pass of one window of T tokens (already in act.tokens) up to act.nll[0 .. T-2]. Enqueues only.
+void enqueue_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
+    const ModelConfig &c = s.config;
+    const int32_t D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
+    Activations &a = s.act;
+    float *x = a.x.as<float>();
+    uint16_t *xn = a.xn.as<uint16_t>(), *qkv = a.qkv.as<uint16_t>(), *att = a.att.as<uint16_t>();
+    uint16_t *proj = a.proj.as<uint16_t>(), *gu = a.gu.as<uint16_t>(), *hidden = a.hidden.as<uint16_t>();
+    int32_t *tokens = a.tokens.as<int32_t>();
+
+    check_rc(gpu::embed_gather(tokens, s.embed.as(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
+    const uint16_t *pending = nullptr;  // the last block's mlp_down output, added to x by the next norm
+    auto run_block = [&](const DeviceBlock &b) {
+        check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.as<float>(), xn, T, D, c.norm_eps, stream),
+                 "residual + attn_norm");
+        gemm(s, b.qkv, xn, qkv, T, stream);
+        check_rc(gpu::rope_qk(qkv, a.rope_cos.as<float>(), a.rope_sin.as<float>(), T, H, hd, stream), "RoPE");
+        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream), "attention");
+        gemm(s, b.out, att, proj, T, stream);
+        check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.as<float>(), xn, T, D, c.norm_eps, stream),
+                 "residual + mlp_norm");
+        gemm(s, b.gate_up, xn, gu, T, stream);
+        if (b.up.n == 0) {
+            check_rc(gpu::swiglu(gu, gu + F, 2 * F, hidden, T, F, stream), "SwiGLU");
+        } else {
+            gemm(s, b.up, xn, gu + a.up_offset, T, stream);
+            check_rc(gpu::swiglu(gu, gu + a.up_offset, F, hidden, T, F, stream), "SwiGLU");
+        }
+        gemm(s, b.down, hidden, proj, T, stream);
+        pending = proj;
+    };
+    for (const DeviceBlock &b : s.pre) run_block(b);
+    for (int32_t l = 0; l < c.loops; ++l) run_block(s.loop);
+    check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.as<float>(), xn, T, D, c.norm_eps, stream),
+             "residual + final_norm");
+
+    // Position t predicts token t + 1: T - 1 positions, in chunks whose logits fit the buffer.
+    for (int32_t t0 = 0; t0 < T - 1; t0 += a.chunk) {
+        const int32_t rows = std::min(a.chunk, T - 1 - t0);
+        uint16_t *logits = a.logits.as<uint16_t>();
+        gemm(s, s.head, xn + static_cast<size_t>(t0) * D, logits, rows, stream);
+        check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, tokens + t0 + 1, a.nll.as<float>() + t0, stream),
+                 "head log-softmax");
+    }
+}
+
+// Bytes of the correction path's per-stream scratch (a_sum [M][groups] FP32) for the longest GEMM.
+size_t correction_scratch_bytes(const GpuModel::State &s) {
+    return static_cast<size_t>(std::max(s.act.rows, s.act.chunk)) * s.max_groups * sizeof(float);
+}
+
+// Activations for windows of `rows` tokens and a workspace for every weight at that many rows; both only grow.
+// Any change drops the captured graphs (they hold the old addresses).
+void ensure_buffers(GpuModel::State &s, int32_t rows, cudaStream_t stream) {
+    const ModelConfig &c = s.config;
+    if (rows > s.act.rows) {
+        s.graphs.clear();
+        s.act = Activations{};  // free before allocating the larger set
+        Activations a;
+        a.rows = rows;
+        const int32_t auto_chunk = static_cast<int32_t>(
+            std::max<size_t>(8, kLogitBudgetBytes / (static_cast<size_t>(s.head.n) * sizeof(uint16_t)) / 8 * 8));
+        a.chunk = std::min(s.options.head_chunk_rows > 0 ? round_up(s.options.head_chunk_rows, 8) : auto_chunk,
+                           round_up(rows - 1, 8));
+        const size_t R = static_cast<size_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
+        const size_t half = sizeof(uint16_t);
+        a.up_offset = (R * F + 7) / 8 * 8;
+        a.x = Buffer(R * D * sizeof(float));
+        a.xn = Buffer(R * D * half);
+        a.qkv = Buffer(R * 3 * A * half);
+        a.att = Buffer(R * A * half);
+        a.proj = Buffer(R * D * half);
+        a.gu = Buffer((a.up_offset + R * F) * half);  // >= R * 2F: holds the fused layout too
+        a.hidden = Buffer(R * F * half);
+        a.logits = Buffer(static_cast<size_t>(a.chunk) * s.head.n * half);
+        a.tokens = Buffer(R * sizeof(int32_t));
+        a.nll = Buffer(R * sizeof(float));
+        std::vector<float> cos_table, sin_table;
+        rope_tables(rows, c.head_dim, c.rope_theta, cos_table, sin_table);
+        a.rope_cos = upload_floats(cos_table);
+        a.rope_sin = upload_floats(sin_table);
+        for (const Buffer *b : {&a.x, &a.xn, &a.qkv, &a.att, &a.proj, &a.gu, &a.hidden, &a.logits, &a.tokens, &a.nll,
+                                &a.rope_cos, &a.rope_sin}) {
+            a.bytes += b->bytes();
+        }
+        s.act = std::move(a);
+        s.host_nll.resize(R);
+    }
+    // Sized at every call: the dequantize + cuBLAS path's share depends on the current dispatcher settings.
+    size_t needed = 0;
+    const int64_t max_m = std::max(s.act.rows, s.act.chunk);
+    for (const DeviceLinear *l : s.linears()) {
+        if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m));
+    }
+    if (needed > s.workspace.bytes()) {
+        s.graphs.clear();
+        s.workspace = Buffer{};
+        s.workspace = Buffer(needed);
+        check_cuda(cudaMemsetAsync(s.workspace.as(), 0, needed, stream), "cudaMemsetAsync (GEMM workspace)");
+    }
+}
+
+// The correction path's per-stream scratch, grown now to the size the longest GEMM needs, so that it never grows
+// (and moves) during a capture or under a captured graph. nullptr when no weight has INT4 groups.
+void *correction_scratch(const GpuModel::State &s, cudaStream_t stream) {
+    if (s.max_groups == 0 || !(s.options.forms & TL_FORM_MARLIN_CORRECTION)) return nullptr;
+    void *p = gpu::scratch_buffer(correction_scratch_bytes(s), stream);
+    if (p == nullptr) fail(TL_ERR_OUT_OF_MEMORY, "could not allocate the correction path's scratch");
+    return p;
+}
+
+std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_t stream, void *scratch) {
+    auto g = std::make_unique<Graph>();
+    g->settings = dispatch_settings();
+    g->scratch = scratch;
+    const Tally before = s.counted();
+    // Relaxed: the dispatcher makes host-side CUDA calls (pointer attributes, cuBLAS stream binding) while
+    // enqueueing; they are not stream work and must not invalidate the capture.
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+        enqueue_window(s, T, stream);
+    } catch (...) {
+        cudaStreamEndCapture(stream, &graph);  // leave the stream out of capture mode whatever failed
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        throw;
+    }
+    check_cuda(cudaStreamEndCapture(stream, &graph),
+               "capturing the forward pass of a " + std::to_string(T) + "-token window");
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check_cuda(err, "cudaGraphInstantiate");
+    g->per_replay = s.counted() - before;
+    ++s.captures;
+    return g;
+}
+
+// Without graphs: enqueue the window. With graphs: replay the window length's graph when it is still valid; else run
+// the window eagerly (which also performs the dispatcher's lazy set-up: cuBLAS handles, scratch growth, occupancy
+// queries, none of which may happen inside a capture) and then capture it for the next windows of this length.
+void run_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
+    void *scratch = nullptr;
+    if (s.options.use_graphs) {
+        scratch = correction_scratch(s, stream);
+        const auto it = s.graphs.find(T);
+        if (it != s.graphs.end()) {
+            const Graph &g = *it->second;
+            if (g.settings == dispatch_settings() && g.scratch == scratch) {
+                check_cuda(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
+                s.ran += g.per_replay;
+                ++s.replays;
+                return;
+            }
+            s.graphs.erase(it);
+        }
+    }
+    const Tally before = s.counted();
+    enqueue_window(s, T, stream);
+    s.ran += s.counted() - before;
+    if (s.options.use_graphs) {
+        if (s.graphs.size() >= kMaxGraphs) s.graphs.clear();
+        s.graphs.emplace(T, capture_window(s, T, stream, scratch));
+    }
+}
+
+}  // namespace
+
+GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &options) {
+    check_model(model);
+    const int32_t count = device_count();
+    if (count == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device on this machine");
+    if (device < 0 || device >= count) {
+        fail(TL_ERR_INVALID_ARGUMENT,
+             "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)");
+    }
+    DeviceScope scope(device);
+    auto s = std::make_unique<State>();  // destroyed inside `scope` if building fails
+    s->device = device;
+    s->config = model.config;
+    s->options = options;
+    check_cuda(cudaStreamCreateWithFlags(&s->own_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+
+    const ModelConfig &c = model.config;
+    s->embed_type = table_type(model.embed_dtype);
+    s->embed = Buffer::upload(model.embed, static_cast<size_t>(c.vocab) * c.d_model * dtype_size(model.embed_dtype));
+    s->weight_bytes += s->embed.bytes();
+    for (const Block &b : model.pre) s->pre.push_back(make_block(*s, b));
+    s->loop = make_block(*s, model.loop);
+    for (int i = 0; i < 5; ++i) {
+        const Linear &w = *model.loop.linear(i);
+        s->loop_has_rounding_channels = s->loop_has_rounding_channels || w.frac4 != nullptr || w.sign_bit != nullptr;
+    }
+    s->final_norm = upload_floats(model.final_norm);
+    s->weight_bytes += s->final_norm.bytes();
+    s->head = make_head(*s, model);
+    check_cuda(cudaStreamSynchronize(s->own_stream), "cudaStreamSynchronize (upload)");
+    state_ = std::move(s);
+}
+
+GpuModel::~GpuModel() {
+    if (!state_) return;
+    // Buffers are freed with their device current; errors here have nowhere to go.
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(state_->device);
+    state_.reset();
+    cudaSetDevice(previous);
+}
+
+int32_t GpuModel::device() const { return state_->device; }
+const ModelConfig &GpuModel::config() const { return state_->config; }
+
+void GpuModel::set_use_graphs(bool on) {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->options.use_graphs = on;
+}
+
+GpuScoreStats GpuModel::stats() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const State &s = *state_;
+    GpuScoreStats out;
+    out.dispatch.struct_size = sizeof out.dispatch;
+    out.dispatch.fp16_body = s.ran.v[0];
+    out.dispatch.marlin_fused = s.ran.v[1];
+    out.dispatch.marlin_correction = s.ran.v[2];
+    out.dispatch.dequant_cublas = s.ran.v[3];
+    out.dispatch.native = s.ran.v[4];
+    out.dispatch.fallbacks = s.ran.v[5];
+    out.cublas_dense = s.ran.v[6];
+    out.windows = s.windows;
+    out.graph_captures = s.captures;
+    out.graph_replays = s.replays;
+    return out;
+}
+
+uint64_t GpuModel::device_bytes() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->weight_bytes + state_->act.bytes + state_->workspace.bytes();
+}
+
+ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
+                       int32_t device, void *stream_ptr) {
+    GpuModel::State &s = *model.state_;
+    const ModelConfig &c = s.config;
+    if (device != s.device) {
+        fail(TL_ERR_INVALID_ARGUMENT, "device " + std::to_string(device) + " is not the GpuModel's device " +
+                                          std::to_string(s.device));
+    }
+    if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
+    if (options.cross_iter_round && s.loop_has_rounding_channels) {
+        fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
+    }
+    // The checks and messages of score_cpu.
+    if (tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "tokens is NULL");
+    if (n_tokens < 2) {
+        fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + ": at least 2 tokens are needed");
+    }
+    for (size_t i = 0; i < n_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= c.vocab) {
+            fail(TL_ERR_INVALID_ARGUMENT, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
+                                              " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
+        }
+    }
+    if (options.window != 0 && (options.window < 2 || options.window > c.max_seq)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "window = " + std::to_string(options.window) + " is outside [2, max_seq = " +
+                                          std::to_string(c.max_seq) + "]");
+    }
+    const int32_t L = options.window != 0 ? options.window : c.max_seq;
+    if (L < 2) fail(TL_ERR_INVALID_ARGUMENT, "model: max_seq = " + std::to_string(c.max_seq) + " is below 2");
+    const size_t stride = static_cast<size_t>(L) - 1;
+    const size_t n_windows = (n_tokens - 1 + stride - 1) / stride;
+    if (n_windows > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+        fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + " needs too many windows");
+    }
+
+    std::lock_guard<std::mutex> lock(s.mutex);
+    DeviceScope scope(s.device);
+    cudaStream_t stream = stream_ptr != nullptr ? static_cast<cudaStream_t>(stream_ptr) : s.own_stream;
+    // A sequence shorter than the window needs only its own length.
+    ensure_buffers(s, static_cast<int32_t>(std::min<size_t>(L, n_tokens)), stream);
+
+    ScoreResult result;
+    result.n_windows = static_cast<int32_t>(n_windows);
+    for (size_t w = 0; w < n_windows; ++w) {
+        const size_t start = w * stride;
+        const int32_t len = static_cast<int32_t>(std::min<size_t>(L, n_tokens - start));
+        check_cuda(cudaMemcpyAsync(s.act.tokens.as(), tokens + start, len * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   stream),
+                   "cudaMemcpyAsync (tokens)");
+        run_window(s, len, stream);
+        check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.as(), (len - 1) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (NLL)");
+        check_cuda(cudaStreamSynchronize(stream), "the forward pass of window " + std::to_string(w));
+        ++s.windows;
+        for (int32_t p = 0; p + 1 < len; ++p) {
+            result.nll_sum += s.host_nll[p];
+            if (options.token_nll) options.token_nll[start + p] = s.host_nll[p];
+        }
+        result.tokens_scored += static_cast<uint64_t>(len - 1);
+        if (options.progress && !options.progress(result.tokens_scored, n_tokens - 1)) {
+            fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
+                                       std::to_string(result.tokens_scored) + " of " +
+                                       std::to_string(n_tokens - 1) + " tokens");
+        }
+    }
+    return result;
+}
+
+#endif  // TL_WITH_CUDA
+
+}  // namespace tl

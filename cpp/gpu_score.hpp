@@ -1,0 +1,100 @@
+// The whole forward pass on the GPU: a model's weights and buffers on one device (GpuModel) and score_cuda, the
+// GPU twin of score_cpu (same windows, same token checks, per-token NLL, progress per window).
+//
+// Every linear layer runs through the dispatcher (gpu_backend.hpp): the five per block, with gate and up packed as
+// ONE weight (N = 2·ffn; one GEMM, then SwiGLU), and a quantized head packed with N padded to a multiple of 64 (zero
+// codes, scales and zeros in the padding rows, whose logits the softmax ignores), so V = 50257 takes the
+// Marlin-class path. A dense or tied head is not INT4: it is an FP16 copy of its values (the embedding table
+// itself when that is F16) multiplied through cuBLAS (gpu::cublas_gemm_fp16); dense block linears likewise.
+// Precision: FP32 residual stream, FP16 GEMM inputs and outputs, FP32 math in every other kernel, NLL reduced in
+// FP32 per position and summed in double (cuda/forward/forward_kernels.hpp).
+//
+// Thread safety: a GpuModel serializes its own calls (an internal mutex held for the whole score_cuda call), so the
+// caller needs no lock; calls on one GpuModel never overlap, calls on different GpuModels may. The dispatcher
+// settings (set_dispatch) are process-wide and read at every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu_forward.hpp"
+#include "model.hpp"
+#include "tinyloop.h"
+
+namespace tl {
+
+struct GpuModelOptions {
+    // TL_FORM_* forms every INT4 linear is packed with (pack_weight); add TL_FORM_FP16_BODY for that path.
+    uint32_t forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+    // CUDA graphs: the first window of a given length runs eagerly and is then captured; later windows of that
+    // length replay the graph. A graph is dropped (and the length captured again) when the dispatcher settings or
+    // the buffers change, or when the correction path's per-stream scratch is not the one captured (another stream,
+    // or the scratch grew). With graphs on, `stream` must not be the legacy default stream (pass nullptr for the
+    // GpuModel's own stream). Off until measured (docs/benchmarks.md).
+    bool use_graphs = false;
+    // Head positions per logits chunk, rounded up to a multiple of 8; 0 = as many as fit in 64 MiB of FP16 logits.
+    int32_t head_chunk_rows = 0;
+};
+
+// What ran, accumulated over a GpuModel's life (graph replays included, which the per-weight dispatch_counts do
+// not see: they count a captured GEMM once, at capture).
+struct GpuScoreStats {
+    tl_dispatch_counts dispatch{};  // INT4 GEMMs by path, summed over the model's weights
+    uint64_t cublas_dense = 0;      // FP16 GEMMs of dense linears and dense/tied heads
+    uint64_t windows = 0;
+    uint64_t graph_captures = 0;
+    uint64_t graph_replays = 0;
+};
+
+class GpuModel {
+public:
+    // Uploads and packs `model` on `device` (TL_ERR_NO_DEVICE without CUDA or a device; TL_ERR_INVALID_ARGUMENT for
+    // an inconsistent model; TL_ERR_UNSUPPORTED for head_dim > 256). The Model may be freed afterwards.
+    GpuModel(const Model &model, int32_t device, const GpuModelOptions &options = {});
+    ~GpuModel();
+    GpuModel(const GpuModel &) = delete;
+    GpuModel &operator=(const GpuModel &) = delete;
+
+    int32_t device() const;
+    const ModelConfig &config() const;
+    void set_use_graphs(bool on);
+    // Not from a progress callback: these take the lock that score_cuda holds.
+    GpuScoreStats stats() const;
+    // Device bytes held: weights in every packed form, activations, logits chunk, workspace.
+    uint64_t device_bytes() const;
+
+    struct State;
+
+private:
+    std::unique_ptr<State> state_;
+    friend ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *);
+};
+
+// Scores `tokens` like score_cpu (docs/architecture.md: windows of options.window tokens, default max_seq,
+// overlapping by one; positions restart at 0 per window; options.token_nll receives token i+1's NLL at [i];
+// options.progress is called after each window). options.n_threads is ignored; options.linear_input, and
+// options.cross_iter_round on a model whose looped linears carry rounding channels, are TL_ERR_UNSUPPORTED.
+// `device` must be the GpuModel's.
+// Work runs on `stream` (a cudaStream_t; nullptr = the GpuModel's own non-blocking stream); the call returns when
+// it is done. Buffers are allocated on the first call and when a longer window than before is asked for, never
+// otherwise.
+ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
+                       int32_t device, void *stream);
+
+// ---- Host-side pieces, exposed for the unit tests ----
+
+// One quantized Linear whose rows (output columns) are a's then b's: N = a.n + b.n. The storage is out-major, so
+// codes, scales and zeros are concatenations. a and b must agree on K, bits and group size.
+Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name);
+// A quantized Linear with N rounded up to a multiple of `multiple`; the padding rows have zero codes, scales and
+// zeros (W = 0). Returns a copy when N already is a multiple.
+Linear pad_linear_rows(const Linear &w, int32_t multiple);
+// cos and sin of position * theta^(-2i/head_dim), positions [0, T), i < head_dim/2, computed in double and rounded
+// to float (the CPU reference's table): [T][head_dim/2] each.
+void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,
+                 std::vector<float> &sin_table);
+
+}  // namespace tl

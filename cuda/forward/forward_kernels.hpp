@@ -1,0 +1,63 @@
+// Host launchers of the forward-pass kernels other than the linear layers (internal; cpp/gpu_score.cpp and the
+// tests call these). The GEMMs go through the dispatcher (cpp/gpu_backend.hpp); these kernels do the rest.
+//
+// Conventions, as in cuda/gpu_kernels.hpp:
+//  - Array arguments are DEVICE pointers; FP16 data are passed as uint16_t bits.
+//  - Work is enqueued on `stream`; nothing synchronizes. A launcher never throws, aborts or prints.
+//  - Return value: 0 = enqueued; a negative kRc* value = refused before launching (bad argument, unsupported
+//    shape); a positive value = the cudaError_t of a failed CUDA call. cudaGetLastError() is checked after every
+//    launch.
+//
+// Activation precision (docs/architecture.md defines the math): the residual stream x is FP32 [T][D]; everything a
+// GEMM reads or writes is FP16 (the INT4 kernels take FP16 in and out); every kernel here computes in FP32 and rounds
+// once when it stores FP16.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../gpu_kernels.hpp"
+
+namespace tl::gpu {
+
+// The element type of an embedding table.
+enum class TableType : int { F16 = 0, BF16 = 1, F32 = 2 };
+
+// x[t][i] = table[tokens[t]][i] as FP32 (exact), t < T, i < d. A token outside [0, vocab) gives a row of NaN
+// (the host validates tokens first; the NaN makes a missed check visible).
+int embed_gather(const int32_t *tokens, const void *table, TableType type, float *x, int t_count, int d, int vocab,
+                 cudaStream_t stream);
+
+// Residual add fused with the RMSNorm that follows it, one row per block:
+//   if add != nullptr: x[t][i] += add[t][i]  (x is updated in place)
+//   y[t][i] = fp16(x[t][i] / sqrt(mean_j(x[t][j]^2) + eps) * gain[i])
+// x FP32 [T][d], add FP16 [T][d] or nullptr, gain FP32 [d], y FP16 [T][d].
+int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t *y, int t_count, int d, float eps,
+                     cudaStream_t stream);
+
+// Rotate-half RoPE in place on the q and k parts of qkv [T][3][n_heads][head_dim] (FP16; v is left alone): for
+// i < head_dim/2 the pair (x[i], x[i + head_dim/2]) of every q and k head of row t is rotated by the angle whose
+// cosine and sine are cos_table[t][i], sin_table[t][i] (FP32 [T][head_dim/2]; row t = position t of the window).
+int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
+            cudaStream_t stream);
+
+// Causal multi-head attention: qkv [T][3][n_heads][head_dim] FP16 (q and k after RoPE) -> out [T][n_heads *
+// head_dim] FP16, head-major. Tiled over 32 queries x 32 keys with an online softmax in FP32 (no T x T matrix in
+// memory). head_dim even and <= kAttentionMaxHeadDim (else kRcUnsupported). Any T >= 1.
+constexpr int kAttentionMaxHeadDim = 256;
+int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
+                     cudaStream_t stream);
+
+// SwiGLU: h[t][j] = fp16(silu(gate[t][j]) * up[t][j]), j < f, silu(g) = g / (1 + e^-g). gate and up are FP16 rows
+// of stride ld (ld = 2f with gate = gu, up = gu + f for the fused gate|up GEMM output), h is FP16 [T][f].
+int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_count, int f, cudaStream_t stream);
+
+// NLL of each row of a chunk of logits: nll[r] = logsumexp_{v < vocab}(logits[r][v]) - logits[r][targets[r]],
+// FP32 with the row maximum subtracted. logits FP16 [rows][ld], ld >= vocab (columns vocab..ld-1, the head's
+// padding, are ignored). A target outside [0, vocab) gives NaN.
+int head_nll(const uint16_t *logits, int ld, int rows, int vocab, const int32_t *targets, float *nll,
+             cudaStream_t stream);
+
+}  // namespace tl::gpu

@@ -1,0 +1,201 @@
+// The forward pass's row-wise and element-wise kernels: embedding gather, residual add + RMSNorm, RoPE, SwiGLU and
+// the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for clarity (one
+// block per row for the reductions, grid-stride loops for the rest), with FP32 math throughout.
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "../gpu_common.cuh"
+#include "forward_kernels.hpp"
+#include "reduce.cuh"
+
+namespace tl::gpu {
+
+namespace {
+
+using forward::block_reduce;
+
+constexpr int kRowThreads = 256;   // one block per row: embedding, RMSNorm, NLL
+constexpr int kFlatThreads = 256;  // grid-stride element-wise kernels
+constexpr int kMaxFlatBlocks = 1 << 20;
+
+int flat_blocks(size_t total) {
+    const size_t blocks = (total + kFlatThreads - 1) / kFlatThreads;
+    return static_cast<int>(blocks < kMaxFlatBlocks ? blocks : kMaxFlatBlocks);
+}
+
+// ---- Embedding --------------------------------------------------------------------------------------------------
+
+template <TableType TYPE>
+__device__ __forceinline__ float table_entry(const void *table, size_t i) {
+    if constexpr (TYPE == TableType::F16) {
+        return __half2float(static_cast<const __half *>(table)[i]);
+    } else if constexpr (TYPE == TableType::BF16) {
+        // A BF16 value is the top half of the FP32 with the same bits: exact.
+        return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t *>(table)[i]) << 16);
+    } else {
+        return static_cast<const float *>(table)[i];
+    }
+}
+
+template <TableType TYPE>
+__global__ void __launch_bounds__(kRowThreads) embed_kernel(const int32_t *tokens, const void *table, float *x, int d,
+                                                            int vocab) {
+    const int t = blockIdx.x;
+    const int token = tokens[t];
+    const bool valid = token >= 0 && token < vocab;
+    float *row = x + static_cast<size_t>(t) * d;
+    const size_t base = static_cast<size_t>(valid ? token : 0) * d;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) row[i] = valid ? table_entry<TYPE>(table, base + i) : NAN;
+}
+
+// ---- Residual add + RMSNorm -------------------------------------------------------------------------------------
+
+// Each thread re-reads in the second pass exactly the x elements it wrote in the first, so no barrier is needed
+// between the update of x and its use.
+__global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(float *x, const __half *add, const float *gain, __half *y,
+                                                              int d, float eps) {
+    __shared__ float scratch[32];
+    const size_t offset = static_cast<size_t>(blockIdx.x) * d;
+    float *xr = x + offset;
+    float sum_sq = 0.0f;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+        float v = xr[i];
+        if (add != nullptr) {
+            v += __half2float(add[offset + i]);
+            xr[i] = v;
+        }
+        sum_sq = fmaf(v, v, sum_sq);
+    }
+    sum_sq = block_reduce<false>(sum_sq, scratch);
+    // As the CPU reference: 1 / sqrt(mean + eps), then (x * inv_rms) * gain, IEEE division and square root.
+    const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
+    __half *yr = y + offset;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) yr[i] = __float2half_rn(xr[i] * inv_rms * gain[i]);
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------------------------
+
+// One thread per (row, q-or-k head, pair): it alone reads and writes the pair's two elements.
+__global__ void __launch_bounds__(kFlatThreads) rope_kernel(__half *qkv, const float *cos_table, const float *sin_table,
+                                                            int t_count, int qk_heads, int head_dim, size_t row_stride) {
+    const int half_dim = head_dim / 2;
+    const size_t total = static_cast<size_t>(t_count) * qk_heads * half_dim;
+    for (size_t idx = static_cast<size_t>(blockIdx.x) * kFlatThreads + threadIdx.x; idx < total;
+         idx += static_cast<size_t>(gridDim.x) * kFlatThreads) {
+        const int i = static_cast<int>(idx % half_dim);
+        const size_t rest = idx / half_dim;
+        const int h = static_cast<int>(rest % qk_heads);
+        const size_t t = rest / qk_heads;
+        __half *v = qkv + t * row_stride + static_cast<size_t>(h) * head_dim;
+        const float a = __half2float(v[i]), b = __half2float(v[i + half_dim]);
+        const float c = cos_table[t * half_dim + i], s = sin_table[t * half_dim + i];
+        v[i] = __float2half_rn(a * c - b * s);
+        v[i + half_dim] = __float2half_rn(a * s + b * c);
+    }
+}
+
+// ---- SwiGLU -----------------------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kFlatThreads) swiglu_kernel(const __half *gate, const __half *up, int ld, __half *h,
+                                                              int t_count, int f) {
+    const size_t total = static_cast<size_t>(t_count) * f;
+    for (size_t idx = static_cast<size_t>(blockIdx.x) * kFlatThreads + threadIdx.x; idx < total;
+         idx += static_cast<size_t>(gridDim.x) * kFlatThreads) {
+        const size_t t = idx / f, j = idx % f;
+        const float g = __half2float(gate[t * ld + j]), u = __half2float(up[t * ld + j]);
+        // expf, not __expf: the CPU reference's accuracy; e^-g overflowing to inf gives silu = -0, as it should.
+        h[idx] = __float2half_rn(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+// ---- Head: log-softmax NLL --------------------------------------------------------------------------------------
+
+// One block per row: the maximum, then the sum of e^(l - max) in FP32 (each term <= 1, ~200 per thread plus a tree:
+// relative error ~1e-6, far below the FP16 logits' own rounding). A NaN logit propagates through the sum.
+__global__ void __launch_bounds__(kRowThreads) nll_kernel(const __half *logits, int ld, int vocab,
+                                                          const int32_t *targets, float *nll) {
+    __shared__ float scratch[32];
+    const __half *row = logits + static_cast<size_t>(blockIdx.x) * ld;
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < vocab; v += kRowThreads) mx = fmaxf(mx, __half2float(row[v]));
+    mx = block_reduce<true>(mx, scratch);
+    float sum = 0.0f;
+    for (int v = threadIdx.x; v < vocab; v += kRowThreads) sum += expf(__half2float(row[v]) - mx);
+    sum = block_reduce<false>(sum, scratch);
+    if (threadIdx.x == 0) {
+        const int target = targets[blockIdx.x];
+        nll[blockIdx.x] = target >= 0 && target < vocab ? mx + logf(sum) - __half2float(row[target]) : NAN;
+    }
+}
+
+}  // namespace
+
+int embed_gather(const int32_t *tokens, const void *table, TableType type, float *x, int t_count, int d, int vocab,
+                 cudaStream_t stream) {
+    if (tokens == nullptr || table == nullptr || x == nullptr || t_count < 1 || d < 1 || vocab < 1) {
+        return kRcBadArgument;
+    }
+    switch (type) {
+        case TableType::F16:
+            embed_kernel<TableType::F16><<<t_count, kRowThreads, 0, stream>>>(tokens, table, x, d, vocab);
+            break;
+        case TableType::BF16:
+            embed_kernel<TableType::BF16><<<t_count, kRowThreads, 0, stream>>>(tokens, table, x, d, vocab);
+            break;
+        case TableType::F32:
+            embed_kernel<TableType::F32><<<t_count, kRowThreads, 0, stream>>>(tokens, table, x, d, vocab);
+            break;
+        default:
+            return kRcBadArgument;
+    }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t *y, int t_count, int d, float eps,
+                     cudaStream_t stream) {
+    if (x == nullptr || gain == nullptr || y == nullptr || t_count < 1 || d < 1 || !(eps >= 0.0f)) {
+        return kRcBadArgument;
+    }
+    rmsnorm_kernel<<<t_count, kRowThreads, 0, stream>>>(x, reinterpret_cast<const __half *>(add), gain,
+                                                         reinterpret_cast<__half *>(y), d, eps);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
+            cudaStream_t stream) {
+    if (qkv == nullptr || cos_table == nullptr || sin_table == nullptr || t_count < 1 || n_heads < 1 ||
+        head_dim < 2 || head_dim % 2 != 0) {
+        return kRcBadArgument;
+    }
+    const size_t row_stride = 3 * static_cast<size_t>(n_heads) * head_dim;
+    const size_t total = static_cast<size_t>(t_count) * n_heads * head_dim;  // 2 * n_heads heads x head_dim/2 pairs
+    rope_kernel<<<flat_blocks(total), kFlatThreads, 0, stream>>>(reinterpret_cast<__half *>(qkv), cos_table,
+                                                                   sin_table, t_count, 2 * n_heads, head_dim,
+                                                                   row_stride);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_count, int f, cudaStream_t stream) {
+    if (gate == nullptr || up == nullptr || h == nullptr || t_count < 1 || f < 1 || ld < f) return kRcBadArgument;
+    swiglu_kernel<<<flat_blocks(static_cast<size_t>(t_count) * f), kFlatThreads, 0, stream>>>(
+        reinterpret_cast<const __half *>(gate), reinterpret_cast<const __half *>(up), ld,
+        reinterpret_cast<__half *>(h), t_count, f);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int head_nll(const uint16_t *logits, int ld, int rows, int vocab, const int32_t *targets, float *nll,
+             cudaStream_t stream) {
+    if (logits == nullptr || targets == nullptr || nll == nullptr || rows < 1 || vocab < 1 || ld < vocab) {
+        return kRcBadArgument;
+    }
+    nll_kernel<<<rows, kRowThreads, 0, stream>>>(reinterpret_cast<const __half *>(logits), ld, vocab, targets, nll);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+}  // namespace tl::gpu

@@ -1,0 +1,140 @@
+// Device helpers shared by the two Marlin-class kernels (marlin_kernel.cuh for M > 16, marlin_skinny.cuh for
+// M <= 16) and their common host launch routine.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "../gpu_common.cuh"
+#include "marlin.cuh"
+
+namespace tl::gpu::marlin {
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Plain cp.async.cg (L2 only, no L1 allocation for streamed data). No L2 cache-policy hint: the
+// createpolicy + .L2::cache_hint pair faults with an illegal instruction on the project's H200.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// Copies 16 bytes, or writes 16 zero bytes when !valid (src must still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// wait_group takes an immediate; the pipeline depth is a launch parameter (it depends on the device's shared
+// memory), so pick the immediate with a block-uniform switch.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+    switch (pending) {
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 5: cp_async_wait<5>(); break;
+        default: cp_async_wait<6>(); break;
+    }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (a & b) | c in one instruction.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ half2 as_h2(uint32_t u) {
+    half2 h;
+    memcpy(&h, &u, sizeof h);
+    return h;
+}
+__device__ __forceinline__ uint32_t as_u32(half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+__device__ __forceinline__ void add_partial(float *dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(a, b));  // one vector RED on Hopper
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+#endif
+}
+
+__device__ __forceinline__ void store_half2(uint16_t *y, float a, float b) {
+    *reinterpret_cast<half2 *>(y) = __floats2half2_rn(a, b);
+}
+
+// The host side shared by both kernels: pipeline depth for the wanted residency (cached per device), grid size,
+// workspace check, launch. `stages_cache` belongs to one instantiation: 0 = not set up, -1 = does not fit.
+// min_iters bounds the k slices per block from below, so that a small layer does not cut each tile between dozens
+// of blocks (their same-address FP32 additions serialize in L2: run 3 measured 44 us for a 2048 x 2048 layer at
+// M = 64 with 32 contributors per tile).
+template <class Kernel>
+int launch_kernel(Kernel kernel, Params p, const LaunchEnv &env, int stage_bytes, int wanted_per_sm,
+                  long long min_iters, int partial_floats, std::atomic<int> (&stages_cache)[64][2]) {
+    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    for (int per_sm = wanted_per_sm; per_sm >= 1; --per_sm) {
+        std::atomic<int> &cached = stages_cache[env.device][per_sm - 1];
+        int stages = cached.load(std::memory_order_relaxed);
+        if (stages == 0) {
+            // As deep as shared memory allows for this residency (up to kMaxStages).
+            const int budget = std::min(env.max_smem_optin, env.smem_per_sm / per_sm - kPerBlockSystemSmem) -
+                               kStaticSmemReserve;
+            stages = std::min(kMaxStages, budget / stage_bytes);
+            const int deepest = std::min(kMaxStages, (env.max_smem_optin - kStaticSmemReserve) / stage_bytes);
+            if (stages >= kMinStages) {
+                TL_GPU_CHECK(
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, deepest * stage_bytes));
+                int resident = 0;
+                TL_GPU_CHECK(
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, stages * stage_bytes));
+                if (resident < per_sm) stages = -1;
+            } else {
+                stages = -1;
+            }
+            cached.store(stages, std::memory_order_relaxed);
+        }
+        if (stages < 0) continue;
+        p.stages = stages;
+        const long long grid =
+            std::max(1LL, std::min(static_cast<long long>(env.sm_count) * per_sm, p.total_iters / min_iters));
+        const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
+        if (counter_bytes + static_cast<size_t>(grid) * partial_floats * sizeof(float) > env.workspace_bytes) {
+            return kRcWorkspace;
+        }
+        p.counters = static_cast<int *>(env.workspace);
+        p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
+        kernel<<<static_cast<unsigned>(grid), kThreads, stages * stage_bytes, env.stream>>>(p);
+        TL_GPU_CHECK_LAUNCH();
+        return 0;
+    }
+    return kRcUnsupported;
+}
+
+}  // namespace tl::gpu::marlin

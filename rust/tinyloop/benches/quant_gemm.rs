@@ -1,0 +1,218 @@
+//! Criterion benchmarks of `quant_gemm` per dispatcher path on the benchmark layers of shared/H200-NOTES.md.
+//!
+//! Method (as bench/tl_bench.cu where it can be): random weights and activations, weights rotated through copies
+//! that together exceed 256 MB (over 4x the H200's 60 MB L2) so the cache is not what is timed, native INT4 only
+//! for M <= 256. Each sample queues its calls on one stream and synchronizes it once: the time is wall-clock per
+//! call through the safe API (host-side launch and argument checks included), where tl_bench replays CUDA graphs.
+//! Criterion's throughput "elem/s" is FLOP/s here (2·M·K·N per call).
+//!
+//! `cargo bench --features cuda --bench quant_gemm [-- FILTER]`. Without a GPU it prints a note and exits.
+//! Narrow the setup with TINYLOOP_BENCH_LAYERS (comma-separated substrings of layer names, e.g. "qkv,70B"),
+//! TINYLOOP_BENCH_M (e.g. "1,16,1024") and TINYLOOP_BENCH_GROUPS ("128", "row" or "128,row"; default 128).
+
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use tinyloop::{
+    f32_to_f16_bits, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting,
+    PackForms, PackOptions, QuantWeight, Stream, Weight, WeightDesc, Workspace,
+};
+
+/// (name, K, N) from H200-NOTES.md, "Benchmark shapes everyone uses".
+const LAYERS: [(&str, usize, usize); 10] = [
+    ("TinyLoop qkv", 2048, 6144),
+    ("TinyLoop out", 2048, 2048),
+    ("TinyLoop gate+up", 2048, 16384),
+    ("TinyLoop down", 8192, 2048),
+    ("TinyLoop head", 2048, 50257),
+    ("Llama-8B qkv", 4096, 6144),
+    ("Llama-8B gate+up", 4096, 28672),
+    ("Llama-8B down", 14336, 4096),
+    ("Llama-70B gate+up", 8192, 57344),
+    ("Llama-70B down", 28672, 8192),
+];
+const MS: [usize; 6] = [1, 16, 64, 256, 1024, 4096];
+const ROTATION_BYTES: usize = 256 << 20;
+/// The native kernel reads every weight once per row: beyond this it takes seconds per call.
+const NATIVE_MAX_M: usize = 256;
+
+/// A dispatcher path: the settings that select it and the counter that proves it ran.
+struct Path {
+    name: &'static str,
+    settings: &'static [(DispatchSetting, u32)],
+    counter: fn(&DispatchCounts) -> u64,
+}
+
+const PATHS: [Path; 5] = [
+    Path {
+        name: "marlin-fused",
+        settings: &[(DispatchSetting::UseMarlin, 1), (DispatchSetting::MarlinMode, 1)],
+        counter: |c| c.marlin_fused,
+    },
+    Path {
+        name: "marlin-correction",
+        settings: &[(DispatchSetting::UseMarlin, 1), (DispatchSetting::MarlinMode, 2)],
+        counter: |c| c.marlin_correction,
+    },
+    Path {
+        name: "dequant-cublas",
+        settings: &[(DispatchSetting::UseMarlin, 1), (DispatchSetting::CublasMinM, 1)],
+        counter: |c| c.dequant_cublas,
+    },
+    Path { name: "fp16-body", settings: &[(DispatchSetting::Fp16Body, 1)], counter: |c| c.fp16_body },
+    Path { name: "native", settings: &[(DispatchSetting::UseMarlin, 0)], counter: |c| c.native },
+];
+
+fn select(path: &Path) {
+    for setting in DispatchSetting::ALL {
+        set_dispatch(setting, 0).expect("reset a dispatch setting");
+    }
+    set_dispatch(DispatchSetting::UseMarlin, 1).expect("set UseMarlin");
+    for &(setting, value) in path.settings {
+        set_dispatch(setting, value).expect("select a path");
+    }
+}
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// Copies of one random K x N weight (random codes; scales and zero points like a min-max quantization of
+/// N(0, 0.02) values), enough to exceed ROTATION_BYTES, each packed with every form; and whether the
+/// Marlin-class kernel takes the shape.
+fn packed_copies(rng: &mut Rng, k: usize, n: usize, group_size: usize, stream: &Stream) -> (Vec<Weight>, bool) {
+    let groups = k.checked_div(group_size).unwrap_or(1); // group size 0: per row, one group
+    let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
+    let scales: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.004, 0.02)).collect();
+    let scale_bits: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(s)).collect();
+    let zero_bits: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(-s * rng.uniform(6.0, 9.0))).collect();
+    let desc = WeightDesc::new(k, n, group_size, &codes, &scale_bits, &zero_bits);
+    let copies = (ROTATION_BYTES / (codes.len() + 4 * scale_bits.len())).max(1);
+    let forms = PackForms { marlin_fused: true, marlin_correction: true, fp16_body: true };
+    let mut packable = true;
+    let weights = (0..copies)
+        .map(|_| {
+            let mut weight = Weight::create(&desc).expect("create a weight");
+            let options = PackOptions { stream: Some(stream), forms, ..PackOptions::default() };
+            packable &= weight.pack(&options).expect("pack a weight").weights_packed == 1;
+            weight
+        })
+        .collect();
+    (weights, packable)
+}
+
+/// Whether `path` is worth timing: the Marlin-class paths (dequantize + cuBLAS is one of them) need a packed
+/// weight, and the native kernel takes seconds per call beyond NATIVE_MAX_M.
+fn applies(path: &Path, packable: bool, m: usize) -> bool {
+    match path.name {
+        "native" => m <= NATIVE_MAX_M,
+        "fp16-body" => true,
+        _ => packable,
+    }
+}
+
+/// Values of a comma-separated environment variable, or `default`.
+fn env_list(name: &str, default: &[&str]) -> Vec<String> {
+    match std::env::var(name) {
+        Ok(text) if !text.trim().is_empty() => text.split(',').map(|s| s.trim().to_owned()).collect(),
+        _ => default.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+fn bench_quant_gemm(criterion: &mut Criterion, stream: &Stream) {
+    let layer_filters = env_list("TINYLOOP_BENCH_LAYERS", &[""]);
+    let ms: Vec<usize> = env_list("TINYLOOP_BENCH_M", &[])
+        .iter()
+        .map(|m| m.parse().expect("TINYLOOP_BENCH_M: comma-separated integers"))
+        .collect();
+    let ms = if ms.is_empty() { MS.to_vec() } else { ms };
+    let groups = env_list("TINYLOOP_BENCH_GROUPS", &["128"]);
+    let saved: Vec<(DispatchSetting, u32)> =
+        DispatchSetting::ALL.iter().map(|&s| (s, get_dispatch(s).expect("read a dispatch setting"))).collect();
+    let mut rng = Rng(0x5eed_1234);
+    let mut workspace = Workspace::new(stream);
+
+    for &(layer, k, n) in LAYERS.iter().filter(|(name, _, _)| layer_filters.iter().any(|f| name.contains(f.as_str()))) {
+        for group in &groups {
+            let group_size = if group == "row" { 0 } else { group.parse().expect("TINYLOOP_BENCH_GROUPS: 128 or row") };
+            let (weights, packable) = packed_copies(&mut rng, k, n, group_size, stream);
+            if !packable {
+                println!("note: {layer} group {group}: the Marlin-class kernel does not take this shape");
+            }
+            let mut bench = criterion.benchmark_group(format!("quant_gemm/{layer} ({k}x{n}) group {group}"));
+            for &m in &ms {
+                let x_host: Vec<u16> = (0..m * k).map(|_| f32_to_f16_bits(rng.uniform(-1.0, 1.0))).collect();
+                let x = DeviceBuffer::from_slice(stream, &x_host).expect("upload x");
+                let mut y = DeviceBuffer::<u16>::zeroed(stream, m * n).expect("allocate y");
+                bench.throughput(Throughput::Elements((2 * m * k * n) as u64));
+                for path in PATHS.iter().filter(|p| applies(p, packable, m)) {
+                    select(path);
+                    let before: Vec<DispatchCounts> = weights.iter().map(|w| w.dispatch_counts().unwrap()).collect();
+                    bench.bench_function(BenchmarkId::new(path.name, format!("M={m}")), |b| {
+                        b.iter_custom(|iters| {
+                            let start = Instant::now();
+                            for i in 0..iters as usize {
+                                let weight = &weights[i % weights.len()];
+                                quant_gemm(weight, &x, &mut y, m, stream, &mut workspace).expect("quant_gemm");
+                            }
+                            stream.synchronize().expect("synchronize");
+                            start.elapsed()
+                        })
+                    });
+                    report_other_paths(path, &weights, &before, layer, m);
+                }
+            }
+            bench.finish();
+        }
+    }
+    for (setting, value) in saved {
+        set_dispatch(setting, value).expect("restore a dispatch setting");
+    }
+}
+
+/// Says so when calls meant for `path` ran elsewhere (a shape the path refuses falls through to another one).
+fn report_other_paths(path: &Path, weights: &[Weight], before: &[DispatchCounts], layer: &str, m: usize) {
+    let (mut total, mut on_path) = (0, 0);
+    for (weight, before) in weights.iter().zip(before) {
+        let after = weight.dispatch_counts().expect("dispatch counts");
+        total += after.total() - before.total();
+        on_path += (path.counter)(&after) - (path.counter)(before);
+    }
+    if on_path != total {
+        println!("note: {layer} M={m} {}: {} of {total} calls ran on another path", path.name, total - on_path);
+    }
+}
+
+fn main() {
+    let devices = Device::count().expect("count devices");
+    if devices == 0 {
+        println!(
+            "note: the quant_gemm benchmarks need a CUDA device and a build with the `cuda` feature \
+             (build info: {}); skipped",
+            tinyloop::build_info()
+        );
+        return;
+    }
+    let device = Device::new(0);
+    println!("device 0: {:?}", device.info().expect("device info"));
+    let stream = Stream::new(&device).expect("create a stream");
+    let mut criterion = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .configure_from_args();
+    bench_quant_gemm(&mut criterion, &stream);
+    criterion.final_summary();
+}

@@ -1,0 +1,394 @@
+// Each forward-pass kernel (cuda/forward/) against an FP64 host reference computed from the same FP16/FP32 inputs,
+// on fresh random inputs, with poisoned outputs and a guard region past every output (out-of-bounds writes fail).
+//
+// Tolerances follow from the arithmetic: a kernel computes in FP32 and rounds its FP16 output once, so an output is
+// within 2^-11 (4.9e-4) of the exact value relatively, plus FP32 noise far below that; 6e-4 * |ref| leaves a small
+// margin while a wrong index, mask or scale is off by orders of magnitude more.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "forward/forward_kernels.hpp"
+#include "gpu_score.hpp"
+#include "half.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using tl::float_to_half;
+using tl::half_to_float;
+using tlt::DeviceArray;
+using tlt::rng;
+
+constexpr double kHalfTol = 6e-4;  // relative: one FP16 rounding (2^-11) plus margin
+
+std::vector<uint16_t> random_half(size_t count, double stddev) {
+    std::normal_distribution<float> normal(0.0f, static_cast<float>(stddev));
+    std::vector<uint16_t> out(count);
+    for (auto &v : out) v = float_to_half(normal(rng()));
+    return out;
+}
+
+std::vector<float> random_float(size_t count, double mean, double stddev) {
+    std::normal_distribution<float> normal(static_cast<float>(mean), static_cast<float>(stddev));
+    std::vector<float> out(count);
+    for (auto &v : out) v = normal(rng());
+    return out;
+}
+
+// An input on the device whose guard is poisoned, so an input may be checked for stray writes too.
+template <class T>
+bool upload_guarded(DeviceArray<T> &a, const std::vector<T> &host) {
+    return a.ok() && a.poison(0xAB) == cudaSuccess && a.upload(host) == cudaSuccess;
+}
+
+// Runs after a launcher: its rc, then the kernel's own completion.
+::testing::AssertionResult launched(int rc) {
+    if (rc != 0) return ::testing::AssertionFailure() << "launcher rc " << rc;
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorName(err);
+    return ::testing::AssertionSuccess();
+}
+
+// ---- Embedding ----------------------------------------------------------------------------------------------------
+
+TEST(Kernels, Embedding) {
+    const int V = 1000, d = 300, T = 77;
+    std::uniform_int_distribution<int32_t> pick(0, V - 1);
+    std::vector<int32_t> tokens(T);
+    for (auto &t : tokens) t = pick(rng());
+    tokens[0] = 0;
+    tokens[1] = V - 1;
+    tokens[5] = -1;  // invalid: the row must become NaN
+    tokens[9] = V;
+    const std::vector<float> normal = random_float(static_cast<size_t>(V) * d, 0.0, 0.5);
+    for (tl::gpu::TableType type : {tl::gpu::TableType::F16, tl::gpu::TableType::BF16, tl::gpu::TableType::F32}) {
+        SCOPED_TRACE("table type " + std::to_string(static_cast<int>(type)));
+        std::vector<float> expected(normal.size());
+        std::vector<uint8_t> bytes;
+        if (type == tl::gpu::TableType::F32) {
+            expected = normal;
+            bytes.resize(normal.size() * 4);
+            std::memcpy(bytes.data(), normal.data(), bytes.size());
+        } else {
+            std::vector<uint16_t> bits(normal.size());
+            for (size_t i = 0; i < normal.size(); ++i) {
+                if (type == tl::gpu::TableType::F16) {
+                    bits[i] = float_to_half(normal[i]);
+                    expected[i] = half_to_float(bits[i]);
+                } else {  // BF16: the top 16 bits of the FP32
+                    uint32_t f;
+                    std::memcpy(&f, &normal[i], 4);
+                    bits[i] = static_cast<uint16_t>(f >> 16);
+                    const uint32_t back = static_cast<uint32_t>(bits[i]) << 16;
+                    std::memcpy(&expected[i], &back, 4);
+                }
+            }
+            bytes.resize(bits.size() * 2);
+            std::memcpy(bytes.data(), bits.data(), bytes.size());
+        }
+        DeviceArray<int32_t> tok(tokens.size());
+        DeviceArray<uint8_t> table(bytes.size());
+        DeviceArray<float> x(static_cast<size_t>(T) * d);
+        ASSERT_TRUE(upload_guarded(tok, tokens) && upload_guarded(table, bytes) && x.ok());
+        CUDA_OK(x.poison(0x7F));  // a large finite float: an unwritten NaN row would show
+        ASSERT_TRUE(launched(tl::gpu::embed_gather(tok.get(), table.get(), type, x.get(), T, d, V, nullptr)));
+        std::vector<float> got;
+        CUDA_OK(x.download(got));
+        for (int t = 0; t < T; ++t) {
+            const bool valid = tokens[t] >= 0 && tokens[t] < V;
+            for (int i = 0; i < d; ++i) {
+                const float g = got[static_cast<size_t>(t) * d + i];
+                if (!valid) {
+                    ASSERT_TRUE(std::isnan(g)) << "row " << t << " (token " << tokens[t] << ") col " << i;
+                } else {
+                    ASSERT_EQ(g, expected[static_cast<size_t>(tokens[t]) * d + i]) << "row " << t << " col " << i;
+                }
+            }
+        }
+        EXPECT_TRUE(x.guard_intact());
+        EXPECT_TRUE(table.guard_intact() && tok.guard_intact());
+    }
+}
+
+// ---- Residual add + RMSNorm -----------------------------------------------------------------------------------
+
+TEST(Kernels, RmsNorm) {
+    const float eps = 1e-5f;
+    for (auto [T, d] : {std::pair{1, 64}, {5, 300}, {33, 2048}, {3, 8192}}) {
+        for (bool with_add : {false, true}) {
+            SCOPED_TRACE("T=" + std::to_string(T) + " d=" + std::to_string(d) + (with_add ? " +residual" : ""));
+            const size_t n = static_cast<size_t>(T) * d;
+            std::vector<float> x = random_float(n, 0.0, 2.0);
+            for (int i = 0; i < d; ++i) x[i] *= 1e-3f;  // row 0: mean square ~4e-6, where eps matters
+            const std::vector<uint16_t> add = random_half(n, 1.0);
+            const std::vector<float> gain = random_float(d, 1.0, 0.1);
+            DeviceArray<float> xd(n), gd(d);
+            DeviceArray<uint16_t> ad(n), y(n);
+            ASSERT_TRUE(upload_guarded(xd, x) && upload_guarded(gd, gain) && upload_guarded(ad, add) && y.ok());
+            CUDA_OK(y.poison(0xFF));
+            ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual(xd.get(), with_add ? ad.get() : nullptr, gd.get(), y.get(),
+                                                           T, d, eps, nullptr)));
+            std::vector<float> x_after;
+            std::vector<uint16_t> got;
+            CUDA_OK(xd.download(x_after));
+            CUDA_OK(y.download(got));
+            for (int t = 0; t < T; ++t) {
+                std::vector<float> xr(d);
+                double sum_sq = 0.0;
+                for (int i = 0; i < d; ++i) {
+                    const size_t k = static_cast<size_t>(t) * d + i;
+                    xr[i] = with_add ? x[k] + half_to_float(add[k]) : x[k];  // the FP32 residual add, exactly
+                    ASSERT_EQ(x_after[k], xr[i]) << "x[" << t << "][" << i << "]";
+                    sum_sq += static_cast<double>(xr[i]) * xr[i];
+                }
+                const double inv_rms = 1.0 / std::sqrt(sum_sq / d + eps);
+                for (int i = 0; i < d; ++i) {
+                    const double ref = xr[i] * inv_rms * gain[i];
+                    const double g = half_to_float(got[static_cast<size_t>(t) * d + i]);
+                    ASSERT_LE(std::fabs(g - ref), kHalfTol * std::fabs(ref) + 1e-6) << "y[" << t << "][" << i << "]";
+                }
+            }
+            EXPECT_TRUE(y.guard_intact() && xd.guard_intact());
+        }
+    }
+}
+
+// ---- RoPE -----------------------------------------------------------------------------------------------------
+
+TEST(Kernels, Rope) {
+    struct Case {
+        int T, H, hd;
+        float theta;
+    };
+    for (const Case &c : {Case{1, 1, 2, 10000.0f}, Case{7, 4, 16, 10000.0f}, Case{300, 2, 64, 500000.0f},
+                          Case{300, 3, 128, 10000.0f}, Case{1024, 1, 10, 10000.0f}}) {
+        SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " hd=" + std::to_string(c.hd));
+        const int A = c.H * c.hd, half = c.hd / 2;
+        const size_t n = static_cast<size_t>(c.T) * 3 * A;
+        const std::vector<uint16_t> qkv = random_half(n, 1.0);
+        std::vector<float> cos_table, sin_table;
+        tl::rope_tables(c.T, c.hd, c.theta, cos_table, sin_table);
+        DeviceArray<uint16_t> d_qkv(n);
+        DeviceArray<float> d_cos(cos_table.size()), d_sin(sin_table.size());
+        ASSERT_TRUE(upload_guarded(d_qkv, qkv) && upload_guarded(d_cos, cos_table) && upload_guarded(d_sin, sin_table));
+        ASSERT_TRUE(launched(tl::gpu::rope_qk(d_qkv.get(), d_cos.get(), d_sin.get(), c.T, c.H, c.hd, nullptr)));
+        std::vector<uint16_t> got;
+        CUDA_OK(d_qkv.download(got));
+        for (int t = 0; t < c.T; ++t) {
+            for (int part = 0; part < 3; ++part) {
+                for (int h = 0; h < c.H; ++h) {
+                    const size_t base = static_cast<size_t>(t) * 3 * A + static_cast<size_t>(part) * A + h * c.hd;
+                    for (int i = 0; i < half; ++i) {
+                        const size_t ia = base + i, ib = base + i + half;
+                        if (part == 2) {  // v is not rotated
+                            ASSERT_EQ(got[ia], qkv[ia]);
+                            ASSERT_EQ(got[ib], qkv[ib]);
+                            continue;
+                        }
+                        const long double angle =
+                            static_cast<long double>(t) * std::pow(static_cast<long double>(c.theta), -2.0L * i / c.hd);
+                        const double cs = static_cast<double>(std::cos(angle)), sn = static_cast<double>(std::sin(angle));
+                        const double a = half_to_float(qkv[ia]), b = half_to_float(qkv[ib]);
+                        const double ref_a = a * cs - b * sn, ref_b = a * sn + b * cs;
+                        const double slack = 2e-6 * (std::fabs(a) + std::fabs(b)) + 1e-7;
+                        ASSERT_LE(std::fabs(half_to_float(got[ia]) - ref_a), kHalfTol * std::fabs(ref_a) + slack)
+                            << "t " << t << " part " << part << " head " << h << " i " << i;
+                        ASSERT_LE(std::fabs(half_to_float(got[ib]) - ref_b), kHalfTol * std::fabs(ref_b) + slack)
+                            << "t " << t << " part " << part << " head " << h << " i " << i + half;
+                    }
+                }
+            }
+        }
+        EXPECT_TRUE(d_qkv.guard_intact());
+    }
+}
+
+// ---- Attention ------------------------------------------------------------------------------------------------
+
+// Row t of the output, FP64: per head, softmax over keys j <= t of q.k / sqrt(hd), times v. qkv holds the FP16
+// inputs converted to double.
+std::vector<double> reference_attention(const std::vector<double> &qkv, int H, int hd, int t) {
+    const int A = H * hd;
+    std::vector<double> out(A);
+    std::vector<double> p(t + 1);
+    for (int h = 0; h < H; ++h) {
+        const double *q = qkv.data() + static_cast<size_t>(t) * 3 * A + h * hd;
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+            const double *k = qkv.data() + static_cast<size_t>(j) * 3 * A + A + h * hd;
+            double s = 0.0;
+            for (int d = 0; d < hd; ++d) s += q[d] * k[d];
+            p[j] = s / std::sqrt(static_cast<double>(hd));
+            mx = std::max(mx, p[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int d = 0; d < hd; ++d) out[h * hd + d] = 0.0;
+        for (int j = 0; j <= t; ++j) {
+            const double *v = qkv.data() + static_cast<size_t>(j) * 3 * A + 2 * A + h * hd;
+            for (int d = 0; d < hd; ++d) out[h * hd + d] += p[j] * v[d];
+        }
+        for (int d = 0; d < hd; ++d) out[h * hd + d] /= sum;
+    }
+    return out;
+}
+
+// Runs the kernel on random q (wider spread, so the running max moves between key tiles), k and v, and checks the
+// rows `rows` (every row when empty) against the reference; every row must be written and finite.
+void check_attention(int T, int H, int hd, const std::vector<int> &rows_in) {
+    SCOPED_TRACE("T=" + std::to_string(T) + " H=" + std::to_string(H) + " hd=" + std::to_string(hd));
+    const int A = H * hd;
+    std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A);
+    std::normal_distribution<float> q_dist(0.0f, 2.0f), kv_dist(0.0f, 1.0f);
+    for (int t = 0; t < T; ++t)
+        for (int i = 0; i < 3 * A; ++i) qkv[static_cast<size_t>(t) * 3 * A + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
+    DeviceArray<uint16_t> d_qkv(qkv.size()), out(static_cast<size_t>(T) * A);
+    ASSERT_TRUE(upload_guarded(d_qkv, qkv) && out.ok());
+    CUDA_OK(out.poison(0xFF));  // FP16 NaN
+    ASSERT_TRUE(launched(tl::gpu::causal_attention(d_qkv.get(), out.get(), T, H, hd, nullptr)));
+    std::vector<uint16_t> got;
+    CUDA_OK(out.download(got));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(half_to_float(got[i]))) << "element " << i;
+    std::vector<double> qkv_d(qkv.size());
+    for (size_t i = 0; i < qkv.size(); ++i) qkv_d[i] = half_to_float(qkv[i]);
+    std::vector<int> rows = rows_in;
+    if (rows.empty())
+        for (int t = 0; t < T; ++t) rows.push_back(t);
+    for (int t : rows) {
+        const std::vector<double> ref = reference_attention(qkv_d, H, hd, t);
+        for (int i = 0; i < A; ++i) {
+            const double g = half_to_float(got[static_cast<size_t>(t) * A + i]);
+            ASSERT_LE(std::fabs(g - ref[i]), 1e-3 * std::fabs(ref[i]) + 1e-4)
+                << "out[" << t << "][head " << i / hd << ", dim " << i % hd << "] = " << g << ", reference " << ref[i];
+        }
+    }
+    EXPECT_TRUE(out.guard_intact() && d_qkv.guard_intact());
+}
+
+TEST(Kernels, Attention) {
+    // (heads, head_dim): one dimension pair per lane (<= 64), two (<= 128), four (<= 256, > 48 KB shared memory),
+    // and head_dim = 10 (not a multiple of 4: padded dimensions).
+    for (int T : {1, 7, 64, 300, 1024}) {
+        for (auto [H, hd] : {std::pair{1, 64}, {4, 16}, {2, 128}, {3, 10}, {1, 256}}) check_attention(T, H, hd, {});
+    }
+}
+
+TEST(Kernels, AttentionLong) {
+    // T = 4096 (the 2B preset's max_seq) with its head_dim; the reference on a sample of rows.
+    check_attention(4096, 2, 128, {0, 1, 31, 32, 2047, 4064, 4095});
+}
+
+TEST(Kernels, AttentionRefusals) {
+    EXPECT_EQ(tl::gpu::causal_attention(nullptr, nullptr, 1, 1, 64, nullptr), tl::gpu::kRcBadArgument);
+    DeviceArray<uint16_t> buf(3 * 512);
+    ASSERT_TRUE(buf.ok());
+    EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get(), 1, 1, 7, nullptr), tl::gpu::kRcBadArgument);  // odd
+    EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get(), 1, 1, 258, nullptr), tl::gpu::kRcUnsupported);
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------------------------
+
+TEST(Kernels, Swiglu) {
+    for (auto [T, F] : {std::pair{1, 1}, {9, 100}, {130, 1024}}) {
+        for (bool fused : {true, false}) {
+            SCOPED_TRACE("T=" + std::to_string(T) + " F=" + std::to_string(F) + (fused ? " fused" : " separate"));
+            const size_t n = static_cast<size_t>(T) * F;
+            // fused: one [T][2F] array, gate = columns [0, F), up = [F, 2F); separate: two [T][F] arrays.
+            std::vector<uint16_t> gate = random_half(fused ? 2 * n : n, 3.0);
+            const std::vector<uint16_t> up_values = random_half(n, 1.0);
+            gate[0] = float_to_half(-100.0f);  // e^100 overflows FP32: silu must still be (-)0
+            if (n > 2) {
+                gate[1] = float_to_half(30.0f);
+                gate[2] = float_to_half(-20.0f);
+            }
+            const int ld = fused ? 2 * F : F;
+            std::vector<uint16_t> up;
+            if (fused) {
+                for (int t = 0; t < T; ++t)
+                    for (int j = 0; j < F; ++j) gate[static_cast<size_t>(t) * ld + F + j] = up_values[static_cast<size_t>(t) * F + j];
+            } else {
+                up = up_values;
+            }
+            DeviceArray<uint16_t> d_gate(gate.size()), d_up(std::max<size_t>(up.size(), 1)), h(n);
+            ASSERT_TRUE(upload_guarded(d_gate, gate) && (fused || upload_guarded(d_up, up)) && h.ok());
+            CUDA_OK(h.poison(0xFF));
+            const uint16_t *up_ptr = fused ? d_gate.get() + F : d_up.get();
+            ASSERT_TRUE(launched(tl::gpu::swiglu(d_gate.get(), up_ptr, ld, h.get(), T, F, nullptr)));
+            std::vector<uint16_t> got;
+            CUDA_OK(h.download(got));
+            for (int t = 0; t < T; ++t) {
+                for (int j = 0; j < F; ++j) {
+                    const double g = half_to_float(gate[static_cast<size_t>(t) * ld + j]);
+                    const double u = half_to_float(up_values[static_cast<size_t>(t) * F + j]);
+                    const double ref = g / (1.0 + std::exp(-g)) * u;
+                    const double v = half_to_float(got[static_cast<size_t>(t) * F + j]);
+                    ASSERT_LE(std::fabs(v - ref), kHalfTol * std::fabs(ref) + 1e-6 * std::fabs(g * u) + 1e-7)
+                        << "h[" << t << "][" << j << "] = " << v << ", g " << g << ", u " << u;
+                }
+            }
+            EXPECT_TRUE(h.guard_intact() && d_gate.guard_intact());
+        }
+    }
+}
+
+// ---- Head log-softmax NLL ---------------------------------------------------------------------------------------
+
+TEST(Kernels, HeadNll) {
+    const uint16_t kHuge = float_to_half(60000.0f);  // in a padding column it would dominate the softmax
+    for (int V : {256, 50257}) {
+        for (int rows : {1, 37}) {
+            for (bool padded : {false, true}) {
+                const int ld = padded ? (V / 64 + 1) * 64 : V;  // at least one padding column
+                SCOPED_TRACE("V=" + std::to_string(V) + " rows=" + std::to_string(rows) + " ld=" + std::to_string(ld));
+                std::vector<uint16_t> logits = random_half(static_cast<size_t>(rows) * ld, 3.0);
+                for (int r = 0; r < rows; ++r)
+                    for (int v = V; v < ld; ++v) logits[static_cast<size_t>(r) * ld + v] = kHuge;
+                std::uniform_int_distribution<int32_t> pick(0, V - 1);
+                std::vector<int32_t> targets(rows);
+                for (auto &t : targets) t = pick(rng());
+                targets[0] = V - 1;
+                if (rows > 1) targets[1] = 0;
+                DeviceArray<uint16_t> d_logits(logits.size());
+                DeviceArray<int32_t> d_targets(targets.size());
+                DeviceArray<float> nll(rows);
+                ASSERT_TRUE(upload_guarded(d_logits, logits) && upload_guarded(d_targets, targets) && nll.ok());
+                CUDA_OK(nll.poison(0xFF));
+                ASSERT_TRUE(launched(
+                    tl::gpu::head_nll(d_logits.get(), ld, rows, V, d_targets.get(), nll.get(), nullptr)));
+                std::vector<float> got;
+                CUDA_OK(nll.download(got));
+                for (int r = 0; r < rows; ++r) {
+                    const uint16_t *l = logits.data() + static_cast<size_t>(r) * ld;
+                    double mx = -INFINITY;
+                    for (int v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(half_to_float(l[v])));
+                    double sum = 0.0;
+                    for (int v = 0; v < V; ++v) sum += std::exp(half_to_float(l[v]) - mx);
+                    const double ref = mx + std::log(sum) - half_to_float(l[targets[r]]);
+                    ASSERT_LE(std::fabs(got[r] - ref), 1e-4 + 1e-6 * std::fabs(ref)) << "row " << r;
+                }
+                EXPECT_TRUE(nll.guard_intact() && d_logits.guard_intact());
+            }
+        }
+    }
+}
+
+TEST(Kernels, HeadNllInvalidTarget) {
+    const int V = 300, rows = 2;
+    const std::vector<uint16_t> logits = random_half(static_cast<size_t>(rows) * V, 1.0);
+    const std::vector<int32_t> targets = {-1, V};
+    DeviceArray<uint16_t> d_logits(logits.size());
+    DeviceArray<int32_t> d_targets(targets.size());
+    DeviceArray<float> nll(rows);
+    ASSERT_TRUE(upload_guarded(d_logits, logits) && upload_guarded(d_targets, targets) && nll.ok());
+    CUDA_OK(nll.poison(0));
+    ASSERT_TRUE(launched(tl::gpu::head_nll(d_logits.get(), V, rows, V, d_targets.get(), nll.get(), nullptr)));
+    std::vector<float> got;
+    CUDA_OK(nll.download(got));
+    EXPECT_TRUE(std::isnan(got[0]) && std::isnan(got[1]));
+}
+
+}  // namespace

@@ -1,0 +1,578 @@
+// score_cuda against score_cpu on synthetic models, for every dispatcher path, with CUDA graphs off and on; the
+// host-side packing pieces; the entry point's checks, windows, progress, streams and buffer reuse.
+//
+// Tolerances: the GPU path rounds every GEMM input and output to FP16 (the CPU reference keeps FP32), which moves a
+// position's NLL by a few 1e-3 nats on these models (a host emulation of those roundings measured at most 0.0064 nats
+// and 1e-4 relative perplexity); the brief's bounds, 0.02 nats per position and 0.25 % perplexity, sit above that
+// with margin, while a wrong layer, mask, window or token offset moves the NLL by O(1).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "gpu_backend.hpp"
+#include "gpu_score.hpp"
+#include "half.hpp"
+#include "quant.hpp"
+#include "synthetic.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using tlt::rng;
+
+constexpr double kMaxPositionDiff = 0.02;  // nats, GPU vs CPU, per position
+constexpr double kMaxPplRelDiff = 0.0025;  // total perplexity, GPU vs CPU
+// Graphs on vs off: bitwise on deterministic paths; within this where the Marlin-class kernel's FP32 atomics (split-k
+// reduction) or cuBLAS make repeated runs differ in the last FP16 bit of a few outputs.
+constexpr double kMaxRerunDiff = 0.01;
+constexpr int32_t kChunkRows = 48;  // head chunks: 127 predicted positions -> 3 chunks
+
+// ---- Host pieces (no device) -----------------------------------------------------------------------------------
+
+tl::Linear random_int4(const std::string &name, int32_t k, int32_t n, int32_t group_size) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(k) * n);
+    for (float &v : w) v = normal(rng());
+    return tl::make_quantized_linear(name, tl::quantize_minmax(w.data(), k, n, group_size, tl::QuantMethod::Asymmetric));
+}
+
+std::vector<float> dequantized(const tl::Linear &w) {
+    std::vector<float> out(static_cast<size_t>(w.n) * w.k);
+    tl::dequantize_rows(w, 0, w.n, out.data());
+    return out;
+}
+
+TEST(HostPacking, ConcatRows) {
+    const tl::Linear gate = random_int4("gate", 128, 64, 32), up = random_int4("up", 128, 96, 32);
+    const tl::Linear both = tl::concat_linear_rows(gate, up, "gate_up");
+    ASSERT_EQ(both.n, 160);
+    ASSERT_EQ(both.k, 128);
+    ASSERT_EQ(both.group_size, 32);
+    std::vector<float> expected = dequantized(gate);
+    const std::vector<float> up_values = dequantized(up);
+    expected.insert(expected.end(), up_values.begin(), up_values.end());
+    EXPECT_EQ(dequantized(both), expected);
+
+    const tl::Linear other_groups = random_int4("up", 128, 96, 64);
+    try {
+        tl::concat_linear_rows(gate, other_groups, "bad");
+        FAIL() << "mismatched group sizes were accepted";
+    } catch (const tl::Error &e) {
+        EXPECT_EQ(e.code(), TL_ERR_INVALID_ARGUMENT);
+    }
+}
+
+TEST(HostPacking, PadRows) {
+    const tl::Linear head = random_int4("head", 64, 100, 0 /* per row */);
+    const tl::Linear padded = tl::pad_linear_rows(head, 64);
+    ASSERT_EQ(padded.n, 128);
+    ASSERT_EQ(padded.k, 64);
+    const std::vector<float> original = dequantized(head), values = dequantized(padded);
+    EXPECT_TRUE(std::equal(original.begin(), original.end(), values.begin()));
+    EXPECT_TRUE(std::all_of(values.begin() + original.size(), values.end(), [](float v) { return v == 0.0f; }));
+    const tl::Linear again = tl::pad_linear_rows(padded, 64);
+    EXPECT_EQ(again.n, 128);
+    EXPECT_EQ(dequantized(again), values);
+}
+
+TEST(HostPacking, RopeTables) {
+    const int32_t T = 300, hd = 12;
+    const float theta = 10000.0f;
+    std::vector<float> c, s;
+    tl::rope_tables(T, hd, theta, c, s);
+    ASSERT_EQ(c.size(), static_cast<size_t>(T) * hd / 2);
+    ASSERT_EQ(s.size(), c.size());
+    for (int t = 0; t < T; ++t) {
+        for (int i = 0; i < hd / 2; ++i) {
+            const long double angle = t * std::pow(static_cast<long double>(theta), -2.0L * i / hd);
+            const size_t k = static_cast<size_t>(t) * hd / 2 + i;
+            ASSERT_NEAR(c[k], static_cast<double>(std::cos(angle)), 1.2e-7) << "t " << t << " i " << i;
+            ASSERT_NEAR(s[k], static_cast<double>(std::sin(angle)), 1.2e-7) << "t " << t << " i " << i;
+        }
+    }
+}
+
+// ---- Models, paths and the CPU reference -------------------------------------------------------------------------
+
+tl::ModelConfig tiny_config() {  // the CLI's "tiny" preset
+    tl::ModelConfig c;
+    c.d_model = 64, c.n_heads = 4, c.head_dim = 16, c.ffn = 128, c.vocab = 256;
+    c.pre = 1, c.loops = 2, c.max_seq = 128, c.group_size = 32;
+    return c;
+}
+
+tl::ModelConfig d256_config(int32_t group_size) {
+    tl::ModelConfig c;
+    c.d_model = 256, c.n_heads = 4, c.head_dim = 64, c.ffn = 1024, c.vocab = 50257;
+    c.pre = 2, c.loops = 4, c.max_seq = 256, c.group_size = group_size;
+    return c;
+}
+
+enum class Head { Tied, Quantized };
+
+struct ModelCase {
+    std::string name;
+    tl::ModelConfig config;
+    Head head;
+    bool mixed = false;  // pre.0.attn_out and loop.mlp_up dense: a dense block linear and an unfused gate/up
+};
+
+const std::vector<ModelCase> &model_cases() {
+    static const std::vector<ModelCase> cases = {
+        {"tiny_g32_tied", tiny_config(), Head::Tied},
+        {"tiny_g32_qhead", tiny_config(), Head::Quantized},
+        {"tiny_g32_mixed", tiny_config(), Head::Tied, true},
+        {"d256_g128_qhead", d256_config(128), Head::Quantized},   // V = 50257: head padded to 50304
+        {"d256_rows_qhead", d256_config(0), Head::Quantized},
+        {"d256_rows_tied", d256_config(0), Head::Tied},           // the FP16 embedding as the head, through cuBLAS
+    };
+    return cases;
+}
+
+std::unique_ptr<tl::Model> build_model(const ModelCase &mc) {
+    tl::SyntheticOptions options;
+    options.seed = rng()();
+    options.quantize_head = mc.head == Head::Quantized;
+    auto model = tl::make_synthetic_model(mc.config, options);
+    if (mc.mixed) {
+        // The dense model of the same seed holds the same underlying values (synthetic.hpp).
+        options.quantized = false;
+        const auto dense = tl::make_synthetic_model(mc.config, options);
+        model->pre[0].attn_out = dense->pre[0].attn_out;  // Linear copies share their storage's ownership
+        model->loop.mlp_up = dense->loop.mlp_up;
+    }
+    return model;
+}
+
+std::vector<int32_t> random_tokens(size_t n, int32_t vocab) {
+    std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+    std::vector<int32_t> tokens(n);
+    for (auto &t : tokens) t = pick(rng());
+    return tokens;
+}
+
+struct Reference {
+    std::vector<float> nll;
+    double sum = 0.0;
+    int32_t windows = 0;
+};
+
+Reference cpu_score(const tl::Model &model, const std::vector<int32_t> &tokens, int32_t window) {
+    Reference r;
+    r.nll.assign(tokens.size() - 1, NAN);
+    tl::ScoreOptions o;
+    o.window = window;
+    o.token_nll = r.nll.data();
+    const tl::ScoreResult res = tl::score_cpu(model, tokens.data(), tokens.size(), o);
+    r.sum = res.nll_sum;
+    r.windows = res.n_windows;
+    return r;
+}
+
+// A model, its GPU twin (packed with every form, so one GpuModel serves every path) and the CPU reference.
+struct Prepared {
+    std::unique_ptr<tl::Model> model;
+    std::unique_ptr<tl::GpuModel> gpu;
+    std::vector<int32_t> tokens;
+    int32_t window = 128;  // 300 tokens: windows of 128, 128 and 46 tokens
+    Reference cpu;
+};
+
+std::map<std::string, std::unique_ptr<Prepared>> &prepared_cache() {
+    static std::map<std::string, std::unique_ptr<Prepared>> cache;
+    return cache;
+}
+
+Prepared &prepared(const ModelCase &mc) {
+    auto &slot = prepared_cache()[mc.name];
+    if (!slot) {
+        auto p = std::make_unique<Prepared>();
+        p->model = build_model(mc);
+        p->tokens = random_tokens(300, mc.config.vocab);
+        p->cpu = cpu_score(*p->model, p->tokens, p->window);
+        tl::GpuModelOptions options;
+        options.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
+        options.head_chunk_rows = kChunkRows;
+        p->gpu = std::make_unique<tl::GpuModel>(*p->model, 0, options);
+        slot = std::move(p);
+    }
+    return *slot;
+}
+
+enum class Path { Native, Fused, Correction, Fp16Body };
+
+const char *path_name(Path p) {
+    switch (p) {
+        case Path::Native: return "native";
+        case Path::Fused: return "fused";
+        case Path::Correction: return "correction";
+        default: return "fp16body";
+    }
+}
+
+void select_path(Path p) {
+    tl::set_dispatch(TL_DISPATCH_USE_MARLIN, p == Path::Native ? 0 : 1);
+    tl::set_dispatch(TL_DISPATCH_FP16_BODY, p == Path::Fp16Body ? 1 : 0);
+    tl::set_dispatch(TL_DISPATCH_MARLIN_MODE, p == Path::Correction ? 2 : 1);
+    tl::set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0);
+}
+
+uint64_t path_count(const tl_dispatch_counts &c, Path p) {
+    switch (p) {
+        case Path::Native: return c.native;
+        case Path::Fused: return c.marlin_fused;
+        case Path::Correction: return c.marlin_correction;
+        default: return c.fp16_body;
+    }
+}
+
+// The GEMMs one window of T tokens runs, by kind: the specification's layer list (four per block application with
+// gate and up fused when both are INT4 with one group size, the head once per logits chunk).
+struct Gemms {
+    uint64_t quant = 0, dense = 0;
+};
+
+Gemms window_gemms(const tl::Model &m, int32_t T) {
+    Gemms g;
+    auto add = [&](const tl::Linear &w, uint64_t times) { (w.quantized ? g.quant : g.dense) += times; };
+    auto block = [&](const tl::Block &b) {
+        add(b.attn_qkv, 1);
+        add(b.attn_out, 1);
+        if (b.mlp_gate.quantized && b.mlp_up.quantized && b.mlp_gate.group_size == b.mlp_up.group_size) {
+            ++g.quant;
+        } else {
+            add(b.mlp_gate, 1);
+            add(b.mlp_up, 1);
+        }
+        add(b.mlp_down, 1);
+    };
+    for (const tl::Block &b : m.pre) block(b);
+    for (int32_t l = 0; l < m.config.loops; ++l) block(m.loop);
+    add(m.head, static_cast<uint64_t>((T - 1 + kChunkRows - 1) / kChunkRows));
+    return g;
+}
+
+Gemms call_gemms(const tl::Model &m, size_t n_tokens, int32_t window) {
+    Gemms total;
+    for (size_t start = 0; start + 1 < n_tokens; start += window - 1) {
+        const Gemms w = window_gemms(m, static_cast<int32_t>(std::min<size_t>(window, n_tokens - start)));
+        total.quant += w.quant;
+        total.dense += w.dense;
+    }
+    return total;
+}
+
+struct GpuRun {
+    std::vector<float> nll;
+    tl::ScoreResult result;
+    tl::GpuScoreStats delta;  // stats after - before
+};
+
+tl::GpuScoreStats stats_delta(const tl::GpuScoreStats &a, const tl::GpuScoreStats &b) {
+    tl::GpuScoreStats d;
+    d.dispatch.fp16_body = a.dispatch.fp16_body - b.dispatch.fp16_body;
+    d.dispatch.marlin_fused = a.dispatch.marlin_fused - b.dispatch.marlin_fused;
+    d.dispatch.marlin_correction = a.dispatch.marlin_correction - b.dispatch.marlin_correction;
+    d.dispatch.dequant_cublas = a.dispatch.dequant_cublas - b.dispatch.dequant_cublas;
+    d.dispatch.native = a.dispatch.native - b.dispatch.native;
+    d.dispatch.fallbacks = a.dispatch.fallbacks - b.dispatch.fallbacks;
+    d.cublas_dense = a.cublas_dense - b.cublas_dense;
+    d.windows = a.windows - b.windows;
+    d.graph_captures = a.graph_captures - b.graph_captures;
+    d.graph_replays = a.graph_replays - b.graph_replays;
+    return d;
+}
+
+GpuRun gpu_score(tl::GpuModel &gm, const std::vector<int32_t> &tokens, int32_t window, void *stream = nullptr) {
+    GpuRun run;
+    run.nll.assign(tokens.size() - 1, NAN);
+    tl::ScoreOptions o;
+    o.window = window;
+    o.token_nll = run.nll.data();
+    const tl::GpuScoreStats before = gm.stats();
+    run.result = tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, stream);
+    run.delta = stats_delta(gm.stats(), before);
+    return run;
+}
+
+// Per-position and total agreement of two NLL vectors; prints the measured figures.
+::testing::AssertionResult agree(const std::vector<float> &got, double got_sum, const std::vector<float> &ref,
+                                 double ref_sum, double max_position_diff, double max_ppl_rel_diff,
+                                 const std::string &what) {
+    double worst = 0.0;
+    size_t worst_at = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(got[i])) return ::testing::AssertionFailure() << what << ": nll[" << i << "] = " << got[i];
+        const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+        if (d > worst) worst = d, worst_at = i;
+    }
+    const double ppl_rel = std::expm1((got_sum - ref_sum) / static_cast<double>(ref.size()));
+    std::printf("  %-34s max |dNLL| %.2e (position %zu), PPL rel diff %+.2e\n", what.c_str(), worst, worst_at, ppl_rel);
+    if (worst > max_position_diff) {
+        return ::testing::AssertionFailure() << what << ": position " << worst_at << " differs by " << worst
+                                             << " nats (" << got[worst_at] << " vs " << ref[worst_at] << ")";
+    }
+    if (std::fabs(ppl_rel) > max_ppl_rel_diff) {
+        return ::testing::AssertionFailure() << what << ": perplexity differs by " << ppl_rel * 100 << " %";
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// Saves the process-wide dispatcher settings and restores them after each test.
+class DispatchSettingsGuard : public ::testing::Test {
+protected:
+    void SetUp() override {
+        for (int32_t i = 0; i < 5; ++i) saved_[i] = tl::get_dispatch(i);
+    }
+    void TearDown() override {
+        for (int32_t i = 0; i < 5; ++i) tl::set_dispatch(i, saved_[i]);
+    }
+
+private:
+    int32_t saved_[5] = {};
+};
+
+// ---- Parity: every model x every path, graphs off and on ---------------------------------------------------------
+
+class ScoreParity : public DispatchSettingsGuard, public ::testing::WithParamInterface<std::tuple<size_t, Path>> {
+public:
+    // The GpuModels are freed here, before the CUDA runtime's own teardown at exit.
+    static void TearDownTestSuite() { prepared_cache().clear(); }
+};
+
+TEST_P(ScoreParity, Matches) {
+    const ModelCase &mc = model_cases()[std::get<0>(GetParam())];
+    const Path path = std::get<1>(GetParam());
+    Prepared &p = prepared(mc);
+    select_path(path);
+    tl::GpuModel &gm = *p.gpu;
+    const size_t n = p.tokens.size();
+    const Gemms expected = call_gemms(*p.model, n, p.window);
+    auto check_paths = [&](const tl::GpuScoreStats &d, uint64_t calls, const char *when) {
+        SCOPED_TRACE(when);
+        EXPECT_EQ(path_count(d.dispatch, path), calls * expected.quant);
+        EXPECT_EQ(d.dispatch.fp16_body + d.dispatch.marlin_fused + d.dispatch.marlin_correction +
+                      d.dispatch.dequant_cublas + d.dispatch.native,
+                  calls * expected.quant)
+            << "INT4 GEMMs ran on another path";
+        EXPECT_EQ(d.dispatch.fallbacks, 0u);
+        EXPECT_EQ(d.cublas_dense, calls * expected.dense);
+        EXPECT_EQ(d.windows, calls * static_cast<uint64_t>(p.cpu.windows));
+    };
+
+    gm.set_use_graphs(false);
+    const GpuRun eager = gpu_score(gm, p.tokens, p.window);
+    EXPECT_EQ(eager.result.n_windows, p.cpu.windows);
+    EXPECT_EQ(eager.result.tokens_scored, n - 1);
+    EXPECT_TRUE(agree(eager.nll, eager.result.nll_sum, p.cpu.nll, p.cpu.sum, kMaxPositionDiff, kMaxPplRelDiff,
+                      mc.name + " " + path_name(path) + " vs CPU"));
+    double sum = 0.0;
+    for (float v : eager.nll) sum += v;
+    EXPECT_NEAR(eager.result.nll_sum, sum, 1e-6 * std::fabs(sum)) << "nll_sum is not the sum of token_nll";
+    check_paths(eager.delta, 1, "graphs off");
+    EXPECT_EQ(eager.delta.graph_captures + eager.delta.graph_replays, 0u);
+
+    // Graphs: the first call runs each new window length eagerly and captures it (128 and 46 tokens), replaying the
+    // second 128-token window; the second call replays all three.
+    gm.set_use_graphs(true);
+    const GpuRun first = gpu_score(gm, p.tokens, p.window);
+    const GpuRun second = gpu_score(gm, p.tokens, p.window);
+    gm.set_use_graphs(false);
+    EXPECT_EQ(first.delta.graph_captures, 2u);
+    EXPECT_EQ(first.delta.graph_replays, 1u);
+    EXPECT_EQ(second.delta.graph_captures, 0u);
+    EXPECT_EQ(second.delta.graph_replays, 3u);
+    check_paths(first.delta, 1, "graphs on, first call");
+    check_paths(second.delta, 1, "graphs on, second call");
+    // The native kernel and ours are deterministic; the Marlin-class split-k reduction (FP32 atomics) and cuBLAS
+    // need not be.
+    const bool deterministic = path == Path::Native && expected.dense == 0;
+    const double rerun_tol = deterministic ? 0.0 : kMaxRerunDiff;
+    for (const GpuRun *r : {&first, &second}) {
+        EXPECT_TRUE(agree(r->nll, r->result.nll_sum, eager.nll, eager.result.nll_sum, rerun_tol,
+                          deterministic ? 0.0 : kMaxPplRelDiff / 10, mc.name + " " + path_name(path) + " graphs"));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ScoreParity,
+                         ::testing::Combine(::testing::Range<size_t>(0, model_cases().size()),
+                                            ::testing::Values(Path::Native, Path::Fused, Path::Correction,
+                                                              Path::Fp16Body)),
+                         [](const ::testing::TestParamInfo<std::tuple<size_t, Path>> &info) {
+                             return model_cases()[std::get<0>(info.param)].name + "_" +
+                                    path_name(std::get<1>(info.param));
+                         });
+
+// ---- The entry point: checks, windows, progress, streams, buffer reuse -------------------------------------------
+
+class ScoreApi : public DispatchSettingsGuard {
+protected:
+    static void SetUpTestSuite() {
+        tl::SyntheticOptions options;
+        options.seed = rng()();
+        model_ = tl::make_synthetic_model(tiny_config(), options).release();
+        gpu_ = new tl::GpuModel(*model_, 0);
+    }
+    static void TearDownTestSuite() {
+        delete gpu_;
+        delete model_;
+    }
+    static tl::Model *model_;
+    static tl::GpuModel *gpu_;
+};
+tl::Model *ScoreApi::model_ = nullptr;
+tl::GpuModel *ScoreApi::gpu_ = nullptr;
+
+template <class Fn>
+::testing::AssertionResult fails_with(tl_status code, const std::string &message_part, Fn fn) {
+    try {
+        fn();
+    } catch (const tl::Error &e) {
+        if (e.code() != code) return ::testing::AssertionFailure() << "status " << e.code() << ": " << e.what();
+        if (std::string(e.what()).find(message_part) == std::string::npos) {
+            return ::testing::AssertionFailure() << "message '" << e.what() << "' lacks '" << message_part << "'";
+        }
+        return ::testing::AssertionSuccess() << e.what();
+    }
+    return ::testing::AssertionFailure() << "no error";
+}
+
+TEST_F(ScoreApi, RejectsBadArguments) {
+    std::vector<int32_t> tokens = random_tokens(10, 256);
+    tl::ScoreOptions o;
+    auto score = [&](const int32_t *t, size_t n, int32_t device) { tl::score_cuda(*gpu_, t, n, o, device, nullptr); };
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "tokens is NULL", [&] { score(nullptr, 10, 0); }));
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "at least 2", [&] { score(tokens.data(), 1, 0); }));
+    tokens[3] = 256;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "tokens[3] = 256", [&] { score(tokens.data(), 10, 0); }));
+    tokens[3] = -1;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "tokens[3] = -1", [&] { score(tokens.data(), 10, 0); }));
+    tokens[3] = 0;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "not the GpuModel's device", [&] { score(tokens.data(), 10, 1); }));
+    o.window = 1;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "window = 1", [&] { score(tokens.data(), 10, 0); }));
+    o.window = 129;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "window = 129", [&] { score(tokens.data(), 10, 0); }));
+    o.window = 0;
+    o.linear_input = [](const tl::Linear &, const float *, int32_t) {};
+    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "linear_input", [&] { score(tokens.data(), 10, 0); }));
+    // A model the GPU attention cannot run is refused when the GpuModel is built.
+    tl::ModelConfig wide = tiny_config();
+    wide.n_heads = 1, wide.head_dim = 320, wide.d_model = 64;
+    tl::SyntheticOptions options;
+    const auto model = tl::make_synthetic_model(wide, options);
+    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "head_dim", [&] { tl::GpuModel gm(*model, 0); }));
+}
+
+TEST_F(ScoreApi, WindowsAndProgress) {
+    for (auto [n, window] : {std::pair<size_t, int32_t>{10, 0}, {20, 2}, {300, 64}, {129, 128}, {130, 128}}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " window=" + std::to_string(window));
+        const std::vector<int32_t> tokens = random_tokens(n, 256);
+        const Reference cpu = cpu_score(*model_, tokens, window);
+        std::vector<std::pair<uint64_t, uint64_t>> calls;
+        std::vector<float> nll(n - 1, NAN);
+        tl::ScoreOptions o;
+        o.window = window;
+        o.token_nll = nll.data();
+        o.progress = [&](uint64_t done, uint64_t total) {
+            calls.emplace_back(done, total);
+            return true;
+        };
+        const tl::ScoreResult r = tl::score_cuda(*gpu_, tokens.data(), n, o, 0, nullptr);
+        EXPECT_EQ(r.n_windows, cpu.windows);
+        ASSERT_EQ(calls.size(), static_cast<size_t>(cpu.windows));
+        for (size_t i = 0; i < calls.size(); ++i) {
+            EXPECT_EQ(calls[i].second, n - 1);
+            EXPECT_GT(calls[i].first, i == 0 ? 0 : calls[i - 1].first);
+        }
+        EXPECT_EQ(calls.back().first, n - 1);
+        EXPECT_TRUE(agree(nll, r.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff, "tiny windows"));
+    }
+}
+
+TEST_F(ScoreApi, CancelledByProgress) {
+    const std::vector<int32_t> tokens = random_tokens(300, 256);
+    tl::ScoreOptions o;
+    o.window = 64;
+    int calls = 0;
+    o.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
+    EXPECT_TRUE(fails_with(TL_ERR_CANCELLED, "after 126 of 299",
+                           [&] { tl::score_cuda(*gpu_, tokens.data(), tokens.size(), o, 0, nullptr); }));
+    EXPECT_EQ(calls, 2);
+}
+
+TEST_F(ScoreApi, UserStreamAndBufferReuse) {
+    // A model of its own (buffer sizes start from nothing) with an INT4 head, on the native path: every kernel is
+    // then deterministic, so every run must give the same bits.
+    tl::SyntheticOptions options;
+    options.seed = rng()();
+    options.quantize_head = true;
+    const auto model = tl::make_synthetic_model(tiny_config(), options);
+    tl::GpuModel gm(*model, 0);
+    tl::set_dispatch(TL_DISPATCH_USE_MARLIN, 0);
+    tl::set_dispatch(TL_DISPATCH_FP16_BODY, 0);
+    const std::vector<int32_t> tokens = random_tokens(200, 256);
+    const GpuRun own = gpu_score(gm, tokens, 100);
+    const uint64_t bytes = gm.device_bytes();
+    cudaStream_t stream = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const GpuRun user = gpu_score(gm, tokens, 100, stream);
+    gm.set_use_graphs(true);
+    const GpuRun graphed = gpu_score(gm, tokens, 100, stream);
+    const GpuRun replayed = gpu_score(gm, tokens, 100, stream);
+    gm.set_use_graphs(false);
+    CUDA_OK(cudaStreamDestroy(stream));
+    EXPECT_EQ(replayed.delta.graph_replays, 3u);
+    EXPECT_EQ(own.nll, user.nll);
+    EXPECT_EQ(own.nll, graphed.nll);
+    EXPECT_EQ(own.nll, replayed.nll);
+    EXPECT_EQ(gm.device_bytes(), bytes) << "buffers were reallocated for a window already seen";
+    const Reference cpu = cpu_score(*model, tokens, 100);
+    EXPECT_TRUE(agree(own.nll, own.result.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff, "own stream"));
+    const std::vector<int32_t> longer = random_tokens(200, 256);
+    gpu_score(gm, longer, 128);
+    EXPECT_GT(gm.device_bytes(), bytes) << "a longer window needs larger activations";
+}
+
+// The embedding (and with it the tied head) in F32 and BF16: the head is then an FP16 copy, not the table itself.
+TEST_F(ScoreApi, EmbeddingTypes) {
+    for (tl::DType dtype : {tl::DType::F32, tl::DType::BF16}) {
+        SCOPED_TRACE(tl::dtype_name(dtype));
+        tl::SyntheticOptions options;
+        options.seed = rng()();
+        auto model = tl::make_synthetic_model(tiny_config(), options);
+        const size_t count = static_cast<size_t>(model->config.vocab) * model->config.d_model;
+        auto table = std::make_shared<std::vector<uint32_t>>(count);  // room for either type
+        for (size_t i = 0; i < count; ++i) {
+            const float v = tl::load_float(model->embed_dtype, model->embed, i);
+            uint32_t bits;
+            std::memcpy(&bits, &v, 4);
+            if (dtype == tl::DType::F32) {
+                (*table)[i] = bits;
+            } else {
+                reinterpret_cast<uint16_t *>(table->data())[i] = static_cast<uint16_t>(bits >> 16);
+            }
+        }
+        model->embed = table->data();
+        model->embed_dtype = dtype;
+        model->head.dense = table->data();
+        model->head.dense_dtype = dtype;
+        model->head.keepalive = table;
+        model->keepalive = table;
+        const std::vector<int32_t> tokens = random_tokens(100, 256);
+        const Reference cpu = cpu_score(*model, tokens, 0);
+        tl::GpuModel gm(*model, 0);
+        const GpuRun run = gpu_score(gm, tokens, 0);
+        EXPECT_TRUE(agree(run.nll, run.result.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff,
+                          std::string("embedding ") + tl::dtype_name(dtype)));
+    }
+}
+
+}  // namespace
