@@ -237,11 +237,12 @@ std::vector<int32_t> make_tokens(const Args &a, size_t count, int32_t vocab) {
 // ---- Logging: the library's lines on stderr, the first few in full (the first-dispatch line among them) ----
 
 std::mutex g_log_mutex;
-int g_log_lines = 0;
+int g_log_lines = 0, g_first_dispatch_lines = 0;
 constexpr int kLogLinesShown = 40;
 
 void log_to_stderr(void *, int32_t level, const char *message) {
     std::lock_guard<std::mutex> lock(g_log_mutex);
+    if (std::strstr(message, "first dispatch") != nullptr) ++g_first_dispatch_lines;
     if (++g_log_lines <= kLogLinesShown) {
         std::fprintf(stderr, "[tl %s] %s\n", level == TL_LOG_ERROR ? "error" : level == TL_LOG_WARN ? "warn" : "info",
                      message);
@@ -257,6 +258,12 @@ struct Scenario {
     int32_t window;  // 0 = the model's max_seq
 };
 
+// Per-position NLL agreement of one row with another (the scenario's reference or the CPU).
+struct Agreement {
+    bool measured = false;
+    double max = 0, mean = 0, dppl = 0;  // max and mean |dNLL| in nats; dPPL = exp(mean NLL difference) - 1
+};
+
 struct Row {
     Scenario scenario;
     std::string config;
@@ -267,10 +274,8 @@ struct Row {
     std::vector<float> nll, warmup_nll;
     uint64_t device_bytes = 0;
     std::string error;
-    // Filled by compare():
-    std::string ref;
-    double max_dnll_ref = NAN, mean_dnll_ref = NAN, dppl_ref = NAN;
-    double max_dnll_cpu = NAN, mean_dnll_cpu = NAN, dppl_cpu = NAN;
+    std::string ref;  // filled by compare()
+    Agreement vs_ref, vs_cpu;
 };
 
 size_t free_device_bytes() {
@@ -286,9 +291,14 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// NaN as soon as either side holds one: a NaN NLL must not hide behind std::max.
 double max_abs_diff(const std::vector<float> &a, const std::vector<float> &b) {
     double m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+        if (std::isnan(d)) return d;
+        m = std::max(m, d);
+    }
     return m;
 }
 
@@ -338,24 +348,28 @@ void compare(std::vector<Row> &rows) {
             if (!other.cpu && other.graphs == 0 && ref == nullptr) ref = &other;
         }
         const double n = static_cast<double>(row.result.tokens_scored);
-        auto fill = [&](const Row *other, double &max_d, double &mean_d, double &dppl) {
-            if (other == nullptr) return;
+        auto agreement = [&](const Row *other) {
+            Agreement g;
+            if (other == nullptr) return g;
             double sum = 0;
-            for (size_t i = 0; i < row.nll.size(); ++i) sum += std::fabs(static_cast<double>(row.nll[i]) - other->nll[i]);
-            max_d = max_abs_diff(row.nll, other->nll);
-            mean_d = sum / n;
-            dppl = std::expm1((row.result.nll_sum - other->result.nll_sum) / n);
+            for (size_t i = 0; i < row.nll.size(); ++i) {
+                sum += std::fabs(static_cast<double>(row.nll[i]) - other->nll[i]);
+            }
+            g.measured = true;
+            g.max = max_abs_diff(row.nll, other->nll);
+            g.mean = sum / n;
+            g.dppl = std::expm1((row.result.nll_sum - other->result.nll_sum) / n);
+            return g;
         };
         if (ref != nullptr) row.ref = ref->config;
-        fill(ref, row.max_dnll_ref, row.mean_dnll_ref, row.dppl_ref);
-        fill(cpu, row.max_dnll_cpu, row.mean_dnll_cpu, row.dppl_cpu);
+        row.vs_ref = agreement(ref);
+        row.vs_cpu = agreement(cpu);
     }
 }
 
 // ---- Output ----
 
 std::string fmt(const char *f, double v) {
-    if (std::isnan(v)) return "";
     char buf[64];
     std::snprintf(buf, sizeof buf, f, v);
     return buf;
@@ -367,38 +381,48 @@ std::string csv_field(std::string s) {
     return "\"" + s + "\"";
 }
 
-void write_csv(const Args &a, const tl_model_properties &p, const std::vector<Row> &rows) {
-    std::ifstream existing(a.csv);
-    const bool header = !a.append || !existing || existing.peek() == std::ifstream::traits_type::eof();
-    existing.close();
-    std::ofstream out(a.csv, a.append ? std::ios::app : std::ios::trunc);
+std::string read_file(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string &path, const std::string &text) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out) throw BenchError("cannot write '" + path + "'");
+}
+
+std::string csv_rows(const Args &a, const tl_model_properties &p, const std::vector<Row> &rows, bool header) {
+    std::ostringstream out;
     if (header) {
         out << "model,tokens,window,config,graphs,calls,ms_median,ms_min,ms_max,tokens_per_s,tokens_scored,windows,"
                "nll_per_token,perplexity,gemm_fused,gemm_correction,gemm_dequant_cublas,gemm_native,gemm_fp16_body,"
-               "gemm_dense_cublas,gemm_fallbacks,device_mib,file_tensor_mib,int4_weight_mib,rerun_max_dnll,ref,max_dnll_ref,mean_dnll_ref,"
+               "gemm_dense_cublas,gemm_fallbacks,device_mib,file_tensor_mib,int4_weight_mib,rerun_max_dnll,ref,"
+               "max_dnll_ref,mean_dnll_ref,"
                "dppl_ref_pct,max_dnll_cpu,mean_dnll_cpu,dppl_cpu_pct,error\n";
     }
     for (const Row &r : rows) {
         const tl_score_result &s = r.result;
         const bool ok = r.error.empty();
-        const double ms = ok ? median(r.ms) : NAN;
+        const double ms = ok ? median(r.ms) : 0;
+        auto agreement = [](const Agreement &g) {
+            return g.measured ? fmt("%.4g", g.max) + ',' + fmt("%.4g", g.mean) + ',' + fmt("%.4g", 100 * g.dppl) : ",,";
+        };
         out << csv_field(a.label) << ',' << r.scenario.tokens << ',' << r.scenario.window << ',' << r.config << ','
-            << r.graphs << ',' << r.ms.size() << ',' << fmt("%.4f", ms) << ','
+            << r.graphs << ',' << r.ms.size() << ',' << (ok ? fmt("%.4f", ms) : "") << ','
             << (ok ? fmt("%.4f", *std::min_element(r.ms.begin(), r.ms.end())) : "") << ','
             << (ok ? fmt("%.4f", *std::max_element(r.ms.begin(), r.ms.end())) : "") << ','
             << (ok ? fmt("%.1f", s.tokens_scored / (ms / 1e3)) : "") << ',' << s.tokens_scored << ',' << s.n_windows
-            << ',' << (ok ? fmt("%.9g", s.nll_sum / s.tokens_scored) : "") << ',' << (ok ? fmt("%.9g", s.perplexity) : "")
+            << ',' << (ok ? fmt("%.9g", s.nll_sum / s.tokens_scored) : "") << ','
+            << (ok ? fmt("%.9g", s.perplexity) : "")
             << ',' << s.gemm_marlin_fused << ',' << s.gemm_marlin_correction << ',' << s.gemm_dequant_cublas << ','
             << s.gemm_native << ',' << s.gemm_fp16_body << ',' << s.gemm_dense_cublas << ',' << s.gemm_fallbacks << ','
             << (ok && !r.cpu ? fmt("%.1f", r.device_bytes / 1048576.0) : "") << ','
             << fmt("%.1f", p.tensor_bytes / 1048576.0) << ',' << fmt("%.1f", p.quant_weight_bytes / 1048576.0) << ','
             << (ok ? fmt("%.3g", max_abs_diff(r.nll, r.warmup_nll)) : "") << ',' << r.ref << ','
-            << fmt("%.4g", r.max_dnll_ref) << ',' << fmt("%.4g", r.mean_dnll_ref) << ','
-            << fmt("%.4g", 100 * r.dppl_ref) << ',' << fmt("%.4g", r.max_dnll_cpu) << ','
-            << fmt("%.4g", r.mean_dnll_cpu) << ',' << fmt("%.4g", 100 * r.dppl_cpu) << ',' << csv_field(r.error)
-            << '\n';
+            << agreement(r.vs_ref) << ',' << agreement(r.vs_cpu) << ',' << csv_field(r.error) << '\n';
     }
-    if (!out) throw BenchError("cannot write '" + a.csv + "'");
+    return out.str();
 }
 
 std::string model_line(const Args &a, const tl_model_properties &p, const std::string &device) {
@@ -441,11 +465,10 @@ std::string markdown(const Args &a, const tl_model_properties &p, const std::str
           << x.gemm_fp16_body << " | " << x.gemm_dense_cublas << " | " << x.gemm_fallbacks << " | "
           << (r.cpu ? "-" : fmt("%.0f", r.device_bytes / 1048576.0)) << " | "
           << fmt("%.2g", max_abs_diff(r.nll, r.warmup_nll)) << " | ";
-        s << (std::isnan(r.max_dnll_ref) ? "-" : r.ref + ": " + fmt("%.3g", r.max_dnll_ref) + ", " +
-                                                     fmt("%+.3f%%", 100 * r.dppl_ref))
-          << " | "
-          << (std::isnan(r.max_dnll_cpu) ? "-" : fmt("%.3g", r.max_dnll_cpu) + ", " + fmt("%+.3f%%", 100 * r.dppl_cpu))
-          << " |\n";
+        auto agreement = [](const Agreement &g) {
+            return g.measured ? fmt("%.3g", g.max) + ", " + fmt("%+.3f%%", 100 * g.dppl) : std::string("-");
+        };
+        s << (r.vs_ref.measured ? r.ref + ": " : "") << agreement(r.vs_ref) << " | " << agreement(r.vs_cpu) << " |\n";
     }
     s << "\nms: wall time of one tl_score call; tokens/s: tokens scored (n - 1) per second; GEMM counters: per call "
          "(graph replays included); device MiB: free-memory drop since before the load; dNLL in nats per position; "
@@ -498,6 +521,16 @@ int run(const Args &a) {
     }
     std::fprintf(stderr, "[bench] %s: %s\n", a.label.c_str(), device.c_str());
 
+    // The files are rewritten after every configuration, so a run cut short by a time limit keeps what it measured.
+    const std::string csv_before = a.append ? read_file(a.csv) : "", md_before = a.append ? read_file(a.md) : "";
+    auto write_outputs = [&](std::vector<Row> &done) {
+        compare(done);
+        write_file(a.csv, csv_before + csv_rows(a, props, done, csv_before.empty()));
+        const std::string md = markdown(a, props, device, done);
+        write_file(a.md, md_before + md);
+        return md;
+    };
+
     Dispatcher dispatcher;
     std::vector<Row> rows;
     bool failed = false;
@@ -528,7 +561,8 @@ int run(const Args &a) {
                     std::fprintf(stderr,
                                  "[bench] %-10s %s, graphs %s: %.2f ms, NLL/token %.5f, GEMMs fused %llu corr %llu "
                                  "deq %llu native %llu fp16 %llu dense %llu fallbacks %llu\n",
-                                 c->name, scenario_text(row.scenario).c_str(), row.cpu ? "-" : row.graphs ? "on" : "off",
+                                 c->name, scenario_text(row.scenario).c_str(),
+                                 row.cpu ? "-" : row.graphs ? "on" : "off",
                                  median(row.ms), x.nll_sum / x.tokens_scored,
                                  (unsigned long long)x.gemm_marlin_fused, (unsigned long long)x.gemm_marlin_correction,
                                  (unsigned long long)x.gemm_dequant_cublas, (unsigned long long)x.gemm_native,
@@ -546,17 +580,14 @@ int run(const Args &a) {
             std::fprintf(stderr, "[bench] %s: %s\n", c->name, e.what());
         }
         tl_model_free(model);
+        write_outputs(rows);
     }
     dispatcher.restore();
     tl_set_log_callback(nullptr, nullptr, TL_LOG_ERROR);
+    std::fprintf(stderr, "[bench] library log: %d lines, %d of them a first-dispatch line\n", g_log_lines,
+                 g_first_dispatch_lines);
 
-    compare(rows);
-    write_csv(a, props, rows);
-    const std::string md = markdown(a, props, device, rows);
-    std::ofstream out(a.md, a.append ? std::ios::app : std::ios::trunc);
-    out << md;
-    if (!out) throw BenchError("cannot write '" + a.md + "'");
-    std::fputs(md.c_str(), stdout);
+    std::fputs(write_outputs(rows).c_str(), stdout);
     return failed ? 1 : 0;
 }
 

@@ -3,7 +3,8 @@
 # CTest suite the machine can (all but the Criterion C suite: libcriterion is not on the GPU image), the GPU suites
 # again under compute-sanitizer memcheck and racecheck, then the GEMM benchmark. Logs under $OUT.
 #
-#   OUT=/path tools/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=... to trim)
+#   OUT=/path tools/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=..., SANITIZER_TOOLS=memcheck,
+#                                       SANITIZE_ONLY=<binary name> to trim)
 # Header-only build dependencies the GPU image lacks (CLI11, Eigen) come in a carried folder .devdeps laid out like
 # the root file system; they are copied into place only where missing.
 set -u
@@ -40,11 +41,12 @@ grep -E "\*\*\*Failed|Timeout|Exception|\*\*\*Skipped" "$OUT/ctest.log" | head -
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   step sanitizer
   : >"$OUT/sanitizer.log"
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     for cmd in "$BUILD/bin/tl_gpu_tests --quick" "$BUILD/bin/tl_gpu_api_tests" \
                "$BUILD/bin/tl_gpu_score_tests --gtest_filter=Kernels.*-Kernels.AttentionLong"; do
       # racecheck looks at shared memory, which only the kernels' own suites exercise in full.
       [ "$tool" = racecheck ] && [[ "$cmd" == *tl_gpu_api_tests* ]] && continue
+      [ -n "${SANITIZE_ONLY:-}" ] && [[ "$cmd" != *"$SANITIZE_ONLY"* ]] && continue
       echo "---- compute-sanitizer --tool $tool $cmd" >>"$OUT/sanitizer.log"
       # shellcheck disable=SC2086
       timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 99 $cmd \

@@ -58,7 +58,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 step models
 for spec in row:0 g128:128; do
   name=${spec%%:*}
-  bounded 60 "$BIN/tinyloop" make-model --preset 2b --group-size "${spec#*:}" --out "$WORK/2b-$name.tinyloop" >>"$LOG" 2>&1
+  bounded 60 "$BIN/tinyloop" make-model --preset 2b --group-size "${spec#*:}" --out "$WORK/2b-$name.tinyloop" \
+    >>"$LOG" 2>&1
   summary+=("model 2b-$name: rc=$?")
 done
 
@@ -77,7 +78,7 @@ bench row "2B per-row"
 step "cross-check with PyTorch"
 CROSS=$OUT/crosscheck.log
 : >"$CROSS"
-"$PY" -c "import sys; sys.path.insert(0, 'tools'); import torch_reference as r
+"$PY" -B -c "import sys; sys.path.insert(0, 'tools'); import torch_reference as r
 print(' '.join(map(str, r.splitmix64_tokens(1024, $SEED, 50257))))" >"$WORK/tokens-1024.txt"
 per_token=()
 for spec in "default:" "native:TINYLOOP_USE_MARLIN=0" "fused:TINYLOOP_MARLIN_MODE=1 TINYLOOP_CUBLAS_MIN_M=0" \
@@ -96,7 +97,8 @@ if [ ${#per_token[@]} -gt 0 ]; then
   bounded 120 "$PY" tools/torch_reference.py "$WORK/2b-row.tinyloop" --random 1024 --seed "$SEED" \
     --per-token-out "$WORK/torch-1024.tsv" --compare "${per_token[@]}" >>"$CROSS" 2>&1
   rc=$?
-  summary+=("cross-check: rc=$rc ($(grep -c '^COMPARE PASS' "$CROSS") pass, $(grep -c '^COMPARE FAIL' "$CROSS") fail of ${#per_token[@]})")
+  passed=$(grep -c '^COMPARE PASS' "$CROSS") failed=$(grep -c '^COMPARE FAIL' "$CROSS")
+  summary+=("cross-check: rc=$rc ($passed pass, $failed fail of ${#per_token[@]} tinyloop runs)")
 else
   summary+=("cross-check: no tinyloop score run succeeded")
 fi
@@ -130,7 +132,8 @@ for line in open(sys.argv[2]) if os.path.exists(sys.argv[2]) else []:
 def fnum(v, f="{:.0f}"):
     return f.format(float(v)) if v not in ("", None) else "-"
 
-print("| model | tokens | window | config | graphs | tokens/s | ms | device MiB | fallbacks | vs ref dPPL % | vs CPU dPPL % |")
+print("| model | tokens | window | config | graphs | tokens/s | ms | device MiB | fallbacks | vs ref dPPL % "
+      "| vs CPU dPPL % |")
 print("|---|---:|---:|---|:-:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     if r["error"]:

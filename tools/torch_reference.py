@@ -39,6 +39,7 @@ Examples:
 """
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -87,6 +88,10 @@ def read_tokens(args, vocab):
     if bad:
         raise InputError(f"token {bad[0][1]} at index {bad[0][0]} is outside [0, vocab = {vocab})")
     return tokens
+
+
+def perplexity_text(mean_nll):
+    return f"{math.exp(mean_nll):.6g}" if mean_nll < 700 else "overflows a double"
 
 
 def windows(n, length):
@@ -179,7 +184,7 @@ class TorchBackend:
         return x.detach().cpu().tolist()
 
     def quiet(self):
-        return _NoContext()
+        return contextlib.nullcontext()
 
 
 class NumpyBackend:
@@ -265,14 +270,6 @@ class NumpyBackend:
     def quiet(self):
         # exp(-x) overflows to inf for very negative x in SiLU; x / inf = -0 is the right limit.
         return self.np.errstate(over="ignore")
-
-
-class _NoContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ---- The model -------------------------------------------------------------------------------------------------------
@@ -411,10 +408,7 @@ class Reference:
 class Fp16Peer:
     def __init__(self, path, xp):
         torch = xp.torch
-        self.xp, self.torch = xp, torch
-        F = torch.nn.functional
-        self.F = F
-
+        self.xp, self.torch, self.F = xp, torch, torch.nn.functional
         self.m = m = Model(path, xp, lambda w: w.to(torch.float16))
         self.embed = m.embed.to(torch.float16)
         self.head = self.embed if m.head is None else m.head
@@ -507,7 +501,7 @@ def run_speed(args, xp):
           f"windows)")
     print(f"time         median {ms:.3f} ms of {args.reps} (min {min(times):.3f}, max {max(times):.3f})")
     print(f"tokens/s     {scored / (ms / 1e3):.1f}")
-    print(f"nll          {nll_sum / scored:.6f} nats/token (FP16 peer; perplexity {math.exp(nll_sum / scored):.6g})")
+    print(f"nll          {nll_sum / scored:.6f} nats/token (FP16 peer; perplexity {perplexity_text(nll_sum / scored)})")
     print(f"weights      {peer.weight_bytes} bytes FP16 ({peer.weight_bytes / 2**20:.1f} MiB; tied head counted once), "
           f"of which linear layers {peer.linear_bytes} ({peer.linear_bytes / 2**20:.1f} MiB)")
     print(f"memory       {loaded / 2**20:.1f} MiB allocated after load, "
@@ -617,7 +611,7 @@ def main(argv):
         print(f"tokens       {scored} scored ({len(tokens)} in, window {window}, "
               f"{len(windows(len(tokens), window))} windows)")
         print(f"nll          total {total:.6f}, {total / scored:.6f} nats/token")
-        print(f"perplexity   {math.exp(total / scored):.6g}" if total / scored < 700 else "perplexity   overflows")
+        print(f"perplexity   {perplexity_text(total / scored)}")
         if args.per_token_out:
             with open(args.per_token_out, "w") as f:
                 for i, value in enumerate(nll):
