@@ -467,8 +467,8 @@ typedef struct tl_score_options {
      *  stream for this model and device). The call returns when the work is done either way. */
     int32_t device;
     void *stream;
-    /** CUDA backend: 1 to capture each window length's forward pass in a CUDA graph and replay it; 0 (default)
-     *  runs every launch eagerly (docs/benchmarks.md has both measured). */
+    /** CUDA backend: 1 (default) captures each window length's forward pass in a CUDA graph and replays it;
+     *  0 runs every launch eagerly. Graphs measured faster or equal everywhere (docs/benchmarks.md). */
     int32_t use_graphs;
 } tl_score_options;
 

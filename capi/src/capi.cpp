@@ -675,6 +675,7 @@ TL_API tl_status tl_score_options_init(tl_score_options *options) {
         std::memset(options, 0, sizeof *options);
         options->struct_size = sizeof *options;
         options->backend = TL_BACKEND_AUTO;
+        options->use_graphs = 1;
     });
 }
 

@@ -49,6 +49,9 @@ Test(score_options_init, fills_the_defaults) {
     cr_assert_null(options.progress_user_data);
     cr_assert_null(options.token_nll);
     cr_assert_eq(options.token_nll_len, 0);
+    cr_assert_eq(options.device, 0);
+    cr_assert_null(options.stream);
+    cr_assert_eq(options.use_graphs, 1);
     ASSERT_FAILS_NAMING(tl_score_options_init(NULL), TL_ERR_INVALID_ARGUMENT, "options");
 }
 

@@ -36,7 +36,7 @@ impl Backend {
 }
 
 /// Options of [`Model::score`]; `Default` gives the library's defaults and no per-token output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScoreOptions {
     /// Where to run.
     pub backend: Backend,
@@ -50,9 +50,22 @@ pub struct ScoreOptions {
     pub token_nll: bool,
     /// CUDA backend: the device to run on (default 0).
     pub device: usize,
-    /// CUDA backend: capture each window length's forward pass in a CUDA graph and replay it (default `false`:
-    /// every launch runs eagerly).
+    /// CUDA backend: capture each window length's forward pass in a CUDA graph and replay it (default `true`,
+    /// measured faster or equal in every scenario; `false` runs every launch eagerly).
     pub use_graphs: bool,
+}
+
+impl Default for ScoreOptions {
+    fn default() -> Self {
+        ScoreOptions {
+            backend: Backend::default(),
+            threads: 0,
+            window: 0,
+            token_nll: false,
+            device: 0,
+            use_graphs: true,
+        }
+    }
 }
 
 /// What [`Model::score`] reports.
