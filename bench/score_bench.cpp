@@ -307,7 +307,7 @@ void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens, cons
              Row &row) {
     const size_t n = static_cast<size_t>(row.scenario.tokens);
     tl_score_options o;
-    check(tl_score_options_init(&o), "tl_score_options_init");
+    check(tl_score_options_init(&o, sizeof o), "tl_score_options_init");
     o.backend = row.cpu ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
     o.window = row.scenario.window;
     o.device = a.device;
@@ -315,7 +315,7 @@ void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens, cons
     row.nll.assign(n - 1, NAN);
     row.warmup_nll.assign(n - 1, NAN);
     tl_score_result r;
-    check(tl_score_result_init(&r), "tl_score_result_init");
+    check(tl_score_result_init(&r, sizeof r), "tl_score_result_init");
     for (int call = 0; call <= a.reps; ++call) {
         std::vector<float> &nll = call == 0 ? row.warmup_nll : row.nll;
         o.token_nll = nll.data();

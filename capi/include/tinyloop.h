@@ -11,10 +11,13 @@
  *    names the offending argument, tensor or file. tl_last_error_message() reads it.
  *  - Output pointers are written only on success, except the object creators (tl_model_load, tl_weight_create,
  *    tl_weight_quantize), which set *out to NULL on failure so that a failed create never leaves a pointer to free.
- *  - Option and result structs start with `uint32_t struct_size`, which the caller sets to sizeof(the struct)
- *    it was compiled with (the *_init functions do it). A smaller size from an older caller is accepted: the
- *    fields it lacks take their defaults. A size smaller than the first version of the struct, or larger than
- *    the library knows, is TL_ERR_INVALID_ARGUMENT.
+ *  - Option and result structs start with `uint32_t struct_size`, which holds sizeof(the struct) as the caller
+ *    was compiled with it. Each *_init function takes that size as its second argument (pass sizeof(*options)),
+ *    writes only the first struct_size bytes of the caller's struct (the defaults, as far as they fit) and sets
+ *    struct_size, so a caller built against an older, smaller header is never written past its struct.
+ *    A smaller size from an older caller is accepted: the fields it lacks take their defaults. A size smaller
+ *    than the first version of the struct, or larger than the library knows, is TL_ERR_INVALID_ARGUMENT (from
+ *    the *_init functions too, which then write nothing).
  *  - Nothing in the library aborts or exits; C++ exceptions and CUDA errors become statuses.
  *  - *_free(NULL) is a no-op.
  *
@@ -137,8 +140,8 @@ typedef struct tl_load_options {
     int32_t validate_values;
 } tl_load_options;
 
-/** Fills `options` with the defaults and sets struct_size. TL_ERR_INVALID_ARGUMENT if options is NULL. */
-TL_API tl_status tl_load_options_init(tl_load_options *options);
+/** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
+TL_API tl_status tl_load_options_init(tl_load_options *options, uint32_t struct_size);
 
 /** Loads a .tinyloop file (a safetensors file; docs/format.md). `options` may be NULL for the defaults.
  *  On success *out_model owns the model; on failure *out_model is set to NULL. Statuses: TL_ERR_IO (cannot
@@ -230,8 +233,8 @@ typedef struct tl_weight_desc {
     const char *name;
 } tl_weight_desc;
 
-/** Fills `desc` with zeros/NULLs, bits = 4, and sets struct_size. */
-TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc);
+/** Fills `desc` with zeros/NULLs, bits = 4, and sets struct_size; pass sizeof(*desc) as struct_size. */
+TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc, uint32_t struct_size);
 
 /** Creates an owned weight from host arrays (copied; the caller keeps its arrays). Validates sizes and that
  *  every scale and zero is finite. On failure *out_weight is set to NULL. */
@@ -251,8 +254,8 @@ typedef struct tl_quantize_options {
     int32_t bits;
 } tl_quantize_options;
 
-/** Fills `options` with the defaults and sets struct_size. */
-TL_API tl_status tl_quantize_options_init(tl_quantize_options *options);
+/** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
+TL_API tl_status tl_quantize_options_init(tl_quantize_options *options, uint32_t struct_size);
 
 /** Quantizes a row-major FP32 matrix w[n][k] (row n holds W[:, n], like a PyTorch Linear weight) into an
  *  owned weight. `options` may be NULL for the defaults. Values must be finite. On failure *out_weight is set
@@ -334,8 +337,8 @@ typedef struct tl_pack_options {
     uint32_t forms;
 } tl_pack_options;
 
-/** Fills `options` with the defaults and sets struct_size. */
-TL_API tl_status tl_pack_options_init(tl_pack_options *options);
+/** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
+TL_API tl_status tl_pack_options_init(tl_pack_options *options, uint32_t struct_size);
 
 typedef struct tl_pack_report {
     uint32_t struct_size;
@@ -351,8 +354,8 @@ typedef struct tl_pack_report {
     uint64_t extra_device_bytes;
 } tl_pack_report;
 
-/** Fills `report` with zeros and sets struct_size. */
-TL_API tl_status tl_pack_report_init(tl_pack_report *report);
+/** Fills `report` with zeros and sets struct_size; pass sizeof(*report) as struct_size. */
+TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_size);
 
 /** Uploads every quantized weight of `model` to the device and packs the requested forms, on the host, for
  *  those the Marlin-class kernel takes. Run once after loading; calling it again replaces earlier packs.
@@ -472,8 +475,8 @@ typedef struct tl_score_options {
     int32_t use_graphs;
 } tl_score_options;
 
-/** Fills `options` with the defaults and sets struct_size. */
-TL_API tl_status tl_score_options_init(tl_score_options *options);
+/** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
+TL_API tl_status tl_score_options_init(tl_score_options *options, uint32_t struct_size);
 
 typedef struct tl_score_result {
     uint32_t struct_size;
@@ -500,8 +503,8 @@ typedef struct tl_score_result {
     uint64_t gemm_fallbacks;
 } tl_score_result;
 
-/** Fills `result` with zeros and sets struct_size. */
-TL_API tl_status tl_score_result_init(tl_score_result *result);
+/** Fills `result` with zeros and sets struct_size; pass sizeof(*result) as struct_size. */
+TL_API tl_status tl_score_result_init(tl_score_result *result, uint32_t struct_size);
 
 /** Scores a token sequence: the NLL of each token given those before it. tokens[i] must be in
  *  [0, vocab); n_tokens >= 2. `options` may be NULL for the defaults; `out_result` must have its

@@ -99,6 +99,40 @@ void require_struct_size(const T *s, const char *name) {
     }
 }
 
+// The size of each initialisable struct's first version: the smallest struct_size its *_init accepts. Every
+// struct is in its first version today; one that appends fields keeps its old size here.
+template <class T>
+constexpr uint32_t kFirstVersionSize = 0;  // 0: not listed, and init_struct refuses to compile
+template <> constexpr uint32_t kFirstVersionSize<tl_load_options> = sizeof(tl_load_options);
+template <> constexpr uint32_t kFirstVersionSize<tl_weight_desc> = sizeof(tl_weight_desc);
+template <> constexpr uint32_t kFirstVersionSize<tl_quantize_options> = sizeof(tl_quantize_options);
+template <> constexpr uint32_t kFirstVersionSize<tl_pack_options> = sizeof(tl_pack_options);
+template <> constexpr uint32_t kFirstVersionSize<tl_pack_report> = sizeof(tl_pack_report);
+template <> constexpr uint32_t kFirstVersionSize<tl_score_options> = sizeof(tl_score_options);
+template <> constexpr uint32_t kFirstVersionSize<tl_score_result> = sizeof(tl_score_result);
+
+// Shared body of the *_init functions. The defaults are built in a full local struct and only the caller's
+// struct_size bytes are copied out, so a caller compiled against an older, smaller struct is never overrun.
+template <class T, class SetDefaults>
+tl_status init_struct(T *out, uint32_t struct_size, const char *name, SetDefaults set_defaults) {
+    return guarded([&] {
+        static_assert(kFirstVersionSize<T> > 0, "list the struct's first-version size in kFirstVersionSize");
+        require_not_null(out, name);
+        const uint32_t smallest = kFirstVersionSize<T>, largest = sizeof(T);
+        if (struct_size < smallest || struct_size > largest) {
+            std::string expected = std::to_string(smallest);
+            if (largest != smallest) expected += ".." + std::to_string(largest);
+            tl::fail(TL_ERR_INVALID_ARGUMENT, "struct_size is " + std::to_string(struct_size) + ", expected " +
+                                                  expected + " (pass sizeof(*" + name + "))");
+        }
+        T full;
+        std::memset(&full, 0, sizeof full);
+        set_defaults(full);
+        full.struct_size = struct_size;
+        std::memcpy(out, &full, struct_size);
+    });
+}
+
 // ---- Logging ----
 
 struct LogSink {
@@ -229,13 +263,10 @@ TL_API tl_status tl_set_log_callback(tl_log_fn callback, void *user_data, int32_
 
 // ---- Models ----
 
-TL_API tl_status tl_load_options_init(tl_load_options *options) {
-    return guarded([&] {
-        require_not_null(options, "options");
-        std::memset(options, 0, sizeof *options);
-        options->struct_size = sizeof *options;
-        options->use_mmap = 1;
-        options->validate_values = 1;
+TL_API tl_status tl_load_options_init(tl_load_options *options, uint32_t struct_size) {
+    return init_struct(options, struct_size, "options", [](tl_load_options &o) {
+        o.use_mmap = 1;
+        o.validate_values = 1;
     });
 }
 
@@ -345,13 +376,8 @@ TL_API tl_status tl_model_find_weight(const tl_model *model, const char *name, c
 
 // ---- Weights ----
 
-TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc) {
-    return guarded([&] {
-        require_not_null(desc, "desc");
-        std::memset(desc, 0, sizeof *desc);
-        desc->struct_size = sizeof *desc;
-        desc->bits = 4;
-    });
+TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc, uint32_t struct_size) {
+    return init_struct(desc, struct_size, "desc", [](tl_weight_desc &d) { d.bits = 4; });
 }
 
 namespace {
@@ -405,14 +431,11 @@ TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_we
     });
 }
 
-TL_API tl_status tl_quantize_options_init(tl_quantize_options *options) {
-    return guarded([&] {
-        require_not_null(options, "options");
-        std::memset(options, 0, sizeof *options);
-        options->struct_size = sizeof *options;
-        options->method = TL_QUANT_ASYMMETRIC;
-        options->group_size = 0;
-        options->bits = 4;
+TL_API tl_status tl_quantize_options_init(tl_quantize_options *options, uint32_t struct_size) {
+    return init_struct(options, struct_size, "options", [](tl_quantize_options &o) {
+        o.method = TL_QUANT_ASYMMETRIC;
+        o.group_size = 0;
+        o.bits = 4;
     });
 }
 
@@ -423,7 +446,7 @@ TL_API tl_status tl_weight_quantize(const float *w, int32_t k, int32_t n, const 
         *out_weight = nullptr;
         require_not_null(w, "w");
         tl_quantize_options opts;
-        tl_quantize_options_init(&opts);
+        tl_quantize_options_init(&opts, sizeof opts);
         if (options != nullptr) {
             require_struct_size(options, "options");
             opts = *options;
@@ -500,28 +523,20 @@ TL_API tl_status tl_device_info(int32_t device, tl_device_properties *out) {
     });
 }
 
-TL_API tl_status tl_pack_options_init(tl_pack_options *options) {
-    return guarded([&] {
-        require_not_null(options, "options");
-        std::memset(options, 0, sizeof *options);
-        options->struct_size = sizeof *options;
-        options->forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
-    });
+TL_API tl_status tl_pack_options_init(tl_pack_options *options, uint32_t struct_size) {
+    return init_struct(options, struct_size, "options",
+                       [](tl_pack_options &o) { o.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION; });
 }
 
-TL_API tl_status tl_pack_report_init(tl_pack_report *report) {
-    return guarded([&] {
-        require_not_null(report, "report");
-        std::memset(report, 0, sizeof *report);
-        report->struct_size = sizeof *report;
-    });
+TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_size) {
+    return init_struct(report, struct_size, "report", [](tl_pack_report &) {});
 }
 
 namespace {
 
 tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
     tl_pack_options opts;
-    tl_pack_options_init(&opts);
+    tl_pack_options_init(&opts, sizeof opts);
     if (options != nullptr) {
         require_struct_size(options, "options");
         opts = *options;
@@ -535,7 +550,7 @@ tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
 void pack_weights(const std::vector<tl_weight *> &weights, const tl_pack_options &opts, tl_pack_report *out_report) {
     if (out_report != nullptr) require_struct_size(out_report, "out_report");
     tl_pack_report report;
-    tl_pack_report_init(&report);
+    tl_pack_report_init(&report, sizeof report);
     std::vector<std::shared_ptr<tl::DeviceWeight>> packed;
     for (const tl_weight *w : weights) {
         tl::PackOutcome outcome;
@@ -669,22 +684,15 @@ TL_API tl_status tl_weight_dispatch_counts(const tl_weight *weight, tl_dispatch_
 
 // ---- Scoring ----
 
-TL_API tl_status tl_score_options_init(tl_score_options *options) {
-    return guarded([&] {
-        require_not_null(options, "options");
-        std::memset(options, 0, sizeof *options);
-        options->struct_size = sizeof *options;
-        options->backend = TL_BACKEND_AUTO;
-        options->use_graphs = 1;
+TL_API tl_status tl_score_options_init(tl_score_options *options, uint32_t struct_size) {
+    return init_struct(options, struct_size, "options", [](tl_score_options &o) {
+        o.backend = TL_BACKEND_AUTO;
+        o.use_graphs = 1;
     });
 }
 
-TL_API tl_status tl_score_result_init(tl_score_result *result) {
-    return guarded([&] {
-        require_not_null(result, "result");
-        std::memset(result, 0, sizeof *result);
-        result->struct_size = sizeof *result;
-    });
+TL_API tl_status tl_score_result_init(tl_score_result *result, uint32_t struct_size) {
+    return init_struct(result, struct_size, "result", [](tl_score_result &) {});
 }
 
 TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
@@ -695,7 +703,7 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         require_not_null(tokens, "tokens");
         require_struct_size(out_result, "out_result");
         tl_score_options opts;
-        tl_score_options_init(&opts);
+        tl_score_options_init(&opts, sizeof opts);
         if (options != nullptr) {
             require_struct_size(options, "options");
             opts = *options;

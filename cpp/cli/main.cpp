@@ -141,7 +141,7 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     ModelHandle h(model_path);
 
     tl_score_options opts;
-    check(tl_score_options_init(&opts), "score options");
+    check(tl_score_options_init(&opts, sizeof opts), "score options");
     static const std::map<std::string, int32_t> backends = {
         {"auto", TL_BACKEND_AUTO}, {"cpu", TL_BACKEND_CPU}, {"cuda", TL_BACKEND_CUDA}};
     opts.backend = backends.at(backend);
@@ -155,7 +155,7 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
         opts.token_nll_len = nll.size();
     }
     tl_score_result r;
-    check(tl_score_result_init(&r), "score result");
+    check(tl_score_result_init(&r, sizeof r), "score result");
     check(tl_score(h.model, tokens.data(), tokens.size(), &opts, &r), "score");
 
     std::printf("tokens        %llu scored (%zu in, %d window%s)\n", static_cast<unsigned long long>(r.tokens_scored),

@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
         return fail("load", status);
     }
     tl_score_result result;
-    tl_score_result_init(&result);
+    tl_score_result_init(&result, sizeof result);
     status = tl_score(model, tokens, n, NULL, &result);
     tl_model_free(model);
     free(tokens);

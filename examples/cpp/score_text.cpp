@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
         check(tl_model_info(model.get(), &info), "info");
 
         tl_score_result result;
-        check(tl_score_result_init(&result), "result");
+        check(tl_score_result_init(&result, sizeof result), "result");
         check(tl_score(model.get(), tokens.data(), tokens.size(), nullptr, &result), "score");
         std::cout << "d_model " << info.d_model << ", " << info.n_pre << " pre + 1 looped x " << info.n_loops
                   << ": perplexity " << result.perplexity << " over " << result.tokens_scored << " tokens\n";

@@ -15,12 +15,12 @@ struct api {
     const char *(*version_string)(void);
     const char *(*status_string)(tl_status);
     const char *(*last_error_message)(void);
-    tl_status (*load_options_init)(tl_load_options *);
+    tl_status (*load_options_init)(tl_load_options *, uint32_t);
     tl_status (*model_load)(const char *, const tl_load_options *, tl_model **);
     void (*model_free)(tl_model *);
     tl_status (*model_info)(const tl_model *, tl_model_properties *);
-    tl_status (*score_options_init)(tl_score_options *);
-    tl_status (*score_result_init)(tl_score_result *);
+    tl_status (*score_options_init)(tl_score_options *, uint32_t);
+    tl_status (*score_result_init)(tl_score_result *, uint32_t);
     tl_status (*score)(const tl_model *, const int32_t *, size_t, const tl_score_options *, tl_score_result *);
 };
 
@@ -101,7 +101,7 @@ static int run(const struct api *api, const char *model_path, const char *text_p
     printf("expected error: %s: %s\n", api->status_string(status), api->last_error_message());
 
     tl_load_options load_options;
-    api->load_options_init(&load_options);
+    api->load_options_init(&load_options, sizeof load_options);
     status = api->model_load(model_path, &load_options, &model);
     if (status != TL_OK) return fail(api, "load", status);
 
@@ -121,10 +121,10 @@ static int run(const struct api *api, const char *model_path, const char *text_p
         return 1;
     }
     tl_score_options options;
-    api->score_options_init(&options);
+    api->score_options_init(&options, sizeof options);
     options.backend = TL_BACKEND_CPU;
     tl_score_result result;
-    api->score_result_init(&result);
+    api->score_result_init(&result, sizeof result);
     status = api->score(model, tokens, n_tokens, &options, &result);
     free(tokens);
     api->model_free(model);

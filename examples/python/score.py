@@ -5,8 +5,8 @@ Usage: python3 score.py LIBRARY MODEL TEXT
 
 The structs below mirror capi/include/tinyloop.h field for field (ctypes applies the C alignment rules). Each is
 made here with its struct_size set to its ctypes size, so a library whose struct has another size refuses it with
-an error instead of misreading it. The tl_*_init functions are not used: they write the library's own size of
-struct, which would overrun a struct declared for another version of the header.
+an error instead of misreading it. The tl_*_init functions are not needed: the few defaults this script relies on
+are set explicitly (were one called, it would be given ctypes.sizeof of the struct, as C callers pass sizeof).
 """
 
 import ctypes

@@ -45,7 +45,7 @@ Test(last_error, is_empty_before_any_call_and_after_success) {
     cr_assert_neq(tl_model_load(NULL, NULL, &model), TL_OK);
     cr_assert_str_not_empty(tl_last_error_message());
     tl_load_options options;
-    ASSERT_OK(tl_load_options_init(&options));
+    ASSERT_OK(tl_load_options_init(&options, sizeof options));
 }
 
 Test(last_error, survives_calls_that_return_no_status) {
@@ -75,7 +75,7 @@ static void *message_thread_main(void *arg) {
         t->status = tl_model_load(t->missing_path, NULL, &model);
     } else {
         tl_score_options options;
-        t->status = tl_score_options_init(&options);
+        t->status = tl_score_options_init(&options, sizeof options);
     }
     pthread_barrier_wait(t->barrier);
     /* Every thread has made its call; a shared message would now hold whichever came last. */
@@ -171,10 +171,10 @@ static void exercise_library(void) {
     int32_t tokens[8];
     random_tokens(tokens, 8, FIXTURE_VOCAB);
     tl_score_options options;
-    tl_score_options_init(&options);
+    tl_score_options_init(&options, sizeof options);
     options.backend = TL_BACKEND_CPU;
     tl_score_result result;
-    tl_score_result_init(&result);
+    tl_score_result_init(&result, sizeof result);
     ASSERT_OK(tl_score(model, tokens, 8, &options, &result));
     tl_model_free(model);
     tl_model *missing = NULL;

@@ -31,7 +31,7 @@ Test(gpu, every_gpu_call_says_no_device) {
 
     tl_model *model = load_fixture();
     tl_pack_report report;
-    ASSERT_OK(tl_pack_report_init(&report));
+    ASSERT_OK(tl_pack_report_init(&report, sizeof report));
     cr_assert_eq(tl_pack_marlin(model, NULL, &report), TL_ERR_NO_DEVICE);
     cr_assert_str_not_empty(tl_last_error_message());
     cr_assert_eq(report.weights_uploaded, 0, "the report was written on failure");
@@ -87,13 +87,13 @@ Test(gpu, a_borrowed_weight_is_packed_through_its_model) {
 
 Test(gpu, pack_options_are_checked_before_any_device_work) {
     tl_pack_options options;
-    ASSERT_OK(tl_pack_options_init(&options));
+    ASSERT_OK(tl_pack_options_init(&options, sizeof options));
     cr_assert_eq(options.struct_size, sizeof options);
     cr_assert_eq(options.device, 0);
     cr_assert_null(options.stream);
     cr_assert_eq(options.forms, TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION);
-    ASSERT_FAILS_NAMING(tl_pack_options_init(NULL), TL_ERR_INVALID_ARGUMENT, "options");
-    ASSERT_FAILS_NAMING(tl_pack_report_init(NULL), TL_ERR_INVALID_ARGUMENT, "report");
+    ASSERT_FAILS_NAMING(tl_pack_options_init(NULL, sizeof(tl_pack_options)), TL_ERR_INVALID_ARGUMENT, "options");
+    ASSERT_FAILS_NAMING(tl_pack_report_init(NULL, sizeof(tl_pack_report)), TL_ERR_INVALID_ARGUMENT, "report");
 
     tl_model *model = load_fixture();
     options.forms = 64; /* unknown bit */
@@ -139,7 +139,7 @@ static tl_status pack_options_with(uint32_t size) {
     tl_model *model = load_fixture();
     struct { tl_pack_options s; unsigned char spare[SPARE_BYTES]; } buffer;
     memset(&buffer, 0, sizeof buffer);
-    tl_pack_options_init(&buffer.s);
+    tl_pack_options_init(&buffer.s, sizeof buffer.s);
     buffer.s.struct_size = size;
     const tl_status status = tl_pack_marlin(model, &buffer.s, NULL);
     tl_model_free(model);

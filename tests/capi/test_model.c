@@ -31,11 +31,11 @@ static void expected_shape(size_t index, int32_t *k, int32_t *n) {
 Test(load_options_init, fills_the_defaults) {
     tl_load_options options;
     memset(&options, 0x5A, sizeof options);
-    ASSERT_OK(tl_load_options_init(&options));
+    ASSERT_OK(tl_load_options_init(&options, sizeof options));
     cr_assert_eq(options.struct_size, sizeof options);
     cr_assert_eq(options.use_mmap, 1);
     cr_assert_eq(options.validate_values, 1);
-    ASSERT_FAILS_NAMING(tl_load_options_init(NULL), TL_ERR_INVALID_ARGUMENT, "options");
+    ASSERT_FAILS_NAMING(tl_load_options_init(NULL, sizeof(tl_load_options)), TL_ERR_INVALID_ARGUMENT, "options");
 }
 
 Test(model_load, missing_file_is_an_io_error_naming_the_path) {
@@ -76,7 +76,7 @@ Test(model_load, rejects_null_and_bad_options) {
     ASSERT_FAILS_NAMING(tl_model_load(NULL, NULL, &model), TL_ERR_INVALID_ARGUMENT, "path");
     ASSERT_FAILS_NAMING(tl_model_load(fixture_path(), NULL, NULL), TL_ERR_INVALID_ARGUMENT, "out_model");
     tl_load_options options;
-    ASSERT_OK(tl_load_options_init(&options));
+    ASSERT_OK(tl_load_options_init(&options, sizeof options));
     options.use_mmap = 2;
     ASSERT_FAILS_NAMING(tl_model_load(fixture_path(), &options, &model), TL_ERR_INVALID_ARGUMENT, "use_mmap");
     options.use_mmap = 1;
@@ -179,7 +179,7 @@ Test(model_info, matches_the_fixture) {
 Test(model_info, is_the_same_without_mmap_or_validation) {
     tl_model *mapped = load_fixture();
     tl_load_options options;
-    ASSERT_OK(tl_load_options_init(&options));
+    ASSERT_OK(tl_load_options_init(&options, sizeof options));
     options.use_mmap = 0;
     options.validate_values = 0;
     tl_model *read = NULL;

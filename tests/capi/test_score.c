@@ -19,7 +19,7 @@ TestSuite(score, .init = setup, .fini = teardown, .timeout = 120);
 
 static tl_score_options cpu_options(float *token_nll, size_t token_nll_len) {
     tl_score_options options;
-    ASSERT_OK(tl_score_options_init(&options));
+    ASSERT_OK(tl_score_options_init(&options, sizeof options));
     options.backend = TL_BACKEND_CPU;
     options.n_threads = 2;
     options.token_nll = token_nll;
@@ -29,7 +29,7 @@ static tl_score_options cpu_options(float *token_nll, size_t token_nll_len) {
 
 static tl_score_result fresh_result(void) {
     tl_score_result result;
-    ASSERT_OK(tl_score_result_init(&result));
+    ASSERT_OK(tl_score_result_init(&result, sizeof result));
     return result;
 }
 
@@ -40,7 +40,7 @@ static void assert_close(double a, double b, double relative, const char *what) 
 Test(score_options_init, fills_the_defaults) {
     tl_score_options options;
     memset(&options, 0x5A, sizeof options);
-    ASSERT_OK(tl_score_options_init(&options));
+    ASSERT_OK(tl_score_options_init(&options, sizeof options));
     cr_assert_eq(options.struct_size, sizeof options);
     cr_assert_eq(options.backend, TL_BACKEND_AUTO);
     cr_assert_eq(options.n_threads, 0);
@@ -52,13 +52,13 @@ Test(score_options_init, fills_the_defaults) {
     cr_assert_eq(options.device, 0);
     cr_assert_null(options.stream);
     cr_assert_eq(options.use_graphs, 1);
-    ASSERT_FAILS_NAMING(tl_score_options_init(NULL), TL_ERR_INVALID_ARGUMENT, "options");
+    ASSERT_FAILS_NAMING(tl_score_options_init(NULL, sizeof(tl_score_options)), TL_ERR_INVALID_ARGUMENT, "options");
 }
 
 Test(score_result_init, zeroes_the_result) {
     tl_score_result result;
     memset(&result, 0x5A, sizeof result);
-    ASSERT_OK(tl_score_result_init(&result));
+    ASSERT_OK(tl_score_result_init(&result, sizeof result));
     cr_assert_eq(result.struct_size, sizeof result);
     cr_assert_eq(result.nll_sum, 0);
     cr_assert_eq(result.tokens_scored, 0);
@@ -66,7 +66,7 @@ Test(score_result_init, zeroes_the_result) {
     cr_assert_eq(result.backend, 0);
     cr_assert_eq(result.n_windows, 0);
     cr_assert_eq(result.seconds, 0);
-    ASSERT_FAILS_NAMING(tl_score_result_init(NULL), TL_ERR_INVALID_ARGUMENT, "result");
+    ASSERT_FAILS_NAMING(tl_score_result_init(NULL, sizeof(tl_score_result)), TL_ERR_INVALID_ARGUMENT, "result");
 }
 
 Test(score, fills_result_and_token_nll) {
@@ -343,13 +343,13 @@ static void *scoring_thread_main(void *arg) {
     t->status = TL_OK;
     for (int round = 0; round < SHARED_ROUNDS && t->status == TL_OK; ++round) {
         tl_score_options options;
-        tl_score_options_init(&options);
+        tl_score_options_init(&options, sizeof options);
         options.backend = TL_BACKEND_CPU;
         options.n_threads = 2;
         options.token_nll = t->token_nll[round];
         options.token_nll_len = SHARED_N - 1;
         tl_score_result result;
-        tl_score_result_init(&result);
+        tl_score_result_init(&result, sizeof result);
         t->status = tl_score(model, t->tokens, SHARED_N, &options, &result);
         t->nll_sum[round] = result.nll_sum;
     }

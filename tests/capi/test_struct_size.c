@@ -1,7 +1,10 @@
 /* struct_size of every options, result and properties struct: the full size works; 0, a size holding nothing
  * but struct_size (smaller than any version), and a size larger than the library knows are
  * TL_ERR_INVALID_ARGUMENT naming struct_size. Each struct sits at the start of a larger zeroed buffer so
- * that a library that ignored the size could not write past the caller's memory. */
+ * that a library that ignored the size could not write past the caller's memory.
+ * The *_init functions take the caller's size: they run on a struct at the start of a larger buffer filled
+ * with a random sentinel byte, and must never change a byte past the size they were given (none at all when
+ * they reject it). */
 #include "capi_test.h"
 
 static tl_model *model;
@@ -14,7 +17,7 @@ TestSuite(struct_size, .init = setup, .fini = teardown);
 static tl_status load_with(uint32_t size) {
     struct { tl_load_options s; unsigned char spare[SPARE_BYTES]; } buffer;
     memset(&buffer, 0, sizeof buffer);
-    tl_load_options_init(&buffer.s);
+    tl_load_options_init(&buffer.s, sizeof buffer.s);
     buffer.s.struct_size = size;
     tl_model *loaded = (tl_model *)(uintptr_t)0x1;
     const tl_status status = tl_model_load(fixture_path(), &buffer.s, &loaded);
@@ -38,7 +41,7 @@ static tl_status create_with(uint32_t size) {
     const uint16_t scales[4] = {0x3C00, 0x3C00, 0x3C00, 0x3C00}, zeros[4] = {0};
     struct { tl_weight_desc s; unsigned char spare[SPARE_BYTES]; } buffer;
     memset(&buffer, 0, sizeof buffer);
-    tl_weight_desc_init(&buffer.s);
+    tl_weight_desc_init(&buffer.s, sizeof buffer.s);
     buffer.s.struct_size = size;
     buffer.s.k = 8;
     buffer.s.n = 4;
@@ -56,7 +59,7 @@ static const float kSmallMatrix[4 * 8] = {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4
 static tl_status quantize_with(uint32_t size) {
     struct { tl_quantize_options s; unsigned char spare[SPARE_BYTES]; } buffer;
     memset(&buffer, 0, sizeof buffer);
-    tl_quantize_options_init(&buffer.s);
+    tl_quantize_options_init(&buffer.s, sizeof buffer.s);
     buffer.s.struct_size = size;
     tl_weight *weight = NULL;
     const tl_status status = tl_weight_quantize(kSmallMatrix, 8, 4, &buffer.s, &weight);
@@ -80,17 +83,17 @@ static const int32_t kTokens[5] = {1, 2, 3, 4, 5};
 static tl_status score_options_with(uint32_t size) {
     struct { tl_score_options s; unsigned char spare[SPARE_BYTES]; } buffer;
     memset(&buffer, 0, sizeof buffer);
-    tl_score_options_init(&buffer.s);
+    tl_score_options_init(&buffer.s, sizeof buffer.s);
     buffer.s.struct_size = size;
     buffer.s.backend = TL_BACKEND_CPU;
     tl_score_result result;
-    tl_score_result_init(&result);
+    tl_score_result_init(&result, sizeof result);
     return tl_score(model, kTokens, 5, &buffer.s, &result);
 }
 
 static tl_status score_result_with(uint32_t size) {
     tl_score_options options;
-    tl_score_options_init(&options);
+    tl_score_options_init(&options, sizeof options);
     options.backend = TL_BACKEND_CPU;
     struct { tl_score_result s; unsigned char spare[SPARE_BYTES]; } buffer;
     memset(&buffer, 0, sizeof buffer);
@@ -120,4 +123,85 @@ Test(struct_size, tl_score_options) {
 }
 Test(struct_size, tl_score_result) {
     assert_checks_struct_size(score_result_with, sizeof(tl_score_result), "tl_score (out_result)");
+}
+
+/* Adapters giving every *_init one type, so one checker walks them all. */
+typedef tl_status (*init_fn)(void *, uint32_t);
+static tl_status init_load_options(void *s, uint32_t size) { return tl_load_options_init(s, size); }
+static tl_status init_weight_desc(void *s, uint32_t size) { return tl_weight_desc_init(s, size); }
+static tl_status init_quantize_options(void *s, uint32_t size) { return tl_quantize_options_init(s, size); }
+static tl_status init_pack_options(void *s, uint32_t size) { return tl_pack_options_init(s, size); }
+static tl_status init_pack_report(void *s, uint32_t size) { return tl_pack_report_init(s, size); }
+static tl_status init_score_options(void *s, uint32_t size) { return tl_score_options_init(s, size); }
+static tl_status init_score_result(void *s, uint32_t size) { return tl_score_result_init(s, size); }
+
+#define INIT_BUFFER_BYTES 1024
+
+/* Aligned for any of the structs (they hold pointers, doubles and 64-bit integers). */
+union init_buffer {
+    void *align_pointer;
+    double align_double;
+    uint64_t align_u64;
+    unsigned char bytes[INIT_BUFFER_BYTES];
+};
+
+static void assert_untouched_from(const union init_buffer *buffer, size_t from, unsigned char sentinel,
+                                  const char *what, uint32_t size) {
+    for (size_t i = from; i < INIT_BUFFER_BYTES; ++i) {
+        cr_assert_eq(buffer->bytes[i], sentinel, "%s with struct_size %u changed byte %zu (0x%02x, sentinel 0x%02x)",
+                     what, size, i, buffer->bytes[i], sentinel);
+    }
+}
+
+static void assert_init_respects_size(init_fn init, uint32_t full_size, const char *what) {
+    cr_assert_leq(full_size + 2 * SPARE_BYTES, INIT_BUFFER_BYTES, "%s: grow INIT_BUFFER_BYTES", what);
+    const unsigned char sentinel = (unsigned char)(1 + rng_below(255));
+    union init_buffer buffer, over_zeros;
+
+    memset(buffer.bytes, sentinel, sizeof buffer.bytes);
+    const tl_status ok = init(buffer.bytes, full_size);
+    cr_assert_eq(ok, TL_OK, "%s with its full size: %s: %s", what, tl_status_string(ok), tl_last_error_message());
+    uint32_t written_size;
+    memcpy(&written_size, buffer.bytes, sizeof written_size);
+    cr_assert_eq(written_size, full_size, "%s set struct_size to %u, expected %u", what, written_size, full_size);
+    assert_untouched_from(&buffer, full_size, sentinel, what, full_size);
+    /* Every byte within the size is the library's own: the same as an init over zeros, sentinel-free. */
+    memset(over_zeros.bytes, 0, sizeof over_zeros.bytes);
+    cr_assert_eq(init(over_zeros.bytes, full_size), TL_OK, "%s over zeros", what);
+    cr_assert_arr_eq(buffer.bytes, over_zeros.bytes, full_size, "%s left caller bytes inside the struct", what);
+
+    const uint32_t wrong[] = {0, (uint32_t)sizeof(uint32_t), full_size - 1, full_size + 1, full_size + SPARE_BYTES};
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); ++i) {
+        memset(buffer.bytes, sentinel, sizeof buffer.bytes);
+        const tl_status status = init(buffer.bytes, wrong[i]);
+        cr_assert_eq(status, TL_ERR_INVALID_ARGUMENT, "%s with struct_size %u: %d (%s)", what, wrong[i], (int)status,
+                     tl_status_string(status));
+        cr_assert(contains_word(tl_last_error_message(), "struct_size"), "%s with struct_size %u: message \"%s\"",
+                  what, wrong[i], tl_last_error_message());
+        assert_untouched_from(&buffer, 0, sentinel, what, wrong[i]);
+    }
+}
+
+TestSuite(init_struct_size, .init = rng_seed_from_env);
+
+Test(init_struct_size, tl_load_options_init) {
+    assert_init_respects_size(init_load_options, sizeof(tl_load_options), "tl_load_options_init");
+}
+Test(init_struct_size, tl_weight_desc_init) {
+    assert_init_respects_size(init_weight_desc, sizeof(tl_weight_desc), "tl_weight_desc_init");
+}
+Test(init_struct_size, tl_quantize_options_init) {
+    assert_init_respects_size(init_quantize_options, sizeof(tl_quantize_options), "tl_quantize_options_init");
+}
+Test(init_struct_size, tl_pack_options_init) {
+    assert_init_respects_size(init_pack_options, sizeof(tl_pack_options), "tl_pack_options_init");
+}
+Test(init_struct_size, tl_pack_report_init) {
+    assert_init_respects_size(init_pack_report, sizeof(tl_pack_report), "tl_pack_report_init");
+}
+Test(init_struct_size, tl_score_options_init) {
+    assert_init_respects_size(init_score_options, sizeof(tl_score_options), "tl_score_options_init");
+}
+Test(init_struct_size, tl_score_result_init) {
+    assert_init_respects_size(init_score_result, sizeof(tl_score_result), "tl_score_result_init");
 }

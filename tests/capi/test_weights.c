@@ -36,7 +36,7 @@ static struct host_weight make_host_weight(int32_t k, int32_t n, int32_t group_s
         h.scales[i] = random_half(0, 9, 14);  /* about 2^-6 .. 2^-1 */
         h.zeros[i] = random_half(1, 10, 15); /* about ±2^-5 .. ±2 */
     }
-    ASSERT_OK(tl_weight_desc_init(&h.desc));
+    ASSERT_OK(tl_weight_desc_init(&h.desc, sizeof h.desc));
     h.desc.k = k;
     h.desc.n = n;
     h.desc.group_size = group_size;
@@ -84,7 +84,7 @@ static void assert_dequantizes_like(const tl_weight *weight, const struct host_w
 Test(weight_desc_init, fills_the_defaults) {
     tl_weight_desc desc;
     memset(&desc, 0x5A, sizeof desc);
-    ASSERT_OK(tl_weight_desc_init(&desc));
+    ASSERT_OK(tl_weight_desc_init(&desc, sizeof desc));
     cr_assert_eq(desc.struct_size, sizeof desc);
     cr_assert_eq(desc.k, 0);
     cr_assert_eq(desc.n, 0);
@@ -96,18 +96,19 @@ Test(weight_desc_init, fills_the_defaults) {
     cr_assert_null(desc.frac4);
     cr_assert_null(desc.sign_bit);
     cr_assert_null(desc.name);
-    ASSERT_FAILS_NAMING(tl_weight_desc_init(NULL), TL_ERR_INVALID_ARGUMENT, "desc");
+    ASSERT_FAILS_NAMING(tl_weight_desc_init(NULL, sizeof(tl_weight_desc)), TL_ERR_INVALID_ARGUMENT, "desc");
 }
 
 Test(quantize_options_init, fills_the_defaults) {
     tl_quantize_options options;
     memset(&options, 0x5A, sizeof options);
-    ASSERT_OK(tl_quantize_options_init(&options));
+    ASSERT_OK(tl_quantize_options_init(&options, sizeof options));
     cr_assert_eq(options.struct_size, sizeof options);
     cr_assert_eq(options.method, TL_QUANT_ASYMMETRIC);
     cr_assert_eq(options.group_size, 0);
     cr_assert_eq(options.bits, 4);
-    ASSERT_FAILS_NAMING(tl_quantize_options_init(NULL), TL_ERR_INVALID_ARGUMENT, "options");
+    ASSERT_FAILS_NAMING(tl_quantize_options_init(NULL, sizeof(tl_quantize_options)), TL_ERR_INVALID_ARGUMENT,
+                        "options");
 }
 
 /* ---- tl_weight_create ---- */
@@ -256,7 +257,7 @@ static float *random_matrix(int32_t k, int32_t n) {
 static void check_round_trip(int32_t k, int32_t n, int32_t method, int32_t group_size) {
     float *w = random_matrix(k, n);
     tl_quantize_options options;
-    ASSERT_OK(tl_quantize_options_init(&options));
+    ASSERT_OK(tl_quantize_options_init(&options, sizeof options));
     options.method = method;
     options.group_size = group_size;
     tl_weight *weight = NULL;
@@ -365,7 +366,7 @@ Test(weight_quantize, validates_its_arguments, .init = rng_seed_from_env) {
     tl_weight *const sentinel = (tl_weight *)(uintptr_t)0x1;
     tl_weight *weight = sentinel;
     tl_quantize_options options;
-    ASSERT_OK(tl_quantize_options_init(&options));
+    ASSERT_OK(tl_quantize_options_init(&options, sizeof options));
 
     ASSERT_FAILS_NAMING(tl_weight_quantize(NULL, 64, 4, NULL, &weight), TL_ERR_INVALID_ARGUMENT, "w");
     ASSERT_FAILS_NAMING(tl_weight_quantize(w, 64, 4, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "out_weight");

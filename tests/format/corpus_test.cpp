@@ -276,7 +276,7 @@ void expect_rejected(const std::string &path, tl_status status, std::vector<std:
         }
 
         tl_load_options options;
-        ASSERT_EQ(tl_load_options_init(&options), TL_OK);
+        ASSERT_EQ(tl_load_options_init(&options, sizeof options), TL_OK);
         options.use_mmap = use_mmap;
         tl_model *model = reinterpret_cast<tl_model *>(&options);  // must come back NULL
         const tl_status got = tl_model_load(path.c_str(), &options, &model);
@@ -324,7 +324,7 @@ TEST(Corpus, ValueScanCanBeTurnedOff) {
     tlt::write_bytes(path, data_edit<uint16_t>("pre.1.mlp_up.scales", 5, 0x7E00)(base()));
     EXPECT_NO_THROW(tl::load_model(path, tl::LoadOptions{true, false}));
     tl_load_options options;
-    ASSERT_EQ(tl_load_options_init(&options), TL_OK);
+    ASSERT_EQ(tl_load_options_init(&options, sizeof options), TL_OK);
     options.validate_values = 0;
     tl_model *model = nullptr;
     EXPECT_EQ(tl_model_load(path.c_str(), &options, &model), TL_OK) << tl_last_error_message();

@@ -103,7 +103,7 @@ TEST(Mutation, DamagedFilesGiveAStatusNeverACrash) {
         }
 
         tl_load_options c_options;
-        ASSERT_EQ(tl_load_options_init(&c_options), TL_OK);
+        ASSERT_EQ(tl_load_options_init(&c_options, sizeof c_options), TL_OK);
         c_options.use_mmap = options.use_mmap;
         c_options.validate_values = options.validate_values;
         tl_model *model = nullptr;

@@ -42,7 +42,7 @@ WeightPtr random_weight(int k, int n, int group_size) {
     std::vector<float> w(static_cast<size_t>(k) * n);
     for (float &v : w) v = normal(rng());
     tl_quantize_options opts;
-    tl_quantize_options_init(&opts);
+    tl_quantize_options_init(&opts, sizeof opts);
     opts.group_size = group_size;
     tl_weight *raw = nullptr;
     EXPECT_EQ(tl_weight_quantize(w.data(), k, n, &opts, &raw), TL_OK) << tl_last_error_message();
@@ -115,9 +115,9 @@ double run_gemm(const tl_weight *w, const Problem &pr, size_t workspace_bytes = 
 
 void pack(tl_weight *w, uint32_t forms, tl_pack_report *report) {
     tl_pack_options opts;
-    tl_pack_options_init(&opts);
+    tl_pack_options_init(&opts, sizeof opts);
     opts.forms = forms;
-    tl_pack_report_init(report);
+    tl_pack_report_init(report, sizeof *report);
     EXPECT_EQ(tl_weight_pack_marlin(w, &opts, report), TL_OK) << tl_last_error_message();
 }
 
@@ -177,7 +177,7 @@ TEST(GpuApi, ModelPackAndFirstDispatchLog) {
     tl_model *model = nullptr;
     TL_OK_(tl_model_load(TL_TEST_FIXTURE, nullptr, &model));
     tl_pack_report report;
-    tl_pack_report_init(&report);
+    tl_pack_report_init(&report, sizeof report);
     TL_OK_(tl_pack_marlin(model, nullptr, &report));
     EXPECT_EQ(report.weights_uploaded, 10u);
     EXPECT_EQ(report.weights_packed, 10u);

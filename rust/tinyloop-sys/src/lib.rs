@@ -380,8 +380,8 @@ c_functions! {
     /// Sets the process-global log callback; NULL turns logging off.
     pub fn tl_set_log_callback(callback: tl_log_fn, user_data: *mut c_void, max_level: i32) -> tl_status;
 
-    /// Fills load options with the defaults and sets struct_size.
-    pub fn tl_load_options_init(options: *mut tl_load_options) -> tl_status;
+    /// Fills load options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_load_options_init(options: *mut tl_load_options, struct_size: u32) -> tl_status;
     /// Loads a .tinyloop file; `options` may be NULL. On failure `*out_model` is NULL.
     pub fn tl_model_load(path: *const c_char, options: *const tl_load_options, out_model: *mut *mut tl_model)
         -> tl_status;
@@ -397,12 +397,12 @@ c_functions! {
     pub fn tl_model_find_weight(model: *const tl_model, name: *const c_char, out_weight: *mut *const tl_weight)
         -> tl_status;
 
-    /// Fills a weight description with zeros/NULLs, bits = 4, and sets struct_size.
-    pub fn tl_weight_desc_init(desc: *mut tl_weight_desc) -> tl_status;
+    /// Fills a weight description with zeros/NULLs, bits = 4, up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_weight_desc_init(desc: *mut tl_weight_desc, struct_size: u32) -> tl_status;
     /// Creates an owned weight from host arrays (copied).
     pub fn tl_weight_create(desc: *const tl_weight_desc, out_weight: *mut *mut tl_weight) -> tl_status;
-    /// Fills quantize options with the defaults and sets struct_size.
-    pub fn tl_quantize_options_init(options: *mut tl_quantize_options) -> tl_status;
+    /// Fills quantize options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_quantize_options_init(options: *mut tl_quantize_options, struct_size: u32) -> tl_status;
     /// Quantizes a row-major FP32 matrix `w[n][k]` into an owned weight; `options` may be NULL.
     pub fn tl_weight_quantize(
         w: *const f32,
@@ -422,10 +422,10 @@ c_functions! {
     pub fn tl_device_count(out_count: *mut i32) -> tl_status;
     /// Properties of one device (the caller sets `out.struct_size`).
     pub fn tl_device_info(device: i32, out: *mut tl_device_properties) -> tl_status;
-    /// Fills pack options with the defaults and sets struct_size.
-    pub fn tl_pack_options_init(options: *mut tl_pack_options) -> tl_status;
-    /// Zeroes a pack report and sets struct_size.
-    pub fn tl_pack_report_init(report: *mut tl_pack_report) -> tl_status;
+    /// Fills pack options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_pack_options_init(options: *mut tl_pack_options, struct_size: u32) -> tl_status;
+    /// Zeroes a pack report up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_pack_report_init(report: *mut tl_pack_report, struct_size: u32) -> tl_status;
     /// Uploads and packs every quantized weight of a model; `options` and `out_report` may be NULL.
     pub fn tl_pack_marlin(model: *mut tl_model, options: *const tl_pack_options, out_report: *mut tl_pack_report)
         -> tl_status;
@@ -468,10 +468,10 @@ c_functions! {
     /// How often each path ran for a packed weight.
     pub fn tl_weight_dispatch_counts(weight: *const tl_weight, out: *mut tl_dispatch_counts) -> tl_status;
 
-    /// Fills score options with the defaults and sets struct_size.
-    pub fn tl_score_options_init(options: *mut tl_score_options) -> tl_status;
-    /// Zeroes a score result and sets struct_size.
-    pub fn tl_score_result_init(result: *mut tl_score_result) -> tl_status;
+    /// Fills score options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_score_options_init(options: *mut tl_score_options, struct_size: u32) -> tl_status;
+    /// Zeroes a score result up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_score_result_init(result: *mut tl_score_result, struct_size: u32) -> tl_status;
     /// Scores a token sequence (n_tokens >= 2); thread-safe on a shared model.
     pub fn tl_score(
         model: *const tl_model,

@@ -135,7 +135,10 @@ mod tests {
     fn option_defaults_match_the_library() {
         // SAFETY (all blocks below): each init function writes the struct it is given.
         let mut load: sys::tl_load_options = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { sys::tl_load_options_init(&mut load) }, sys::TL_OK);
+        assert_eq!(
+            unsafe { sys::tl_load_options_init(&mut load, size_of::<sys::tl_load_options>() as u32) },
+            sys::TL_OK
+        );
         let ours = LoadOptions::default().to_c();
         assert_eq!(
             (ours.struct_size, ours.use_mmap, ours.validate_values),
@@ -143,7 +146,10 @@ mod tests {
         );
 
         let mut quantize: sys::tl_quantize_options = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { sys::tl_quantize_options_init(&mut quantize) }, sys::TL_OK);
+        assert_eq!(
+            unsafe { sys::tl_quantize_options_init(&mut quantize, size_of::<sys::tl_quantize_options>() as u32) },
+            sys::TL_OK
+        );
         let ours = QuantizeOptions::default().to_c().unwrap();
         assert_eq!(
             (ours.struct_size, ours.method, ours.group_size, ours.bits),
@@ -151,7 +157,10 @@ mod tests {
         );
 
         let mut score: sys::tl_score_options = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { sys::tl_score_options_init(&mut score) }, sys::TL_OK);
+        assert_eq!(
+            unsafe { sys::tl_score_options_init(&mut score, size_of::<sys::tl_score_options>() as u32) },
+            sys::TL_OK
+        );
         let ours = ScoreOptions::default();
         assert_eq!(ours.backend.to_c(), score.backend);
         assert_eq!(ours.threads as i32, score.n_threads);
@@ -161,7 +170,10 @@ mod tests {
         assert!(score.stream.is_null());
 
         let mut pack: sys::tl_pack_options = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { sys::tl_pack_options_init(&mut pack) }, sys::TL_OK);
+        assert_eq!(
+            unsafe { sys::tl_pack_options_init(&mut pack, size_of::<sys::tl_pack_options>() as u32) },
+            sys::TL_OK
+        );
         assert_eq!((pack.forms, pack.device), (PackForms::default().to_c(), 0));
         assert!(pack.stream.is_null());
     }
