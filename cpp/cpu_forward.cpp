@@ -414,9 +414,7 @@ void score_window(Context &ctx, const Model &model, const std::vector<Block> &lo
 
 }  // namespace
 
-ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
-    check_model(model);
-    const ModelConfig &c = model.config;
+ScorePlan plan_score(const ModelConfig &c, const int32_t *tokens, size_t n_tokens, int32_t window) {
     if (tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "tokens is NULL");
     if (n_tokens < 2) {
         fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + ": at least 2 tokens are needed");
@@ -427,17 +425,27 @@ ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens
                                               " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
         }
     }
-    if (options.window != 0 && (options.window < 2 || options.window > c.max_seq)) {
-        fail(TL_ERR_INVALID_ARGUMENT, "window = " + std::to_string(options.window) + " is outside [2, max_seq = " +
+    if (window != 0 && (window < 2 || window > c.max_seq)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "window = " + std::to_string(window) + " is outside [2, max_seq = " +
                                           std::to_string(c.max_seq) + "]");
     }
-    const int32_t L = options.window != 0 ? options.window : c.max_seq;
+    const int32_t L = window != 0 ? window : c.max_seq;
     if (L < 2) fail(TL_ERR_INVALID_ARGUMENT, "model: max_seq = " + std::to_string(c.max_seq) + " is below 2");
     const size_t stride = static_cast<size_t>(L) - 1;
     const size_t n_windows = (n_tokens - 1 + stride - 1) / stride;
     if (n_windows > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
         fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + " needs too many windows");
     }
+    return ScorePlan{L, n_windows};
+}
+
+ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
+    check_model(model);
+    const ModelConfig &c = model.config;
+    const ScorePlan plan = plan_score(c, tokens, n_tokens, options.window);
+    const int32_t L = plan.window;
+    const size_t stride = static_cast<size_t>(L) - 1;
+    const size_t n_windows = plan.n_windows;
 
     Context ctx(options.n_threads, &options.linear_input);
     Activations activations(c, L);

@@ -31,6 +31,15 @@ struct ScoreResult {
     int32_t n_windows = 0;
 };
 
+// The windows a score request is split into, after checking it (shared by the CPU and GPU backends):
+// tokens non-NULL, n >= 2, each token in [0, vocab) (TL_ERR_INVALID_ARGUMENT naming the index), window 0 or in
+// [2, max_seq].
+struct ScorePlan {
+    int32_t window;    // window length L (max_seq when the request says 0)
+    size_t n_windows;  // windows of L tokens overlapping by one
+};
+ScorePlan plan_score(const ModelConfig &config, const int32_t *tokens, size_t n_tokens, int32_t window);
+
 // Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);
 

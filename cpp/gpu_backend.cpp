@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
 
+#include "cuda_host.hpp"
 #include "gpu_kernels.hpp"
 #include "marlin_pack.hpp"
 #endif
@@ -115,27 +116,6 @@ void stream_synchronize(void *) { no_cuda(); }
 // ---- CUDA -------------------------------------------------------------------------------------------------------
 
 namespace {
-
-void check_cuda(cudaError_t err, const char *what) {
-    if (err == cudaSuccess) return;
-    fail(err == cudaErrorMemoryAllocation ? TL_ERR_OUT_OF_MEMORY : TL_ERR_CUDA,
-         std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
-// Makes `device` current for a scope and restores the caller's device after.
-class DeviceScope {
-public:
-    explicit DeviceScope(int device) {
-        check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    }
-    ~DeviceScope() { cudaSetDevice(previous_); }
-    DeviceScope(const DeviceScope &) = delete;
-    DeviceScope &operator=(const DeviceScope &) = delete;
-
-private:
-    int previous_ = 0;
-};
 
 void require_device(int32_t device) {
     const int32_t count = device_count();

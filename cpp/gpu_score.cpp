@@ -18,6 +18,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda_host.hpp"
 #include "forward/forward_kernels.hpp"
 #include "gpu_kernels.hpp"
 #endif
@@ -123,13 +124,6 @@ ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &
 
 namespace {
 
-void check_cuda(cudaError_t err, const std::string &what) {
-    if (err == cudaSuccess) return;
-    cudaGetLastError();  // clear a non-sticky error so the next call starts clean
-    fail(err == cudaErrorMemoryAllocation ? TL_ERR_OUT_OF_MEMORY : TL_ERR_CUDA,
-         what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
 // A launcher's rc (cuda/forward/forward_kernels.hpp): positive = a CUDA error, negative = refused arguments, which
 // the checks made when the GpuModel was built should have ruled out.
 void check_rc(int rc, const std::string &what) {
@@ -137,21 +131,6 @@ void check_rc(int rc, const std::string &what) {
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), what);
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
-
-// Makes `device` current for a scope and restores the caller's device after.
-class DeviceScope {
-public:
-    explicit DeviceScope(int device) {
-        check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    }
-    ~DeviceScope() { cudaSetDevice(previous_); }
-    DeviceScope(const DeviceScope &) = delete;
-    DeviceScope &operator=(const DeviceScope &) = delete;
-
-private:
-    int previous_ = 0;
-};
 
 // Owned device memory, allocated on the current device. The GpuModel makes its device current before freeing.
 class Buffer {
@@ -724,28 +703,10 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
     if (options.cross_iter_round && s.loop_has_rounding_channels) {
         fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
     }
-    // The checks and messages of score_cpu.
-    if (tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "tokens is NULL");
-    if (n_tokens < 2) {
-        fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + ": at least 2 tokens are needed");
-    }
-    for (size_t i = 0; i < n_tokens; ++i) {
-        if (tokens[i] < 0 || tokens[i] >= c.vocab) {
-            fail(TL_ERR_INVALID_ARGUMENT, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
-                                              " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
-        }
-    }
-    if (options.window != 0 && (options.window < 2 || options.window > c.max_seq)) {
-        fail(TL_ERR_INVALID_ARGUMENT, "window = " + std::to_string(options.window) + " is outside [2, max_seq = " +
-                                          std::to_string(c.max_seq) + "]");
-    }
-    const int32_t L = options.window != 0 ? options.window : c.max_seq;
-    if (L < 2) fail(TL_ERR_INVALID_ARGUMENT, "model: max_seq = " + std::to_string(c.max_seq) + " is below 2");
+    const ScorePlan plan = plan_score(c, tokens, n_tokens, options.window);
+    const int32_t L = plan.window;
     const size_t stride = static_cast<size_t>(L) - 1;
-    const size_t n_windows = (n_tokens - 1 + stride - 1) / stride;
-    if (n_windows > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-        fail(TL_ERR_INVALID_ARGUMENT, "n_tokens = " + std::to_string(n_tokens) + " needs too many windows");
-    }
+    const size_t n_windows = plan.n_windows;
 
     std::lock_guard<std::mutex> lock(s.mutex);
     DeviceScope scope(s.device);
