@@ -373,8 +373,8 @@ TL_API tl_status tl_weight_pack_marlin(tl_weight *weight, const tl_pack_options 
 static const int32_t TL_DISPATCH_USE_MARLIN = 0;
 /** 0 (default) / 1: use a weight's FP16 body (if packed) first. Env TINYLOOP_EXPERIMENTAL_FP16_BODY. */
 static const int32_t TL_DISPATCH_FP16_BODY = 1;
-/** 0 (default) / 1: cross-iteration rounding for weights with frac4/sign_bit channels. The rounding rule is
- *  defined by a later version; until then the setting is accepted and such weights take the next path.
+/** 0 (default) / 1: cross-iteration rounding of the looped block's weights that carry frac4/sign_bit channels
+ *  (the rule: docs/quality.md). The CPU backend implements it; the CUDA backend declines such a request.
  *  Env TINYLOOP_CROSS_ITER_ROUND. */
 static const int32_t TL_DISPATCH_CROSS_ITER_ROUND = 2;
 /** Which Marlin-class form to prefer: 0 = the faster (default), 1 = fused, 2 = correction.
