@@ -69,14 +69,7 @@ Make header_edit(std::function<void(tlt::RawFile &)> edit) {
 
 // Replaces the header text (the data section stays).
 Make header_text(std::string text) {
-    return [text](const Base &b) {
-        tlt::RawFile raw = b.raw;
-        std::vector<uint8_t> bytes(8);
-        for (int i = 0; i < 8; ++i) bytes[size_t(i)] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
-        bytes.insert(bytes.end(), text.begin(), text.end());
-        bytes.insert(bytes.end(), raw.data.begin(), raw.data.end());
-        return bytes;
-    };
+    return [text](const Base &b) { return tlt::encode_file(text, b.raw.data); };
 }
 
 void set_length(std::vector<uint8_t> &bytes, uint64_t length) {

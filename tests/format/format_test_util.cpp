@@ -175,14 +175,16 @@ RawFile parse_raw(const std::vector<uint8_t> &bytes) {
     return raw;
 }
 
-std::vector<uint8_t> encode_raw(const RawFile &raw) {
-    const std::string text = raw.header.dump();
-    std::vector<uint8_t> out(8);
-    for (int i = 0; i < 8; ++i) out[size_t(i)] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
-    out.insert(out.end(), text.begin(), text.end());
-    out.insert(out.end(), raw.data.begin(), raw.data.end());
+std::vector<uint8_t> encode_file(const std::string &header_text, const std::vector<uint8_t> &data) {
+    std::vector<uint8_t> out;
+    out.reserve(8 + header_text.size() + data.size());
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(uint64_t{header_text.size()} >> (8 * i)));
+    out.insert(out.end(), header_text.begin(), header_text.end());
+    out.insert(out.end(), data.begin(), data.end());
     return out;
 }
+
+std::vector<uint8_t> encode_raw(const RawFile &raw) { return encode_file(raw.header.dump(), raw.data); }
 
 std::map<std::string, OwnedTensor> tensors_of(const RawFile &raw) {
     static const std::map<std::string, tl::DType> dtypes = {{"F16", tl::DType::F16},

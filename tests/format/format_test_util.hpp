@@ -65,6 +65,8 @@ struct RawFile {
     std::vector<uint8_t> data;
 };
 RawFile parse_raw(const std::vector<uint8_t> &bytes);  // EXPECTs a well-formed file
+// The 8-byte little-endian header length, the header text as given (valid JSON or not), then the data section.
+std::vector<uint8_t> encode_file(const std::string &header_text, const std::vector<uint8_t> &data);
 std::vector<uint8_t> encode_raw(const RawFile &raw);   // header unpadded, data as is
 // Every tensor of a raw file by name, with its bytes.
 std::map<std::string, OwnedTensor> tensors_of(const RawFile &raw);
