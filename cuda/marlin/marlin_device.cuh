@@ -14,6 +14,20 @@
 
 namespace tl::gpu::marlin {
 
+// Stream-K arrival of a block that added its partial sums of a cut tile: the additions are made visible before
+// thread 0 adds this block's k slices to the tile's counter. Returns, in every thread, whether this block completed
+// the count (and so must read the sums back and write the tile); the fence after makes the other blocks' additions
+// visible to that read. `flag` is the caller's __shared__ int.
+__device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles, int &flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) flag = atomicAdd(counter, iters) + iters == k_tiles;
+    __syncthreads();
+    if (!flag) return false;
+    __threadfence();
+    return true;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -226,15 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
                 }
             }
         }
-        __threadfence();  // our additions are visible before the counter says so
-        __syncthreads();
-        if (tid == 0) {
-            const int before = atomicAdd(p.counters + slot, iters);
-            last_contributor = before + iters == p.k_tiles;
-        }
-        __syncthreads();
-        if (!last_contributor) return;
-        __threadfence();
+        if (!arrive_last(p.counters + slot, iters, p.k_tiles, last_contributor)) return;
         if (warp_active) {
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {

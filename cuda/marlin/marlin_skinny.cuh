@@ -291,15 +291,7 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
                 }
             }
         }
-        __threadfence();  // our additions are visible before the counter says so
-        __syncthreads();
-        if (tid == 0) {
-            const int before = atomicAdd(p.counters + slot, iters);
-            last_contributor = before + iters == p.k_tiles;
-        }
-        __syncthreads();
-        if (!last_contributor) return;
-        __threadfence();
+        if (!arrive_last(p.counters + slot, iters, p.k_tiles, last_contributor)) return;
         if (warp_active) {
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb) {
