@@ -10,6 +10,8 @@
 //! Narrow the setup with TINYLOOP_BENCH_LAYERS (comma-separated substrings of layer names, e.g. "qkv,70B"),
 //! TINYLOOP_BENCH_M (e.g. "1,16,1024") and TINYLOOP_BENCH_GROUPS ("128", "row" or "128,row"; default 128).
 
+mod common;
+use common::Rng;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -70,22 +72,6 @@ fn select(path: &Path) {
     set_dispatch(DispatchSetting::UseMarlin, 1).expect("set UseMarlin");
     for &(setting, value) in path.settings {
         set_dispatch(setting, value).expect("select a path");
-    }
-}
-
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
     }
 }
 

@@ -5,6 +5,8 @@
 //!
 //! `cargo bench --bench score [-- FILTER]`.
 
+mod common;
+use common::Rng;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,22 +37,6 @@ const DEMO: DemoConfig = DemoConfig {
     max_seq: 1024,
     group_size: 128,
 };
-
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
 
 /// A tensor for the file: dtype name, shape, little-endian bytes.
 struct Tensor {
