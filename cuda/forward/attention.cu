@@ -9,11 +9,13 @@
 //  - the running max m, the per-lane partial sum l and the output accumulators are rescaled by exp2(m_old - m_new);
 //  - P x V: each lane owns head_dim/32 output dimensions (pairs 2p, 2p + 1 for p = lane + 32i) of all 8 queries and
 //    walks the tile's 32 keys, reading the probabilities from shared memory (broadcast) and one V pair per key.
-// Memory per block is O(tile), never O(T^2). Speed left for later: tensor cores (mma.sync / wgmma) for both
-// products, cp.async double buffering of the K/V tiles, 16-byte loads.
+// Memory per block is O(tile), never O(T^2). This is the fallback: head_dim 64 and 128 go to the tensor-core kernel
+// of attention_mma.cu (see causal_attention at the end).
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "../gpu_common.cuh"
 #include "forward_kernels.hpp"
@@ -206,10 +208,24 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int hea
     return 0;
 }
 
+// TINYLOOP_ATTENTION=simt: Auto runs the SIMT kernel everywhere (A/B against the tensor-core kernel).
+bool simt_forced_by_env() {
+    static const bool forced = [] {
+        const char *text = std::getenv("TINYLOOP_ATTENTION");
+        return text != nullptr && std::strcmp(text, "simt") == 0;
+    }();
+    return forced;
+}
+
 }  // namespace
 
+// attention_mma.cu
+bool attention_tensor_core_supported(const uint16_t *qkv, const uint16_t *out, int head_dim);
+int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
+                                 cudaStream_t stream);
+
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, AttentionKernel kernel) {
     if (qkv == nullptr || out == nullptr || t_count < 1 || n_heads < 1 || head_dim < 2 || head_dim % 2 != 0) {
         return kRcBadArgument;
     }
@@ -218,6 +234,14 @@ int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_head
     if ((reinterpret_cast<uintptr_t>(qkv) & 3u) != 0 || (reinterpret_cast<uintptr_t>(out) & 3u) != 0) {
         return kRcBadArgument;
     }
+    if (kernel == AttentionKernel::TensorCore ||
+        (kernel == AttentionKernel::Auto && !simt_forced_by_env() &&
+         attention_tensor_core_supported(qkv, out, head_dim))) {
+        const int rc = causal_attention_tensor_core(qkv, out, t_count, n_heads, head_dim, stream);
+        // Auto falls back where the device cannot give the kernel its shared memory (none of the GPUs we build for).
+        if (rc != kRcUnsupported || kernel == AttentionKernel::TensorCore) return rc;
+    }
+    if (kernel != AttentionKernel::Simt && kernel != AttentionKernel::Auto) return kRcBadArgument;
     if (head_dim <= 64) return launch<1>(qkv, out, t_count, n_heads, head_dim, stream);
     if (head_dim <= 128) return launch<2>(qkv, out, t_count, n_heads, head_dim, stream);
     return launch<4>(qkv, out, t_count, n_heads, head_dim, stream);

@@ -44,11 +44,17 @@ int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t
             cudaStream_t stream);
 
 // Causal multi-head attention: qkv [T][3][n_heads][head_dim] FP16 (q and k after RoPE) -> out [T][n_heads *
-// head_dim] FP16, head-major. Tiled over 32 queries x 32 keys with an online softmax in FP32 (no T x T matrix in
-// memory). head_dim even and <= kAttentionMaxHeadDim (else kRcUnsupported). Any T >= 1.
+// head_dim] FP16, head-major. Tiled with an online softmax in FP32 (no T x T matrix in memory). head_dim even and
+// <= kAttentionMaxHeadDim (else kRcUnsupported). Any T >= 1. Two kernels:
+//  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, probabilities rounded to FP16 for the
+//    P V product (as FlashAttention does); head_dim 64 or 128, qkv 16-byte aligned, out 4-byte aligned.
+//  - Simt (attention.cu): FP32 FMA throughout, 32 x 32 tiles; any head_dim, qkv and out 4-byte aligned.
+// Auto picks TensorCore where it applies, else Simt; TINYLOOP_ATTENTION=simt in the environment (read once) makes
+// Auto always pick Simt, for A/B runs. Asking for TensorCore where it does not apply returns kRcUnsupported.
 constexpr int kAttentionMaxHeadDim = 256;
+enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2 };
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                     cudaStream_t stream);
+                     cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto);
 
 // SwiGLU: h[t][j] = fp16(silu(gate[t][j]) * up[t][j]), j < f, silu(g) = g / (1 + e^-g). gate and up are FP16 rows
 // of stride ld (ld = 2f with gate = gu, up = gu + f for the fused gate|up GEMM output), h is FP16 [T][f].

@@ -210,10 +210,19 @@ TEST(Kernels, Rope) {
 // ---- Attention ------------------------------------------------------------------------------------------------
 
 // Row t of the output, FP64: per head, softmax over keys j <= t of q.k / sqrt(hd), times v. qkv holds the FP16
-// inputs converted to double.
-std::vector<double> reference_attention(const std::vector<double> &qkv, int H, int hd, int t) {
+// inputs converted to double. Besides the output, per element:
+//  - mag = sum_j w_j |v_j| (w = the softmax weights), the scale of the sums a kernel accumulates;
+//  - p_round = sum_j (2^-11 p_j + 2^-25) |v_j| / sum_j p_j with p_j = exp(s_j - max): what rounding the
+//    probabilities to FP16 before P V may cost (relative 2^-11 for normal FP16, absolute 2^-25 for subnormal; the
+//    tensor-core kernel's probabilities are relative to a running max <= the final one, so after rescaling its
+//    absolute rounding error is <= 2^-25 in these units too, and it normalizes by the unrounded sum).
+struct ReferenceRow {
+    std::vector<double> out, mag, p_round;
+};
+
+ReferenceRow reference_attention(const std::vector<double> &qkv, int H, int hd, int t) {
     const int A = H * hd;
-    std::vector<double> out(A);
+    ReferenceRow row{std::vector<double>(A, 0.0), std::vector<double>(A, 0.0), std::vector<double>(A, 0.0)};
     std::vector<double> p(t + 1);
     for (int h = 0; h < H; ++h) {
         const double *q = qkv.data() + static_cast<size_t>(t) * 3 * A + h * hd;
@@ -227,59 +236,177 @@ std::vector<double> reference_attention(const std::vector<double> &qkv, int H, i
         }
         double sum = 0.0;
         for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int d = 0; d < hd; ++d) out[h * hd + d] = 0.0;
         for (int j = 0; j <= t; ++j) {
             const double *v = qkv.data() + static_cast<size_t>(j) * 3 * A + 2 * A + h * hd;
-            for (int d = 0; d < hd; ++d) out[h * hd + d] += p[j] * v[d];
+            const double rounding = std::ldexp(p[j], -11) + std::ldexp(1.0, -25);
+            for (int d = 0; d < hd; ++d) {
+                row.out[h * hd + d] += p[j] * v[d];
+                row.mag[h * hd + d] += p[j] * std::fabs(v[d]);
+                row.p_round[h * hd + d] += rounding * std::fabs(v[d]);
+            }
         }
-        for (int d = 0; d < hd; ++d) out[h * hd + d] /= sum;
+        for (int d = 0; d < hd; ++d) {
+            row.out[h * hd + d] /= sum;
+            row.mag[h * hd + d] /= sum;
+            row.p_round[h * hd + d] /= sum;
+        }
     }
-    return out;
+    return row;
 }
 
 // Runs the kernel on random q (wider spread, so the running max moves between key tiles), k and v, and checks the
-// rows `rows` (every row when empty) against the reference; every row must be written and finite.
-void check_attention(int T, int H, int hd, const std::vector<int> &rows_in) {
-    SCOPED_TRACE("T=" + std::to_string(T) + " H=" + std::to_string(H) + " hd=" + std::to_string(hd));
+// rows `rows` (every row when empty) against the reference; every row must be written and finite. qkv is placed
+// `misalign` halves past the start of its allocation (2: 4-byte aligned only). Returns the largest error / bound.
+//
+// Bound per element: 2^-11 |ref| (the output's FP16 rounding) + p_round (FP16 probabilities, tensor-core kernel
+// only: the SIMT kernel keeps them FP32) + 1e-4 mag (FP32 arithmetic: scores, exp2, sums over up to 4096 keys;
+// the tensor cores' FP32 accumulation may truncate, and an element sees <= 4 x 64 chained mma adds at T = 4096,
+// ~3e-5) + 1e-7 (FP16 subnormal outputs). A wrong index, mask or scale is off by a sizeable fraction of mag.
+double check_attention(int T, int H, int hd, const std::vector<int> &rows_in,
+                       tl::gpu::AttentionKernel kernel = tl::gpu::AttentionKernel::Auto, int misalign = 0) {
+    SCOPED_TRACE("T=" + std::to_string(T) + " H=" + std::to_string(H) + " hd=" + std::to_string(hd) + " kernel " +
+                 std::to_string(static_cast<int>(kernel)) + " misalign " + std::to_string(misalign));
     const int A = H * hd;
-    std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A);
+    // The kernel that runs: Auto picks the tensor cores for hd 64/128 with a 16-byte aligned qkv (TINYLOOP_ATTENTION
+    // unset; with =simt the SIMT kernel passes the looser bound too).
+    const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore ||
+                        (kernel == tl::gpu::AttentionKernel::Auto && (hd == 64 || hd == 128) && misalign % 8 == 0);
+    std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A + misalign, 0);
     std::normal_distribution<float> q_dist(0.0f, 2.0f), kv_dist(0.0f, 1.0f);
     for (int t = 0; t < T; ++t)
-        for (int i = 0; i < 3 * A; ++i) qkv[static_cast<size_t>(t) * 3 * A + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
+        for (int i = 0; i < 3 * A; ++i)
+            qkv[misalign + static_cast<size_t>(t) * 3 * A + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
     DeviceArray<uint16_t> d_qkv(qkv.size()), out(static_cast<size_t>(T) * A);
-    ASSERT_TRUE(upload_guarded(d_qkv, qkv) && out.ok());
-    CUDA_OK(out.poison(0xFF));  // FP16 NaN
-    ASSERT_TRUE(launched(tl::gpu::causal_attention(d_qkv.get(), out.get(), T, H, hd, nullptr)));
-    std::vector<uint16_t> got;
-    CUDA_OK(out.download(got));
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(half_to_float(got[i]))) << "element " << i;
-    std::vector<double> qkv_d(qkv.size());
-    for (size_t i = 0; i < qkv.size(); ++i) qkv_d[i] = half_to_float(qkv[i]);
-    std::vector<int> rows = rows_in;
-    if (rows.empty())
-        for (int t = 0; t < T; ++t) rows.push_back(t);
-    for (int t : rows) {
-        const std::vector<double> ref = reference_attention(qkv_d, H, hd, t);
-        for (int i = 0; i < A; ++i) {
-            const double g = half_to_float(got[static_cast<size_t>(t) * A + i]);
-            ASSERT_LE(std::fabs(g - ref[i]), 1e-3 * std::fabs(ref[i]) + 1e-4)
-                << "out[" << t << "][head " << i / hd << ", dim " << i % hd << "] = " << g << ", reference " << ref[i];
+    double worst = 0.0;
+    [&] {
+        ASSERT_TRUE(upload_guarded(d_qkv, qkv) && out.ok());
+        CUDA_OK(out.poison(0xFF));  // FP16 NaN
+        ASSERT_TRUE(launched(tl::gpu::causal_attention(d_qkv.get() + misalign, out.get(), T, H, hd, nullptr, kernel)));
+        std::vector<uint16_t> got;
+        CUDA_OK(out.download(got));
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(half_to_float(got[i]))) << "element " << i;
+        std::vector<double> qkv_d(qkv.size() - misalign);
+        for (size_t i = 0; i < qkv_d.size(); ++i) qkv_d[i] = half_to_float(qkv[misalign + i]);
+        std::vector<int> rows = rows_in;
+        if (rows.empty())
+            for (int t = 0; t < T; ++t) rows.push_back(t);
+        for (int t : rows) {
+            const ReferenceRow ref = reference_attention(qkv_d, H, hd, t);
+            for (int i = 0; i < A; ++i) {
+                const double g = half_to_float(got[static_cast<size_t>(t) * A + i]);
+                const double bound = std::ldexp(std::fabs(ref.out[i]), -11) + (fp16_p ? ref.p_round[i] : 0.0) +
+                                     1e-4 * ref.mag[i] + 1e-7;
+                const double err = std::fabs(g - ref.out[i]);
+                worst = std::max(worst, err / bound);
+                ASSERT_LE(err, bound) << "out[" << t << "][head " << i / hd << ", dim " << i % hd << "] = " << g
+                                      << ", reference " << ref.out[i] << ", mag " << ref.mag[i];
+            }
         }
-    }
-    EXPECT_TRUE(out.guard_intact() && d_qkv.guard_intact());
+        EXPECT_TRUE(out.guard_intact() && d_qkv.guard_intact());
+    }();
+    return worst;
+}
+
+// Rows worth checking in a long sequence: the first tiles, both sides of tile edges (32 and 64), the middle, the end.
+std::vector<int> sample_rows(int T) {
+    std::vector<int> rows;
+    for (int t : {0, 1, 15, 16, 31, 32, 63, 64, 65, T / 2 - 1, T / 2, T - 65, T - 64, T - 33, T - 2, T - 1})
+        if (t >= 0 && t < T && std::find(rows.begin(), rows.end(), t) == rows.end()) rows.push_back(t);
+    return rows;
 }
 
 TEST(Kernels, Attention) {
-    // (heads, head_dim): one dimension pair per lane (<= 64), two (<= 128), four (<= 256, > 48 KB shared memory),
+    // Auto dispatch. (heads, head_dim): tensor cores (64, 128); SIMT with one dimension pair per lane (16), three
+    // (96: the SIMT fallback for a tensor-core-sized but unsupported head_dim), four (256, > 48 KB shared memory),
     // and head_dim = 10 (not a multiple of 4: padded dimensions).
     for (int T : {1, 7, 64, 300, 1024}) {
-        for (auto [H, hd] : {std::pair{1, 64}, {4, 16}, {2, 128}, {3, 10}, {1, 256}}) check_attention(T, H, hd, {});
+        for (auto [H, hd] : {std::pair{1, 64}, {4, 16}, {2, 128}, {3, 10}, {2, 96}, {1, 256}}) {
+            check_attention(T, H, hd, {});
+        }
     }
 }
 
+TEST(Kernels, AttentionTensorCore) {
+    // Every T around the 16-row warp tiles and the 64 x 64 block tiles; H = 16 (the 2B preset) up to T = 200 here,
+    // T = 1024 in AttentionLong (kept out of the sanitizer runs).
+    double worst = 0.0;
+    for (int hd : {64, 128}) {
+        for (int T : {1, 15, 16, 17, 63, 64, 65, 127, 200, 1024}) {
+            for (int H : {1, 3, 16}) {
+                if (H == 16 && T > 200) continue;
+                worst = std::max(worst, check_attention(T, H, hd, {}, tl::gpu::AttentionKernel::TensorCore));
+                if (HasFatalFailure()) return;
+            }
+        }
+    }
+    std::printf("tensor-core attention: largest error / bound %.3f\n", worst);
+}
+
+TEST(Kernels, AttentionSimt) {
+    // The SIMT kernel on the head_dims Auto sends to the tensor cores: by request, and by Auto when qkv is only
+    // 4-byte aligned (misalign 2 halves).
+    double worst = 0.0;
+    for (int hd : {64, 128}) {
+        for (int T : {1, 33, 65, 300}) {
+            for (int H : {1, 3}) {
+                worst = std::max(worst, check_attention(T, H, hd, {}, tl::gpu::AttentionKernel::Simt));
+                worst = std::max(worst, check_attention(T, H, hd, {}, tl::gpu::AttentionKernel::Auto, 2));
+                if (HasFatalFailure()) return;
+            }
+        }
+    }
+    std::printf("SIMT attention: largest error / bound %.3f\n", worst);
+}
+
+// Information for the notes, not a check: each kernel's time at one shape (median of 5 timings of 5 launches) and
+// the TFLOPS it implies for the causal product's 4 T (T + 1) / 2 H hd useful FLOPs. Inputs are a constant pattern
+// (the time does not depend on the values).
+void time_attention(int T, int H, int hd) {
+    DeviceArray<uint16_t> qkv(static_cast<size_t>(T) * 3 * H * hd), out(static_cast<size_t>(T) * H * hd);
+    ASSERT_TRUE(qkv.ok() && out.ok());
+    CUDA_OK(qkv.poison(0x2E));  // FP16 0x2E2E ~ 0.1
+    cudaEvent_t start, stop;
+    CUDA_OK(cudaEventCreate(&start));
+    CUDA_OK(cudaEventCreate(&stop));
+    for (auto [kernel, name] : {std::pair{tl::gpu::AttentionKernel::TensorCore, "tensor cores"},
+                                {tl::gpu::AttentionKernel::Simt, "SIMT"}}) {
+        ASSERT_TRUE(launched(tl::gpu::causal_attention(qkv.get(), out.get(), T, H, hd, nullptr, kernel)));  // warm-up
+        std::vector<float> ms(5);
+        for (float &m : ms) {
+            CUDA_OK(cudaEventRecord(start));
+            for (int i = 0; i < 5; ++i) {
+                ASSERT_EQ(0, tl::gpu::causal_attention(qkv.get(), out.get(), T, H, hd, nullptr, kernel));
+            }
+            CUDA_OK(cudaEventRecord(stop));
+            CUDA_OK(cudaEventSynchronize(stop));
+            CUDA_OK(cudaEventElapsedTime(&m, start, stop));
+            m /= 5;
+        }
+        std::sort(ms.begin(), ms.end());
+        const double flops = 4.0 * T * (T + 1.0) / 2.0 * H * hd;
+        std::printf("attention T=%d H=%d hd=%d, %s: %.3f ms per call, %.1f TFLOPS\n", T, H, hd, name, ms[2],
+                    flops / (ms[2] * 1e-3) / 1e12);
+    }
+    CUDA_OK(cudaEventDestroy(start));
+    CUDA_OK(cudaEventDestroy(stop));
+}
+
 TEST(Kernels, AttentionLong) {
-    // T = 4096 (the 2B preset's max_seq) with its head_dim; the reference on a sample of rows.
-    check_attention(4096, 2, 128, {0, 1, 31, 32, 2047, 4064, 4095});
+    // T = 4096 (the 2B preset's max_seq), the 2B preset's 16 heads at T = 1024 and 4096; the reference on a sample
+    // of rows. Plus the SIMT kernel at T = 4096 (what Auto ran before the tensor-core kernel).
+    double worst = 0.0;
+    for (int hd : {64, 128}) {
+        worst = std::max(worst, check_attention(1024, 16, hd, sample_rows(1024), tl::gpu::AttentionKernel::TensorCore));
+        worst = std::max(worst, check_attention(4096, 16, hd, sample_rows(4096), tl::gpu::AttentionKernel::TensorCore));
+        if (HasFatalFailure()) return;
+    }
+    std::printf("tensor-core attention, long: largest error / bound %.3f\n", worst);
+    worst = check_attention(4096, 2, 128, sample_rows(4096), tl::gpu::AttentionKernel::Simt);
+    std::printf("SIMT attention, long: largest error / bound %.3f\n", worst);
+    if (HasFatalFailure()) return;
+    time_attention(4096, 16, 128);  // the 2B preset at max_seq
+    time_attention(1024, 16, 128);
+    time_attention(4096, 4, 64);    // the demo preset's heads
 }
 
 TEST(Kernels, AttentionRefusals) {
@@ -288,6 +415,16 @@ TEST(Kernels, AttentionRefusals) {
     ASSERT_TRUE(buf.ok());
     EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get(), 1, 1, 7, nullptr), tl::gpu::kRcBadArgument);  // odd
     EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get(), 1, 1, 258, nullptr), tl::gpu::kRcUnsupported);
+    // The tensor-core kernel by request where it does not apply: head_dim 96, qkv not 16-byte aligned.
+    EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 96, 1, 1, 96, nullptr,
+                                        tl::gpu::AttentionKernel::TensorCore),
+              tl::gpu::kRcUnsupported);
+    EXPECT_EQ(tl::gpu::causal_attention(buf.get() + 2, buf.get() + 3 * 128, 1, 1, 64, nullptr,
+                                        tl::gpu::AttentionKernel::TensorCore),
+              tl::gpu::kRcUnsupported);
+    EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 64, 1, 1, 64, nullptr,
+                                        static_cast<tl::gpu::AttentionKernel>(7)),
+              tl::gpu::kRcBadArgument);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------------------
