@@ -1,8 +1,9 @@
 // tl_bench: the INT4 x FP16 GEMM paths side by side on the layers and M values of shared/H200-NOTES.md.
 //
-//   tl_bench <out.csv> <out.md> [--quick] [--layer SUBSTRING] [--m M] [--group 128|row] [--kernels a,b,...]
+//   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
 //
-// The filters keep a subset (for profiling one kernel under ncu); kernel names as in the CSV.
+// The filters keep a subset (for profiling one kernel under ncu, or the rows another benchmark times): a layer is
+// kept when its name contains any of the substrings; kernel names as in the CSV.
 //
 // Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
@@ -200,8 +201,11 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     return t;
 }
 
-const char *kKernels[] = {"marlin_fused", "marlin_corr", "native", "deq_cublas", "cublas_fp16", "marlin_fused_1blk"};
-constexpr int kNumKernels = 6;
+// marlin_fused_1blk: one block per SM (M <= 16, group 128); marlin_fused_wide: 16 < M <= 64 on the M > 16 kernel
+// instead of the medium one (the same-run A/B of that kernel).
+const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native", "deq_cublas", "cublas_fp16",
+                          "marlin_fused_1blk", "marlin_fused_wide"};
+constexpr int kNumKernels = 7;
 
 struct Row {
     std::string layer;
@@ -222,23 +226,46 @@ std::string cell(const Row &r, int i) {
     return buf;
 }
 
+// "a,b,,c" -> {"a", "b", "c"}.
+std::vector<std::string> split_list(const std::string &text) {
+    std::vector<std::string> items;
+    size_t start = 0;
+    while (start <= text.size()) {
+        const size_t end = std::min(text.find(',', start), text.size());
+        if (end > start) items.push_back(text.substr(start, end - start));
+        start = end + 1;
+    }
+    return items;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: %s <out.csv> <out.md> [--quick] [--layer S] [--m M] [--group 128|row] [--kernels a,b]\n",
+        std::fprintf(stderr,
+                     "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|row] "
+                     "[--kernels a,b]\n",
                      argv[0]);
         return 2;
     }
     bool quick = false;
-    std::string only_layer, only_group, only_kernels;
-    int only_m = 0;
+    std::string only_group, only_kernels;
+    std::vector<std::string> only_layers;
+    std::vector<int> only_ms;
     for (int i = 3; i < argc; ++i) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
         if (arg == "--quick") quick = true;
-        else if (arg == "--layer" && has_value) only_layer = argv[++i];
-        else if (arg == "--m" && has_value) only_m = std::atoi(argv[++i]);
+        else if (arg == "--layer" && has_value) only_layers = split_list(argv[++i]);
+        else if (arg == "--m" && has_value) {
+            for (const std::string &m : split_list(argv[++i])) {
+                only_ms.push_back(std::atoi(m.c_str()));
+                if (only_ms.back() <= 0) {
+                    std::fprintf(stderr, "--m: %s is not a positive integer\n", m.c_str());
+                    return 2;
+                }
+            }
+        }
         else if (arg == "--group" && has_value) only_group = argv[++i];
         else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
         else {
@@ -279,13 +306,20 @@ int main(int argc, char **argv) {
         layers = {{"TinyLoop qkv", 2048, 6144}, {"Llama-8B gate+up", 4096, 28672}};
         ms = {1, 16, 64};
     }
-    if (only_m > 0) ms = {only_m};
-    if (!only_layer.empty()) {
+    if (!only_ms.empty()) ms = only_ms;
+    if (!only_layers.empty()) {
         std::vector<Layer> kept;
         for (const Layer &l : layers) {
-            if (std::string(l.name).find(only_layer) != std::string::npos) kept.push_back(l);
+            const bool named = std::any_of(only_layers.begin(), only_layers.end(), [&](const std::string &s) {
+                return std::string(l.name).find(s) != std::string::npos;
+            });
+            if (named) kept.push_back(l);
         }
         layers = kept;
+    }
+    if (layers.empty()) {
+        std::fprintf(stderr, "--layer keeps no layer\n");
+        return 2;
     }
     const int max_m = *std::max_element(ms.begin(), ms.end());
 
@@ -313,6 +347,11 @@ int main(int argc, char **argv) {
                     tl::gpu::marlin_set_max_blocks_per_sm(1);
                     r.t[5] = time_calls(stream, rot, fused);
                     tl::gpu::marlin_set_max_blocks_per_sm(2);
+                }
+                if (wanted(6) && m > 16 && m <= tl::gpu::kMarlinMediumMaxM) {
+                    tl::gpu::marlin_set_medium_max_m(16);  // read when the graph is captured
+                    r.t[6] = time_calls(stream, rot, fused);
+                    tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
@@ -386,15 +425,16 @@ int main(int argc, char **argv) {
         std::fprintf(md, per_row ? "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction |\n"
                                    "|---|---|---|---|---|\n"
                                  : "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction | "
-                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, 1 block/SM |\n"
-                                   "|---|---|---|---|---|---|---|---|---|\n");
+                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, 1 block/SM | "
+                                   "fused, M > 16 kernel |\n"
+                                   "|---|---|---|---|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
             if ((r.group == r.k) != per_row) continue;
             std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
                          cell(r, 0).c_str(), cell(r, 1).c_str());
             if (!per_row) {
-                std::fprintf(md, " %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(), cell(r, 4).c_str(),
-                             cell(r, 5).c_str());
+                std::fprintf(md, " %s | %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(),
+                             cell(r, 4).c_str(), cell(r, 5).c_str(), cell(r, 6).c_str());
             }
             std::fprintf(md, "\n");
         }

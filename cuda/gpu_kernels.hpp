@@ -46,6 +46,16 @@ size_t marlin_workspace_bytes(int sm_count);
 void marlin_set_max_blocks_per_sm(int blocks);
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
                 int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
+// Which kernel marlin_gemm runs for M rows: Skinny (M <= 16), Medium (16 < M <= the medium bound, default
+// kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop).
+enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2 };
+constexpr int kMarlinMediumMaxM = 64;
+MarlinKernel marlin_kernel_for(int m);
+// Tuning knob (benchmarks, A/B tests): the largest M that runs the medium kernel, clamped to [16, 64] (16: never).
+// Process-wide; results do not depend on it beyond FP32 summation order.
+void marlin_set_medium_max_m(int m);
+// Successful marlin_gemm launches per kernel since the process started (tests: which kernel a path reached).
+uint64_t marlin_launch_count(MarlinKernel kernel);
 
 // ---- The seed's asymmetric correction: C += a_sum @ delta ----------------------------------------------------------
 // a_sum[m, g] = sum of A[m, k] over k in group g (FP32, accumulated in FP64 so it is the correctly rounded sum).

@@ -1,6 +1,7 @@
 // Declarations shared by the Marlin-class kernels' translation units: tile constants, kernel parameters and the
-// per-instantiation launch functions (defined in marlin_kernel.cuh for M > 16 and marlin_skinny.cuh for M <= 16,
-// instantiated in marlin_{,skinny_}{fused,symmetric}.cu so that they compile in parallel).
+// per-instantiation launch functions (defined in marlin_skinny.cuh for M <= 16, marlin_medium.cuh for 16 < M <= 64
+// and marlin_kernel.cuh above, instantiated in marlin_{,skinny_,medium_}{fused,symmetric}.cu so that they compile in
+// parallel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +30,11 @@ constexpr int stage_bytes(int mb, bool fused, int gpt) {
 // The same for the skinny kernel: NB*8 activation rows, slices of KS k16 steps (4: 64 deep, 8: 128 deep).
 constexpr int skinny_stage_bytes(int nb, bool fused, int gpt, int ks) {
     return ks * 16 * kTileN / 2 + nb * 8 * ks * 16 * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
+}
+
+// The same for the medium kernel: ROWS activation rows (all of the tile's), 64-deep slices.
+constexpr int medium_stage_bytes(int rows, bool fused, int gpt) {
+    return kTileK * kTileN / 2 + rows * kTileK * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
 }
 
 struct Params {
@@ -66,5 +72,10 @@ int launch(Params p, const LaunchEnv &env);
 // p.k_tiles counts slices of KS * 16.
 template <int NB, bool FUSED, int GPT, int KS>
 int launch_skinny(Params p, const LaunchEnv &env);
+// 16 < M <= 64: tiles of WM * NB * 8 rows x 512 columns, blocks of WM * 8 warps; each warp multiplies one 64-column
+// strip by NB 8-row activation tiles (NB = 3, 4; WM = 1: 24 or 32 rows, WM = 2: 48 or 64 rows). Requires
+// M <= WM * NB * 8 (p.m_slices == 1), else kRcUnsupported.
+template <int NB, int WM, bool FUSED, int GPT>
+int launch_medium(Params p, const LaunchEnv &env);
 
 }  // namespace tl::gpu::marlin

@@ -1,5 +1,5 @@
-// Device helpers shared by the two Marlin-class kernels (marlin_kernel.cuh for M > 16, marlin_skinny.cuh for
-// M <= 16) and their common host launch routine.
+// Device helpers shared by the Marlin-class kernels (marlin_skinny.cuh for M <= 16, marlin_medium.cuh for
+// 16 < M <= 64, marlin_kernel.cuh above) and their common host launch routine.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -66,6 +66,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                  : "r"(addr));
 }
 
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -91,6 +95,47 @@ __device__ __forceinline__ uint32_t as_u32(half2 h) {
     return u;
 }
 
+// One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1);
+// read as marlin_medium.cuh does, b[0..3] is the A fragment {a0, a1, a2, a3} of the word's 16 x 16 tile.
+// (q & 0x000F000F) | 0x6400 6400 is the FP16 pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q,
+// undone by an FMA with 1/16 and -64, all exact. FUSED: w = q*s + z in one HFMA2 (one FP16 rounding of the exact
+// weight); symmetric: (q - 8)*s.
+template <bool FUSED>
+__device__ __forceinline__ void dequant_word(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, uint32_t z1,
+                                             uint32_t (&b)[4]) {
+    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
+    const half2 lo_bias = as_h2(FUSED ? 0x64006400u : 0x64086408u);  // 1024 or 1032
+    const half2 inv16 = as_h2(0x2C002C00u);                          // 1/16
+    const half2 hi_bias = as_h2(FUSED ? 0xD400D400u : 0xD480D480u);  // -64 or -72
+    const uint32_t lo0 = and_or(q, kLo, kMagic), hi0 = and_or(q, kHi, kMagic);
+    q >>= 8;
+    const uint32_t lo1 = and_or(q, kLo, kMagic), hi1 = and_or(q, kHi, kMagic);
+    const half2 v0 = __hsub2(as_h2(lo0), lo_bias), v2 = __hsub2(as_h2(lo1), lo_bias);
+    const half2 v1 = __hfma2(as_h2(hi0), inv16, hi_bias), v3 = __hfma2(as_h2(hi1), inv16, hi_bias);
+    if constexpr (FUSED) {
+        b[0] = as_u32(__hfma2(v0, as_h2(s0), as_h2(z0)));
+        b[2] = as_u32(__hfma2(v2, as_h2(s0), as_h2(z0)));
+        b[1] = as_u32(__hfma2(v1, as_h2(s1), as_h2(z1)));
+        b[3] = as_u32(__hfma2(v3, as_h2(s1), as_h2(z1)));
+    } else {
+        b[0] = as_u32(__hmul2(v0, as_h2(s0)));
+        b[2] = as_u32(__hmul2(v2, as_h2(s0)));
+        b[1] = as_u32(__hmul2(v1, as_h2(s1)));
+        b[3] = as_u32(__hmul2(v3, as_h2(s1)));
+    }
+}
+
+// The lane's eight scales (columns 8j + lane/4 of its warp's strip, j = 0..7) as FP16 pairs (s, s).
+__device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&out)[8]) {
+    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __byte_perm(w[i], 0, 0x1010);
+        out[2 * i + 1] = __byte_perm(w[i], 0, 0x3232);
+    }
+}
+
 __device__ __forceinline__ void add_partial(float *dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(a, b));  // one vector RED on Hopper
@@ -104,14 +149,36 @@ __device__ __forceinline__ void store_half2(uint16_t *y, float a, float b) {
     *reinterpret_cast<half2 *>(y) = __floats2half2_rn(a, b);
 }
 
-// The host side shared by both kernels: pipeline depth for the wanted residency (cached per device), grid size,
+__device__ __forceinline__ void add_partial4(float *dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4 *>(dst), make_float4(a, b, c, d));  // one vector RED on Hopper
+#else
+    add_partial(dst, a, b);
+    add_partial(dst + 2, c, d);
+#endif
+}
+
+template <int R>
+__device__ __forceinline__ void zero(float (&a)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[i][e] = 0.0f;
+}
+
+__device__ __forceinline__ void store_half(uint16_t *y, float v) {
+    *reinterpret_cast<__half *>(y) = __float2half_rn(v);
+}
+
+// The host side shared by the kernels: pipeline depth for the wanted residency (cached per device), grid size,
 // workspace check, launch. `stages_cache` belongs to one instantiation: 0 = not set up, -1 = does not fit.
 // min_iters bounds the k slices per block from below, so that a small layer does not cut each tile between dozens
 // of blocks (their same-address FP32 additions serialize in L2: run 3 measured 44 us for a 2048 x 2048 layer at
 // M = 64 with 32 contributors per tile).
 template <class Kernel>
 int launch_kernel(Kernel kernel, Params p, const LaunchEnv &env, int stage_bytes, int wanted_per_sm,
-                  long long min_iters, int partial_floats, std::atomic<int> (&stages_cache)[64][2]) {
+                  long long min_iters, int partial_floats, std::atomic<int> (&stages_cache)[64][2],
+                  int threads = kThreads) {
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
     for (int per_sm = wanted_per_sm; per_sm >= 1; --per_sm) {
         std::atomic<int> &cached = stages_cache[env.device][per_sm - 1];
@@ -127,7 +194,7 @@ int launch_kernel(Kernel kernel, Params p, const LaunchEnv &env, int stage_bytes
                     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, deepest * stage_bytes));
                 int resident = 0;
                 TL_GPU_CHECK(
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, stages * stage_bytes));
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, stages * stage_bytes));
                 if (resident < per_sm) stages = -1;
             } else {
                 stages = -1;
@@ -144,7 +211,7 @@ int launch_kernel(Kernel kernel, Params p, const LaunchEnv &env, int stage_bytes
         }
         p.counters = static_cast<int *>(env.workspace);
         p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
-        kernel<<<static_cast<unsigned>(grid), kThreads, stages * stage_bytes, env.stream>>>(p);
+        kernel<<<static_cast<unsigned>(grid), threads, stages * stage_bytes, env.stream>>>(p);
         TL_GPU_CHECK_LAUNCH();
         return 0;
     }

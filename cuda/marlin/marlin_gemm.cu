@@ -1,5 +1,6 @@
 // The public launcher of the Marlin-class GEMM: argument and shape checks, kernel and tile-height choice, dispatch
-// to the instantiation. The kernels: marlin_skinny.cuh (M <= 16), marlin_kernel.cuh (M > 16).
+// to the instantiation. The kernels: marlin_skinny.cuh (M <= 16), marlin_medium.cuh (16 < M <= 64, see
+// marlin_set_medium_max_m), marlin_kernel.cuh (above).
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
 #include "marlin_pack.hpp"
@@ -9,6 +10,8 @@ namespace tl::gpu {
 namespace {
 
 std::atomic<int> g_max_blocks_per_sm{2};
+std::atomic<int> g_medium_max_m{kMarlinMediumMaxM};
+std::atomic<uint64_t> g_launches[3];  // by MarlinKernel
 
 template <int MB, bool FUSED>
 int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
@@ -17,6 +20,21 @@ int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) 
 template <int NB, bool FUSED>
 int pick_skinny_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
     return gpt == 2 ? marlin::launch_skinny<NB, FUSED, 2, 4>(p, env) : marlin::launch_skinny<NB, FUSED, 1, 4>(p, env);
+}
+
+template <int NB, int WM, bool FUSED>
+int pick_medium_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    return gpt == 2 ? marlin::launch_medium<NB, WM, FUSED, 2>(p, env) : marlin::launch_medium<NB, WM, FUSED, 1>(p, env);
+}
+// The medium kernel's tile height: 24, 32 (one warp per strip), 48 or 64 rows (two).
+template <bool FUSED>
+int pick_medium_rows(int rows_per_tile, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    switch (rows_per_tile) {
+        case 24: return pick_medium_groups<3, 1, FUSED>(gpt, p, env);
+        case 32: return pick_medium_groups<4, 1, FUSED>(gpt, p, env);
+        case 48: return pick_medium_groups<3, 2, FUSED>(gpt, p, env);
+        default: return pick_medium_groups<4, 2, FUSED>(gpt, p, env);
+    }
 }
 
 // rows_per_tile: 8 or 16 (skinny kernel), 32 or 64; slice_k: 64, or 128 (8 rows, group size a multiple of 128).
@@ -38,9 +56,22 @@ void marlin_set_max_blocks_per_sm(int blocks) {
     g_max_blocks_per_sm.store(blocks >= 2 ? 2 : 1, std::memory_order_relaxed);
 }
 
+void marlin_set_medium_max_m(int m) {
+    g_medium_max_m.store(std::min(64, std::max(16, m)), std::memory_order_relaxed);
+}
+
+MarlinKernel marlin_kernel_for(int m) {
+    if (m <= 16) return MarlinKernel::Skinny;
+    return m <= g_medium_max_m.load(std::memory_order_relaxed) ? MarlinKernel::Medium : MarlinKernel::Wide;
+}
+
+uint64_t marlin_launch_count(MarlinKernel kernel) {
+    return g_launches[static_cast<int>(kernel)].load(std::memory_order_relaxed);
+}
+
 size_t marlin_workspace_bytes(int sm_count) {
     // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
-    // or 64 rows above); the counters of up to two blocks per SM fit in the 256-byte rounding slack and the room
+    // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64); the counters of up to two blocks per SM fit in the 256-byte rounding slack and the room
     // that the skinny kernel's smaller partial blocks leave.
     const size_t counters = (static_cast<size_t>(sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
@@ -63,6 +94,39 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     DeviceInfo dev;
     if (const int rc = current_device_info(dev)) return rc;
     const int gpt = group_size == 32 ? 2 : 1;
+    MarlinKernel kernel = marlin_kernel_for(m);
+    const marlin::LaunchEnv env{dev.device,        dev.sm_count,
+                                dev.max_smem_optin, dev.smem_per_sm,
+                                g_max_blocks_per_sm.load(std::memory_order_relaxed),
+                                workspace,          workspace_bytes,
+                                stream};
+    marlin::Params p{};
+    p.x = x;
+    p.words = words;
+    p.scales = scales;
+    p.zeros = fused ? zeros : nullptr;
+    p.y = y;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.group_size = group_size;
+    const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
+    if (kernel == MarlinKernel::Medium) {
+        // One tile covers every row, so the weights are read once: the smallest of 24 / 32 / 48 / 64 rows (NB = 3
+        // or 4 n8 activation tiles per warp, one or two warps per strip) that covers M.
+        const int rows = m <= 24 ? 24 : m <= 32 ? 32 : m <= 48 ? 48 : 64;
+        if (marlin::kMinStages * marlin::medium_stage_bytes(rows, fused, gpt) + marlin::kStaticSmemReserve <=
+            dev.max_smem_optin) {
+            p.m_slices = 1;
+            p.k_tiles = k / marlin::kTileK;
+            p.total_iters = static_cast<long long>(n_tiles) * p.k_tiles;
+            const int rc =
+                fused ? pick_medium_rows<true>(rows, gpt, p, env) : pick_medium_rows<false>(rows, gpt, p, env);
+            if (rc == 0) g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
+            if (rc >= 0) return rc;
+        }
+        kernel = MarlinKernel::Wide;  // refused (shared memory): the M > 16 kernel takes any M
+    }
     // Tile height: the smallest that covers M (8, 16, 32, 64 rows), lowered if even a 3-stage pipeline would not fit.
     int rows = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
     auto fits = [&](int r) {
@@ -76,26 +140,12 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     // would not fit an SM's shared memory, so M <= 16 keeps 64.
     const int slice_k = rows == 8 && k % 128 == 0 && group_size % 128 == 0 ? 128 : marlin::kTileK;
 
-    marlin::Params p{};
-    p.x = x;
-    p.words = words;
-    p.scales = scales;
-    p.zeros = fused ? zeros : nullptr;
-    p.y = y;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.group_size = group_size;
     p.m_slices = (m + rows - 1) / rows;
     p.k_tiles = k / slice_k;
-    const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
     p.total_iters = static_cast<long long>(p.m_slices) * n_tiles * p.k_tiles;
-    const marlin::LaunchEnv env{dev.device,        dev.sm_count,
-                                dev.max_smem_optin, dev.smem_per_sm,
-                                g_max_blocks_per_sm.load(std::memory_order_relaxed),
-                                workspace,          workspace_bytes,
-                                stream};
-    return fused ? pick_rows<true>(rows, slice_k, gpt, p, env) : pick_rows<false>(rows, slice_k, gpt, p, env);
+    const int rc = fused ? pick_rows<true>(rows, slice_k, gpt, p, env) : pick_rows<false>(rows, slice_k, gpt, p, env);
+    if (rc == 0) g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
+    return rc;
 }
 
 }  // namespace tl::gpu

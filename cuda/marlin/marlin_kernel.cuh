@@ -36,46 +36,6 @@ struct Smem {
     static_assert(kStage == kB + kA + kS * (FUSED ? 2 : 1), "stage layout: [weights | activations | scales | zeros]");
 };
 
-// One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1).
-// (q & 0x000F000F) | 0x6400 6400 is the FP16 pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q,
-// undone by an FMA with 1/16 and -64, all exact. FUSED: w = q*s + z in one HFMA2 (one FP16 rounding of the exact
-// weight); symmetric: (q - 8)*s.
-template <bool FUSED>
-__device__ __forceinline__ void dequant_word(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, uint32_t z1,
-                                             uint32_t (&b)[4]) {
-    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
-    const half2 lo_bias = as_h2(FUSED ? 0x64006400u : 0x64086408u);  // 1024 or 1032
-    const half2 inv16 = as_h2(0x2C002C00u);                          // 1/16
-    const half2 hi_bias = as_h2(FUSED ? 0xD400D400u : 0xD480D480u);  // -64 or -72
-    const uint32_t lo0 = and_or(q, kLo, kMagic), hi0 = and_or(q, kHi, kMagic);
-    q >>= 8;
-    const uint32_t lo1 = and_or(q, kLo, kMagic), hi1 = and_or(q, kHi, kMagic);
-    const half2 v0 = __hsub2(as_h2(lo0), lo_bias), v2 = __hsub2(as_h2(lo1), lo_bias);
-    const half2 v1 = __hfma2(as_h2(hi0), inv16, hi_bias), v3 = __hfma2(as_h2(hi1), inv16, hi_bias);
-    if constexpr (FUSED) {
-        b[0] = as_u32(__hfma2(v0, as_h2(s0), as_h2(z0)));
-        b[2] = as_u32(__hfma2(v2, as_h2(s0), as_h2(z0)));
-        b[1] = as_u32(__hfma2(v1, as_h2(s1), as_h2(z1)));
-        b[3] = as_u32(__hfma2(v3, as_h2(s1), as_h2(z1)));
-    } else {
-        b[0] = as_u32(__hmul2(v0, as_h2(s0)));
-        b[2] = as_u32(__hmul2(v2, as_h2(s0)));
-        b[1] = as_u32(__hmul2(v1, as_h2(s1)));
-        b[3] = as_u32(__hmul2(v3, as_h2(s1)));
-    }
-}
-
-// The lane's eight scales (columns 8j + lane/4 of its warp's strip, j = 0..7) as FP16 pairs (s, s).
-__device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&out)[8]) {
-    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        out[2 * i] = __byte_perm(w[i], 0, 0x1010);
-        out[2 * i + 1] = __byte_perm(w[i], 0, 0x3232);
-    }
-}
-
 struct Cursor {
     int tile;
     int kt;

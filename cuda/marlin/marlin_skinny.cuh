@@ -56,27 +56,6 @@ __device__ __forceinline__ void mma_16816_first(float (&c)[4], const uint32_t (&
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-__device__ __forceinline__ void add_partial4(float *dst, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float4 *>(dst), make_float4(a, b, c, d));  // one vector RED on Hopper
-#else
-    add_partial(dst, a, b);
-    add_partial(dst + 2, c, d);
-#endif
-}
-
-template <int R>
-__device__ __forceinline__ void zero(float (&a)[R][4]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[i][e] = 0.0f;
-}
-
-__device__ __forceinline__ void store_half(uint16_t *y, float v) {
-    *reinterpret_cast<__half *>(y) = __float2half_rn(v);
-}
-
 template <int NB, bool FUSED, int GPT, int KS>
 __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params p) {
     static_assert(KS == 4 || (KS == 8 && GPT == 1), "128-deep slices need a group size that 128 divides");

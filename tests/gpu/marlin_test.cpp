@@ -1,17 +1,22 @@
 // The Marlin-class GEMM, both modes (fused q*s + z; symmetric + the seed's correction wrapper), against an FP64
 // host reference on small shapes (every element) and, on the benchmark layers, against the native INT4 kernel
-// (every element) plus the FP64 reference on 96 random columns. Also: the workspace is left zeroed, and the
-// launcher refuses unsupported arguments without launching.
+// (every element) plus the FP64 reference on 96 random columns. Also: the workspace is left zeroed, the launcher
+// refuses unsupported arguments without launching, and the C API's dispatcher reaches the 16 < M <= 64 kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gpu_kernels.hpp"
 #include "gpu_test_util.hpp"
+#include "half.hpp"
 #include "marlin_pack.hpp"
+#include "tinyloop.h"
 
 namespace {
 
@@ -42,7 +47,23 @@ std::vector<GemmShape> gemm_shapes() {
         {1, 14336, 4096, 14336, true, "l8_down"},   {1, 8192, 57344, 128, true, "l70_gateup"},
         {16, 28672, 8192, 28672, true, "l70_down"}, {255, 2048, 6144, 64, true, "tl_qkv"},
         {1024, 4096, 6144, 128, true, "l8_qkv"},
+        // 16 < M <= 64 (the medium kernel) on layers: 48- and 64-row tiles, group 32 / 128, per row.
+        {64, 4096, 6144, 128, true, "l8_qkv"},      {48, 4096, 6144, 32, true, "l8_qkv"},
+        {24, 4096, 6144, 4096, true, "l8_qkv"},
     };
+    // 16 < M <= 64 on small shapes: every M class of the medium kernel (24 / 32 / 48 / 64-row tiles, full and
+    // partial) x group 32, 64, 128 and per row. N cycles through one partial 512-column tile (192), a tile plus a
+    // strip (576), two tiles plus a strip (1088) and three plus a partial one (1600: 25 strips).
+    const int ms[] = {17, 24, 31, 32, 33, 48, 63, 64};
+    const int groups[] = {32, 64, 128, 0};  // 0: per row
+    const int ks[] = {512, 768, 1024};
+    const int ns[] = {576, 192, 1088, 1600};
+    for (int i = 0; i < 8; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            const int k = ks[(i + j) % 3];
+            s.push_back({ms[i], k, ns[(i + 2 * j) % 4], groups[j] == 0 ? k : groups[j], false, "medium"});
+        }
+    }
     return s;
 }
 
@@ -289,6 +310,144 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
     EXPECT_EQ(tl::gpu::kRcBadArgument, tl::gpu::marlin_gemm(nullptr, dw.get(), ds.get(), dz.get(), dy.get(), m, 128,
                                                              256, 128, true, work.get(), ws_bytes, nullptr));
     CUDA_OK(cudaGetLastError());
+}
+
+
+// The medium kernel's bound (16 < M <= bound) changes which kernel runs, never the result: the medium and the M > 16
+// kernels agree on the same inputs (fused mode), and the launch counters say which one ran.
+TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
+    struct Case {
+        int m, k, n, group_size;
+    };
+    for (const Case c : {Case{17, 1024, 1088, 32}, Case{40, 2048, 576, 2048}, Case{64, 1536, 1024, 128}}) {
+        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
+        const tl::MarlinPacked p = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
+                                                   c.group_size, tl::MarlinMode::Fused);
+        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(p.scales.size()),
+            dz(p.zeros.size());
+        DeviceBuffer<uint32_t> dw(p.words.size());
+        const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+        DeviceBuffer<uint8_t> work(ws_bytes);
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
+        CUDA_OK(dx.upload(x));
+        CUDA_OK(dw.upload(p.words));
+        CUDA_OK(ds.upload(p.scales));
+        CUDA_OK(dz.upload(p.zeros));
+        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+        std::vector<uint16_t> y[2];
+        for (const int bound : {tl::gpu::kMarlinMediumMaxM, 16}) {
+            tl::gpu::marlin_set_medium_max_m(bound);
+            const tl::gpu::MarlinKernel expected =
+                bound == 16 ? tl::gpu::MarlinKernel::Wide : tl::gpu::MarlinKernel::Medium;
+            const uint64_t before = tl::gpu::marlin_launch_count(expected);
+            CUDA_OK(dy.poison());
+            const int rc = tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), c.m, c.n, c.k,
+                                                tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
+                                                ws_bytes, nullptr);
+            tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
+            ASSERT_EQ(0, rc);
+            EXPECT_EQ(tl::gpu::marlin_launch_count(expected), before + 1) << "bound " << bound;
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> &out = y[bound == 16 ? 1 : 0];
+            CUDA_OK(dy.download(out));
+            EXPECT_TRUE(tlt::matches(out, c.m, c.n, ref, {}, 2e-3)) << "bound " << bound;
+        }
+        EXPECT_TRUE(tlt::matches_half(y[0], y[1], c.m, c.n, 2e-3)) << "medium vs M > 16 kernel";
+    }
+}
+
+// The C API's dispatcher (tl_quant_gemm) sends 16 < M <= 64 to the medium kernel on both Marlin-class paths (fused
+// and symmetric + correction): the weight's path counter and the kernel's launch counter each move by one, nothing
+// falls back, and the output matches the native INT4 fallback (USE_MARLIN = 0) and the FP64 reference.
+TEST(MarlinLauncher, DispatcherRunsMediumKernelForMediumM) {
+    const int k = 1024, n = 1536, group_size = 128;
+    int32_t saved[5];
+    for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
+    // Random FP32 weights [n][k] (a Linear's layout), quantized by the library; the reference multiplies by what
+    // tl_weight_dequantize returns, so the test checks the GEMM, not the quantizer.
+    std::vector<float> wf(static_cast<size_t>(k) * n);
+    std::normal_distribution<float> normal(0.0f, 0.03f);
+    for (float &v : wf) v = normal(tlt::rng());
+    tl_quantize_options qopts;
+    ASSERT_EQ(TL_OK, tl_quantize_options_init(&qopts, sizeof qopts));
+    qopts.group_size = group_size;
+    tl_weight *weight = nullptr;
+    ASSERT_EQ(TL_OK, tl_weight_quantize(wf.data(), k, n, &qopts, &weight)) << tl_last_error_message();
+    std::unique_ptr<tl_weight, void (*)(tl_weight *)> owner(weight, tl_weight_free);
+    tl_pack_options popts;
+    ASSERT_EQ(TL_OK, tl_pack_options_init(&popts, sizeof popts));
+    popts.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+    tl_pack_report report;
+    ASSERT_EQ(TL_OK, tl_pack_report_init(&report, sizeof report));
+    ASSERT_EQ(TL_OK, tl_weight_pack_marlin(weight, &popts, &report)) << tl_last_error_message();
+    std::vector<float> wt(static_cast<size_t>(k) * n);  // [n][k], what the library multiplies by
+    ASSERT_EQ(TL_OK, tl_weight_dequantize(weight, wt.data(), wt.size()));
+
+    auto counts = [&]() {
+        tl_dispatch_counts c;
+        std::memset(&c, 0, sizeof c);
+        c.struct_size = sizeof c;
+        EXPECT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &c)) << tl_last_error_message();
+        return c;
+    };
+    auto run = [&](const DeviceBuffer<uint16_t> &dx, DeviceBuffer<uint16_t> &dy, int m, std::vector<uint16_t> &out) {
+        size_t ws_bytes = 0;
+        ASSERT_EQ(TL_OK, tl_quant_gemm_workspace_size(weight, m, &ws_bytes));
+        DeviceBuffer<uint8_t> work(ws_bytes);
+        ASSERT_TRUE(work.ok());
+        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+        CUDA_OK(dy.poison());
+        ASSERT_EQ(TL_OK, tl_quant_gemm(weight, dx.get(), dy.get(), m, nullptr, work.get(), ws_bytes))
+            << tl_last_error_message();
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(dy.download(out));
+    };
+    ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
+    ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
+    for (const int m : {17, 33, 64}) {
+        SCOPED_TRACE("M = " + std::to_string(m));
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
+        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n);
+        ASSERT_TRUE(dx.ok() && dy.ok());
+        CUDA_OK(dx.upload(x));
+        std::vector<double> ref(static_cast<size_t>(m) * n, 0.0);
+        for (int i = 0; i < m; ++i)
+            for (int j = 0; j < n; ++j) {
+                double acc = 0;
+                for (int kk = 0; kk < k; ++kk)
+                    acc += tl::half_to_float(x[static_cast<size_t>(i) * k + kk]) * static_cast<double>(wt[static_cast<size_t>(j) * k + kk]);
+                ref[static_cast<size_t>(i) * n + j] = acc;
+            }
+
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 0));
+        std::vector<uint16_t> native;
+        const tl_dispatch_counts before_native = counts();
+        run(dx, dy, m, native);
+        EXPECT_EQ(counts().native, before_native.native + 1);
+        EXPECT_TRUE(tlt::matches(native, m, n, ref, {}, 2e-3)) << "native";
+
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
+        for (const int mode : {1, 2}) {  // 1: fused only, 2: correction only
+            SCOPED_TRACE(mode == 1 ? "fused" : "correction");
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, mode));
+            const tl_dispatch_counts before = counts();
+            const uint64_t launches = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Medium);
+            std::vector<uint16_t> y;
+            run(dx, dy, m, y);
+            const tl_dispatch_counts after = counts();
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Medium), launches + 1);
+            EXPECT_EQ(mode == 1 ? after.marlin_fused : after.marlin_correction,
+                      (mode == 1 ? before.marlin_fused : before.marlin_correction) + 1);
+            EXPECT_EQ(after.fallbacks, before.fallbacks);
+            EXPECT_EQ(after.native, before.native);
+            EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs the native fallback";
+            EXPECT_TRUE(tlt::matches(y, m, n, ref, {}, 2e-3)) << "vs FP64";
+        }
+    }
+    for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));
 }
 
 }  // namespace

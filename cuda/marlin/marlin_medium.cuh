@@ -1,0 +1,295 @@
+// The Marlin-class INT4 x FP16 GEMM for 16 < M <= 64 ("medium", SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], the
+// same packed weights, 512-column tiles, 64-deep cp.async ring and stream-K reduction as the other two kernels.
+//
+// Operands swapped as in marlin_skinny.cuh: the packed word of lane L is the A fragment of mma.m16n8k16 for a
+// 16 x 16 weight tile (rows = 16 columns of the strip), the activations are B, 8 rows per n8 tile. Each dequantized
+// A fragment feeds NB mma's (NB = 3 or 4 activation tiles), so the weights, the dominant traffic, are read and
+// dequantized once per 8 * NB rows.
+//
+// What differs from the skinny kernel: the scale is applied to every weight (marlin_device.cuh's dequant_word:
+// exact q, then one HFMA2 q*s + z, 13 instructions per 8 weights) instead of folding unscaled sums per group. The
+// fold needs three accumulator sets (sums, activation sums, output: 36 NB registers), which does not fit at NB = 4;
+// here one set (16 NB) does, and at 3-4 mma per word the dequantization is cheap next to the tensor work.
+//
+// Warps: WM * 8 per block (WM = 1: 256 threads, two blocks per SM; WM = 2: 512 threads, one block per SM), so 16
+// warps per SM either way at <= 128 registers. Warp w owns strip w % 8 of the tile and activation rows
+// [(w / 8) * NB * 8, + NB * 8): with WM = 2 two warps share each strip (each dequantizes it; the alternative, one
+// warp holding 64 rows, needs 128 accumulator registers and leaves 8 warps per SM, what the M > 16 kernel does).
+#pragma once
+
+#include "marlin_device.cuh"
+
+namespace tl::gpu::marlin {
+
+template <int NB, int WM, bool FUSED, int GPT>
+struct MediumSmem {
+    static constexpr int kRows = WM * NB * 8;        // activation rows of a tile
+    static constexpr int kRow = kTileK * 2;          // bytes of one activation row of a slice
+    static constexpr int kB = kTileK * kTileN / 2;   // weights: [strip][k16][lane][16 B], as in global memory
+    static constexpr int kA = kRows * kRow;          // activations: 16-byte chunks XOR-swizzled by row
+    static constexpr int kS = GPT * kTileN * 2;      // scales, then zeros: [GPT][512] FP16, permuted as in global
+    static constexpr int kStage = medium_stage_bytes(kRows, FUSED, GPT);
+    static constexpr int kPartialFloats = kRows * kTileN;  // FP32 partial sums of one tile
+    static_assert(kStage == kB + kA + kS * (FUSED ? 2 : 1), "stage layout: [weights | activations | scales | zeros]");
+};
+
+__device__ __forceinline__ uint4 lds128(const void *p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(smem_addr(p)));
+    return v;
+}
+
+template <int NB, int WM, bool FUSED, int GPT>
+__global__ void __launch_bounds__(kThreads * WM, 2 / WM) marlin_medium_kernel(const Params p) {
+    static_assert((NB == 3 || NB == 4) && (WM == 1 || WM == 2), "tiles of 24, 32, 48 or 64 rows");
+    using L = MediumSmem<NB, WM, FUSED, GPT>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ int last_contributor;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int strip_in_tile = warp % kWarps, row_part = warp / kWarps;
+    const long long begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
+    const long long end = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x;
+    if (begin >= end) return;  // more blocks than k slices: nobody waits for an empty block
+    const int strips = p.n / 64;
+    const int first_tile = static_cast<int>(begin / p.k_tiles), first_kt = static_cast<int>(begin % p.k_tiles);
+    // A cut tile's workspace slot is the block that holds its first k slice (marlin_kernel.cuh): this block for
+    // every tile but the first of its range. Computed here, before the accumulators are live: the 64-bit division
+    // is a call whose registers made finish_tile spill.
+    const int first_slot =
+        static_cast<int>(((static_cast<long long>(first_tile) * p.k_tiles + 1) * gridDim.x - 1) / p.total_iters);
+    const int total = static_cast<int>(end - begin);  // this block's k slices
+
+    // ---- Copy side. Warp w copies k16 cells [row_part * kCells, + kCells) of strip w % 8 (kK16 / WM cells of 512
+    // bytes); threads < kRows * 8 one activation chunk (row tid / 8, chunk tid % 8, zero-filled past M); threads
+    // [0, GPT*64) one chunk of scales, [128, 128 + GPT*64) one of zeros. Source offsets step by increments within a
+    // tile; the divisions happen once per tile.
+    constexpr int kCells = kK16 / WM;
+    const int a_row = tid / 8, a_chunk = tid % 8;
+    const bool copies_x = tid < L::kRows * 8;
+    const int sz_part = tid / 128, sz_idx = tid % 128;
+    const bool copies_sz = sz_idx < GPT * 64 && (sz_part == 0 || (FUSED && sz_part == 1));
+    const uint32_t w_dst = strip_in_tile * (kK16 * 512) + row_part * (kCells * 512) + lane * 16;
+    const uint32_t x_dst = L::kB + a_row * L::kRow + ((a_chunk ^ (a_row % 8)) * 16);
+    const uint32_t sz_dst = L::kB + L::kA + (sz_part % 2) * L::kS + (sz_idx / 64) * (kTileN * 2) + (sz_idx % 64) * 16;
+    // Offsets (not pointers: fewer registers) of this thread's sources, in elements of words (uint4), x, scales.
+    int f_tile = 0, f_kt = 0, f_k_left = 0;
+    uint32_t f_w = 0, f_x = 0, f_sz = 0;
+    // Which of this thread's copies are real for the current tile (one register): weights, activations (else
+    // zero-fill), scales or zeros.
+    constexpr int kCopyW = 1, kCopyX = 2, kCopySz = 4;
+    int f_ok = 0;
+    auto locate = [&](int tile, int kt) {
+        f_tile = tile;
+        f_kt = kt;
+        const int n_tile = tile;  // one tile covers every row (m_slices == 1)
+        const int strip = n_tile * kWarps + strip_in_tile;
+        const bool w_ok = strip < strips;
+        f_w = (strip * (p.k / 16) + kt * kK16 + row_part * kCells) * 32 + lane;
+        const int row = a_row;
+        const bool x_ok = copies_x && row < p.m;  // else the zero-fill copy reads nothing; row 0 keeps the address valid
+        f_x = (x_ok ? row * p.k : 0) + kt * kTileK + a_chunk * 8;
+        const int ch = sz_idx % 64;
+        const bool sz_ok = copies_sz && n_tile * kWarps + ch / 8 < strips;
+        f_ok = (w_ok ? kCopyW : 0) | (x_ok ? kCopyX : 0) | (sz_ok ? kCopySz : 0);
+        const int group = GPT == 2 ? kt * 2 + sz_idx / 64 : kt * kTileK / p.group_size;
+        f_sz = group * p.n + n_tile * kTileN + ch * 8;
+        f_k_left = p.group_size - kt * kTileK % p.group_size;  // k left in the group (GPT = 1)
+    };
+    auto advance = [&]() {
+        if (++f_kt == p.k_tiles) {
+            locate(f_tile + 1, 0);
+            return;
+        }
+        f_w += kK16 * 32;
+        f_x += kTileK;
+        if constexpr (GPT == 2) {
+            f_sz += 2 * p.n;
+        } else if ((f_k_left -= kTileK) == 0) {
+            f_k_left = p.group_size;
+            f_sz += p.n;
+        }
+    };
+    const uint32_t smem_base = smem_addr(smem);
+    auto load_stage = [&](int stage) {
+        const uint32_t st = smem_base + stage * L::kStage;
+        if (f_ok & kCopyW) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(p.words) + f_w;
+#pragma unroll
+            for (int j = 0; j < kCells; ++j) cp_async16(st + w_dst + j * 512, src + 32 * j);
+        }
+        if (copies_x) cp_async16_zfill(st + x_dst, p.x + f_x, (f_ok & kCopyX) != 0);
+        if (f_ok & kCopySz) cp_async16(st + sz_dst, (sz_part == 0 ? p.scales : p.zeros) + f_sz);
+    };
+
+    // ---- Compute side. In the swapped mma, lane L holds rows (= columns 16w + L/4, 16w + 8 + L/4 of the strip) x
+    // activation rows nb*8 + 2(L%4) + {0, 1}: c[0], c[1] the first column, c[2], c[3] the second.
+    const int g = lane / 4;
+    float acc[4][NB][4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) zero(acc[w]);
+    // ldmatrix .x2: lane L < 16 addresses row L%8 of matrix L/8 (b0, b1 of one k16 step: chunks 2 k16 + L/8), at the
+    // swizzled offset ((2 k16 + j) ^ r) * 16 = ((j ^ r) * 16) ^ 32 k16 (j = L/8 % 2, r = L%8); lanes >= 16 repeat
+    // lanes < 16 (their addresses are unused but stay valid).
+    const uint32_t x_lane = (lane % 8) * L::kRow + ((((lane / 8) % 2) ^ (lane % 8)) * 16) + row_part * (NB * 8 * L::kRow);
+
+    auto compute_stage = [&](int stage) {
+        const uint8_t *st = smem + stage * L::kStage;
+        const uint4 *w_src = reinterpret_cast<const uint4 *>(st) + strip_in_tile * (kK16 * 32) + lane;
+        const uint32_t x_base = smem_base + stage * L::kStage + L::kB;
+        // The lane's scale (and zero) pairs: 32-bit word w holds columns 16w + L/4 and 16w + 8 + L/4 (the permuted
+        // layout); broadcast to (s, s) pairs at use.
+        const uint16_t *s_src = reinterpret_cast<const uint16_t *>(st + L::kB + L::kA) + strip_in_tile * 64 + g * 8;
+#pragma unroll
+        for (int k16 = 0; k16 < kK16; ++k16) {
+            // Read again every k16 step (volatile: not merged into one load held across the steps): 8 registers
+            // fewer in the loop, for two 16-byte shared loads per step.
+            const int row = GPT == 2 ? k16 / (kK16 / 2) : 0;
+            const uint4 sv = lds128(s_src + row * kTileN);
+            const uint4 zv = FUSED ? lds128(s_src + GPT * kTileN + row * kTileN) : make_uint4(0u, 0u, 0u, 0u);
+            uint32_t b[NB][2];  // this k16 step's activation fragments (b0, b1) of each 8-row tile
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) ldmatrix_x2(b[nb], x_base + nb * 8 * L::kRow + (x_lane ^ (32 * k16)));
+            const uint4 wq = w_src[k16 * 32];
+            const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+            const uint32_t s_pairs[4] = {sv.x, sv.y, sv.z, sv.w};
+            const uint32_t z_pairs[4] = {zv.x, zv.y, zv.z, zv.w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                uint32_t a[4];
+                dequant_word<FUSED>(words[w], __byte_perm(s_pairs[w], 0, 0x1010), __byte_perm(s_pairs[w], 0, 0x3232),
+                                    FUSED ? __byte_perm(z_pairs[w], 0, 0x1010) : 0u,
+                                    FUSED ? __byte_perm(z_pairs[w], 0, 0x3232) : 0u, a);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) mma_16816(acc[w][nb], a, b[nb][0], b[nb][1]);
+            }
+        }
+    };
+
+    // Writes (or, for a tile cut between blocks, reduces) the finished tile `tile`, of which this block did `iters`
+    // k slices. The reduction is that of marlin_kernel.cuh; workspace layout [warp][nb][w][lane][4] with the four
+    // values ordered (row r, column c), (r, c + 8), (r + 1, c), (r + 1, c + 8).
+    auto finish_tile = [&](int tile, int iters) {
+        const int n_tile = tile;
+        const bool warp_active = n_tile * kWarps + strip_in_tile < strips;
+        const int row0 = row_part * NB * 8 + 2 * (lane % 4);
+        // N through a volatile move: the output offsets below then cannot be hoisted out of the main loop into
+        // registers held across it (they made NB = 4 spill).
+        int n;
+        asm volatile("mov.b32 %0, %1;\n" : "=r"(n) : "r"(p.n));
+        uint16_t *y0 = p.y + static_cast<size_t>(row0) * n + n_tile * kTileN + strip_in_tile * 64 + g;
+        if (iters == p.k_tiles) {  // the whole tile is ours
+            if (!warp_active) return;
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                const int row = row0 + nb * 8;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    uint16_t *out = y0 + static_cast<size_t>(nb * 8) * n + 16 * w;
+                    if (row < p.m) {
+                        store_half(out, acc[w][nb][0]);
+                        store_half(out + 8, acc[w][nb][2]);
+                    }
+                    if (row + 1 < p.m) {
+                        store_half(out + n, acc[w][nb][1]);
+                        store_half(out + n + 8, acc[w][nb][3]);
+                    }
+                }
+            }
+            return;
+        }
+        const int slot = tile == first_tile ? first_slot : static_cast<int>(blockIdx.x);
+        float *part = p.partials + static_cast<size_t>(slot) * L::kPartialFloats + warp * (NB * 512) + lane * 4;
+        if (warp_active) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                const int row = row0 + nb * 8;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    float *at = part + (nb * 4 + w) * 128;
+                    if (row + 1 < p.m) {
+                        add_partial4(at, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1], acc[w][nb][3]);
+                    } else if (row < p.m) {
+                        add_partial(at, acc[w][nb][0], acc[w][nb][2]);
+                    }
+                }
+            }
+        }
+        if (!arrive_last(p.counters + slot, iters, p.k_tiles, last_contributor)) return;
+        if (warp_active) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                const int row = row0 + nb * 8;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    uint16_t *out = y0 + static_cast<size_t>(nb * 8) * n + 16 * w;
+                    float *at = part + (nb * 4 + w) * 128;
+                    if (row + 1 < p.m) {
+                        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
+                        __stcg(reinterpret_cast<float4 *>(at), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+                        store_half(out, v.x);
+                        store_half(out + 8, v.y);
+                        store_half(out + n, v.z);
+                        store_half(out + n + 8, v.w);
+                    } else if (row < p.m) {
+                        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
+                        __stcg(reinterpret_cast<float2 *>(at), make_float2(0.0f, 0.0f));
+                        store_half(out, v.x);
+                        store_half(out + 8, v.y);
+                    }
+                }
+            }
+        }
+        if (tid == 0) p.counters[slot] = 0;
+    };
+
+    locate(first_tile, first_kt);
+    int to_fetch = total;
+    for (int s = 0; s < p.stages - 1; ++s) {
+        if (to_fetch > 0) {
+            load_stage(s);
+            advance();
+            --to_fetch;
+        }
+        cp_async_commit();  // empty groups keep the group count uniform for wait_group
+    }
+
+    // Outer loop: the tile segments of our range; inner loop: their k slices (the hot loop, kept free of the
+    // epilogue so that the register allocator sees the accumulators and the fragments only).
+    int stage = 0;
+    for (int tile = first_tile, kt_begin = first_kt, left = total; left > 0; ++tile, kt_begin = 0) {
+        const int kt_end = std::min(kt_begin + left, p.k_tiles);
+        const bool warp_active = tile * kWarps + strip_in_tile < strips;
+#pragma unroll 1
+        for (int kt = kt_begin; kt < kt_end; ++kt) {
+            cp_async_wait_pending(p.stages - 2);
+            __syncthreads();  // stage `stage` landed for everyone; everyone is done with the stage refilled below
+            if (to_fetch > 0) {
+                load_stage(stage == 0 ? p.stages - 1 : stage - 1);
+                advance();
+                --to_fetch;
+            }
+            cp_async_commit();
+            if (warp_active) compute_stage(stage);
+            stage = stage == p.stages - 1 ? 0 : stage + 1;
+        }
+        finish_tile(tile, kt_end - kt_begin);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) zero(acc[w]);
+        left -= kt_end - kt_begin;
+    }
+    cp_async_wait<0>();
+}
+
+template <int NB, int WM, bool FUSED, int GPT>
+int launch_medium(Params p, const LaunchEnv &env) {
+    using L = MediumSmem<NB, WM, FUSED, GPT>;
+    if (p.m > L::kRows || p.m_slices != 1) return kRcUnsupported;  // the kernel assumes one tile covers every row
+    static std::atomic<int> stages_cache[64][2];
+    return launch_kernel(marlin_medium_kernel<NB, WM, FUSED, GPT>, p, env, L::kStage, 2 / WM, kMinItersPerBlock,
+                         L::kPartialFloats, stages_cache, kThreads * WM);
+}
+
+}  // namespace tl::gpu::marlin
