@@ -120,8 +120,12 @@ int cmd_info(const std::string &path) {
     std::printf("vocab            %d\n", p.vocab);
     std::printf("blocks           %d pre + 1 looped x %d\n", p.n_pre, p.n_loops);
     std::printf("max_seq          %d\n", p.max_seq);
-    std::printf("quantization     INT%d, %s\n", p.bits,
-                p.group_size == 0 ? "per row" : ("group " + std::to_string(p.group_size)).c_str());
+    if (p.n_quant_weights == 0) {
+        std::printf("quantization     none (dense linears)\n");
+    } else {
+        std::printf("quantization     INT%d, %s\n", p.bits,
+                    p.group_size == 0 ? "per row" : ("group " + std::to_string(p.group_size)).c_str());
+    }
     std::printf("rope_theta       %g\nnorm_eps         %g\n", p.rope_theta, p.norm_eps);
     std::printf("head             %s\n", head);
     std::printf("linears          %u quantized, %u dense\n", p.n_quant_weights, p.n_dense_linears);
@@ -161,6 +165,16 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     std::printf("tokens        %llu scored (%zu in, %d window%s)\n", static_cast<unsigned long long>(r.tokens_scored),
                 tokens.size(), r.n_windows, r.n_windows == 1 ? "" : "s");
     std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
+    if (r.backend == TL_BACKEND_CUDA) {
+        std::printf("gemm paths    marlin_fused %llu, marlin_correction %llu, dequant_cublas %llu, fp16_body %llu, "
+                    "native %llu, dense_cublas %llu, fallbacks %llu\n",
+                    static_cast<unsigned long long>(r.gemm_marlin_fused),
+                    static_cast<unsigned long long>(r.gemm_marlin_correction),
+                    static_cast<unsigned long long>(r.gemm_dequant_cublas),
+                    static_cast<unsigned long long>(r.gemm_fp16_body), static_cast<unsigned long long>(r.gemm_native),
+                    static_cast<unsigned long long>(r.gemm_dense_cublas),
+                    static_cast<unsigned long long>(r.gemm_fallbacks));
+    }
     std::printf("nll           %.6f nats/token\n", r.nll_sum / static_cast<double>(r.tokens_scored));
     std::printf("perplexity    %.4f\n", r.perplexity);
     std::printf("time          %.3f s, %.1f tokens/s\n", r.seconds, static_cast<double>(tokens.size()) / r.seconds);
