@@ -1,9 +1,19 @@
 // The public launcher of the Marlin-class GEMM: argument and shape checks, kernel and tile-height choice, dispatch
 // to the instantiation. The kernels: marlin_skinny.cuh (M <= 16), marlin_medium.cuh (16 < M <= 64, see
 // marlin_set_medium_max_m), marlin_kernel.cuh (above).
+#include <cstdlib>
+#include <cstring>
+
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
 #include "marlin_pack.hpp"
+
+namespace tl::gpu::marlin {
+// The medium kernel's wide-warp mainloop (marlin_medium.cuh; instantiated in marlin_medium_{fused,symmetric}.cu):
+// NB = 4, 6, 8 row tiles per warp, one warp per strip.
+template <int NB, bool FUSED, int GPT>
+int launch_medium_wide(Params p, const LaunchEnv &env);
+}  // namespace tl::gpu::marlin
 
 namespace tl::gpu {
 
@@ -26,7 +36,7 @@ template <int NB, int WM, bool FUSED>
 int pick_medium_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
     return gpt == 2 ? marlin::launch_medium<NB, WM, FUSED, 2>(p, env) : marlin::launch_medium<NB, WM, FUSED, 1>(p, env);
 }
-// The medium kernel's tile height: 24, 32 (one warp per strip), 48 or 64 rows (two).
+// The split medium kernel's tile height: 24, 32 (one warp per strip), 48 or 64 rows (two).
 template <bool FUSED>
 int pick_medium_rows(int rows_per_tile, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
     switch (rows_per_tile) {
@@ -36,6 +46,35 @@ int pick_medium_rows(int rows_per_tile, int gpt, const marlin::Params &p, const 
         default: return pick_medium_groups<4, 2, FUSED>(gpt, p, env);
     }
 }
+template <int NB, bool FUSED>
+int pick_medium_wide_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    return gpt == 2 ? marlin::launch_medium_wide<NB, FUSED, 2>(p, env)
+                    : marlin::launch_medium_wide<NB, FUSED, 1>(p, env);
+}
+// The wide-warp medium kernel's tile height: 32, 48 or 64 rows, all in one warp per strip.
+template <bool FUSED>
+int pick_medium_wide_rows(int rows_per_tile, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    switch (rows_per_tile) {
+        case 32: return pick_medium_wide_groups<4, FUSED>(gpt, p, env);
+        case 48: return pick_medium_wide_groups<6, FUSED>(gpt, p, env);
+        default: return pick_medium_wide_groups<8, FUSED>(gpt, p, env);
+    }
+}
+
+// Which medium mainloop runs. Measured on the H200 (docs/gpu-notes.md, same-run A/B): the split kernel's 24-row
+// tile (NB = 3, no spills) wins at M <= 24, the wide-warp kernel from 25 rows (the split kernel's NB = 4 spills).
+// TINYLOOP_MEDIUM_VARIANT=split or =wide (read once) forces one of them everywhere, for A/B timing.
+enum class MediumVariant { Auto, Split, Wide };
+MediumVariant medium_variant() {
+    static const MediumVariant variant = [] {
+        const char *v = std::getenv("TINYLOOP_MEDIUM_VARIANT");
+        if (v != nullptr && std::strcmp(v, "split") == 0) return MediumVariant::Split;
+        if (v != nullptr && std::strcmp(v, "wide") == 0) return MediumVariant::Wide;
+        return MediumVariant::Auto;
+    }();
+    return variant;
+}
+constexpr int kMediumSplitMaxM = 24;
 
 // rows_per_tile: 8 or 16 (skinny kernel), 32 or 64; slice_k: 64, or 128 (8 rows, group size a multiple of 128).
 template <bool FUSED>
@@ -71,8 +110,9 @@ uint64_t marlin_launch_count(MarlinKernel kernel) {
 
 size_t marlin_workspace_bytes(int sm_count) {
     // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
-    // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64); the counters of up to two blocks per SM fit in the 256-byte rounding slack and the room
-    // that the skinny kernel's smaller partial blocks leave.
+    // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64); the counters of up to two
+    // blocks per SM fit in the 256-byte rounding slack and the room that the skinny kernel's smaller partial
+    // blocks leave.
     const size_t counters = (static_cast<size_t>(sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
 }
@@ -112,16 +152,26 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.group_size = group_size;
     const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
     if (kernel == MarlinKernel::Medium) {
-        // One tile covers every row, so the weights are read once: the smallest of 24 / 32 / 48 / 64 rows (NB = 3
-        // or 4 n8 activation tiles per warp, one or two warps per strip) that covers M.
-        const int rows = m <= 24 ? 24 : m <= 32 ? 32 : m <= 48 ? 48 : 64;
+        // One tile covers every row, so the weights are read once: the smallest tile that covers M. Wide-warp
+        // kernel: 32 / 48 / 64 rows (NB = 4, 6, 8 n8 activation tiles in one warp per strip); split kernel: 24 / 32
+        // / 48 / 64 rows (NB = 3 or 4 per warp, one or two warps per strip).
+        const MediumVariant variant = medium_variant();
+        const bool split =
+            variant == MediumVariant::Split || (variant == MediumVariant::Auto && m <= kMediumSplitMaxM);
+        const int rows =
+            split ? (m <= 24 ? 24 : m <= 32 ? 32 : m <= 48 ? 48 : 64) : (m <= 32 ? 32 : m <= 48 ? 48 : 64);
         if (marlin::kMinStages * marlin::medium_stage_bytes(rows, fused, gpt) + marlin::kStaticSmemReserve <=
             dev.max_smem_optin) {
             p.m_slices = 1;
             p.k_tiles = k / marlin::kTileK;
             p.total_iters = static_cast<long long>(n_tiles) * p.k_tiles;
-            const int rc =
-                fused ? pick_medium_rows<true>(rows, gpt, p, env) : pick_medium_rows<false>(rows, gpt, p, env);
+            int rc;
+            if (split) {
+                rc = fused ? pick_medium_rows<true>(rows, gpt, p, env) : pick_medium_rows<false>(rows, gpt, p, env);
+            } else {
+                rc = fused ? pick_medium_wide_rows<true>(rows, gpt, p, env)
+                           : pick_medium_wide_rows<false>(rows, gpt, p, env);
+            }
             if (rc == 0) g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
             if (rc >= 0) return rc;
         }

@@ -10,4 +10,11 @@ template int launch_medium<3, 2, false, 1>(Params, const LaunchEnv &);
 template int launch_medium<3, 2, false, 2>(Params, const LaunchEnv &);
 template int launch_medium<4, 2, false, 1>(Params, const LaunchEnv &);
 template int launch_medium<4, 2, false, 2>(Params, const LaunchEnv &);
+// The wide-warp kernel (one warp per strip holds every row; the default, see marlin_gemm.cu).
+template int launch_medium_wide<4, false, 1>(Params, const LaunchEnv &);
+template int launch_medium_wide<4, false, 2>(Params, const LaunchEnv &);
+template int launch_medium_wide<6, false, 1>(Params, const LaunchEnv &);
+template int launch_medium_wide<6, false, 2>(Params, const LaunchEnv &);
+template int launch_medium_wide<8, false, 1>(Params, const LaunchEnv &);
+template int launch_medium_wide<8, false, 2>(Params, const LaunchEnv &);
 }  // namespace tl::gpu::marlin
