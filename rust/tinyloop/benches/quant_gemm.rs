@@ -1,14 +1,19 @@
 //! Criterion benchmarks of `quant_gemm` per dispatcher path on the benchmark layers of shared/H200-NOTES.md.
 //!
-//! Method (as bench/tl_bench.cu where it can be): random weights and activations, weights rotated through copies
-//! that together exceed 256 MB (over 4x the H200's 60 MB L2) so the cache is not what is timed, native INT4 only
-//! for M <= 256. Each sample queues its calls on one stream and synchronizes it once: the time is wall-clock per
-//! call through the safe API (host-side launch and argument checks included), where tl_bench replays CUDA graphs.
-//! Criterion's throughput "elem/s" is FLOP/s here (2·M·K·N per call).
+//! Method (as bench/tl_bench.cu where it can be): random weights and activations, weights rotated through as many
+//! copies as tl_bench uses (at least 2, together at least 256 MB: over 4x the H200's 60 MB L2) so the cache is
+//! not what is timed, native INT4 only for M <= 256. Each sample queues its calls on one stream and synchronizes
+//! it once: the time is wall-clock per call through the safe API (host-side launch and argument checks included),
+//! where tl_bench replays CUDA graphs. The two agree where the GPU time of a call exceeds its host-side cost
+//! (large layers); on small ones this measures launch overhead. Criterion's throughput "elem/s" is FLOP/s here
+//! (2·M·K·N per call).
 //!
 //! `cargo bench --features cuda --bench quant_gemm [-- FILTER]`. Without a GPU it prints a note and exits.
 //! Narrow the setup with TINYLOOP_BENCH_LAYERS (comma-separated substrings of layer names, e.g. "qkv,70B"),
-//! TINYLOOP_BENCH_M (e.g. "1,16,1024") and TINYLOOP_BENCH_GROUPS ("128", "row" or "128,row"; default 128).
+//! TINYLOOP_BENCH_M (e.g. "1,16,1024"), TINYLOOP_BENCH_GROUPS ("128", "row" or "128,row"; default 128) and
+//! TINYLOOP_BENCH_PATHS (comma-separated path names below, e.g. "marlin-fused,fp16-body"; default all). Setting up
+//! a layer (random data, packing every copy with every form) takes seconds for the 70B layers, so narrowing the
+//! setup saves more time than a Criterion filter, which only skips the timing.
 
 mod common;
 use common::Rng;
@@ -34,6 +39,7 @@ const LAYERS: [(&str, usize, usize); 10] = [
     ("Llama-70B down", 28672, 8192),
 ];
 const MS: [usize; 6] = [1, 16, 64, 256, 1024, 4096];
+/// As tl_bench's kRotationBytes: the INT4 data (codes, scales, zeros) of the copies of a layer reaches this.
 const ROTATION_BYTES: usize = 256 << 20;
 /// The native kernel reads every weight once per row: beyond this it takes seconds per call.
 const NATIVE_MAX_M: usize = 256;
@@ -76,8 +82,8 @@ fn select(path: &Path) {
 }
 
 /// Copies of one random K x N weight (random codes; scales and zero points like a min-max quantization of
-/// N(0, 0.02) values), enough to exceed ROTATION_BYTES, each packed with every form; and whether the
-/// Marlin-class kernel takes the shape.
+/// N(0, 0.02) values), as many as tl_bench rotates through (at least 2, together at least ROTATION_BYTES), each
+/// packed with every form; and whether the Marlin-class kernel takes the shape.
 fn packed_copies(rng: &mut Rng, k: usize, n: usize, group_size: usize, stream: &Stream) -> (Vec<Weight>, bool) {
     let groups = k.checked_div(group_size).unwrap_or(1); // group size 0: per row, one group
     let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
@@ -85,7 +91,8 @@ fn packed_copies(rng: &mut Rng, k: usize, n: usize, group_size: usize, stream: &
     let scale_bits: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(s)).collect();
     let zero_bits: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(-s * rng.uniform(6.0, 9.0))).collect();
     let desc = WeightDesc::new(k, n, group_size, &codes, &scale_bits, &zero_bits);
-    let copies = (ROTATION_BYTES / (codes.len() + 4 * scale_bits.len())).max(1);
+    let copy_bytes = codes.len() + 4 * scale_bits.len();
+    let copies = ((ROTATION_BYTES + copy_bytes - 1) / copy_bytes).max(2);
     let forms = PackForms { marlin_fused: true, marlin_correction: true, fp16_body: true };
     let mut packable = true;
     let weights = (0..copies)
@@ -125,6 +132,12 @@ fn bench_quant_gemm(criterion: &mut Criterion, stream: &Stream) {
         .collect();
     let ms = if ms.is_empty() { MS.to_vec() } else { ms };
     let groups = env_list("TINYLOOP_BENCH_GROUPS", &["128"]);
+    let path_names = env_list("TINYLOOP_BENCH_PATHS", &[]);
+    for name in &path_names {
+        assert!(PATHS.iter().any(|p| p.name == name), "TINYLOOP_BENCH_PATHS: unknown path {name:?}");
+    }
+    let paths: Vec<&Path> =
+        PATHS.iter().filter(|p| path_names.is_empty() || path_names.iter().any(|name| name == p.name)).collect();
     let saved: Vec<(DispatchSetting, u32)> =
         DispatchSetting::ALL.iter().map(|&s| (s, get_dispatch(s).expect("read a dispatch setting"))).collect();
     let mut rng = Rng(0x5eed_1234);
@@ -143,7 +156,7 @@ fn bench_quant_gemm(criterion: &mut Criterion, stream: &Stream) {
                 let x = DeviceBuffer::from_slice(stream, &x_host).expect("upload x");
                 let mut y = DeviceBuffer::<u16>::zeroed(stream, m * n).expect("allocate y");
                 bench.throughput(Throughput::Elements((2 * m * k * n) as u64));
-                for path in PATHS.iter().filter(|p| applies(p, packable, m)) {
+                for path in paths.iter().copied().filter(|p| applies(p, packable, m)) {
                     select(path);
                     let before: Vec<DispatchCounts> = weights.iter().map(|w| w.dispatch_counts().unwrap()).collect();
                     bench.bench_function(BenchmarkId::new(path.name, format!("M={m}")), |b| {

@@ -1,9 +1,12 @@
-//! Criterion benchmarks of `Model::score` on the CPU backend, in tokens/s (Criterion's "elem/s"): the test
-//! fixture `tests/data/tiny.tinyloop`, and a demo-sized model (the CLI's `demo` preset configuration: d_model 256,
+//! Criterion benchmarks of `Model::score` in tokens/s (Criterion's "elem/s"): the test fixture
+//! `tests/data/tiny.tinyloop`, and a demo-sized model (the CLI's `demo` preset configuration: d_model 256,
 //! 4 heads of 64, ffn 1024, byte vocabulary, 2 pre blocks + 1 looped x 4, group 128) with random weights, written
-//! here as a `.tinyloop` file following docs/format.md. Both score the bytes of data/demo.txt.
+//! here as a `.tinyloop` file following docs/format.md. Both score the bytes of data/demo.txt: on the CPU backend
+//! (`score/cpu`, one thread and all threads), and where there is a GPU and a build with the `cuda` feature, on the
+//! CUDA backend with the default packing and dispatch, CUDA graphs on and off (`score/cuda`).
 //!
-//! `cargo bench --bench score [-- FILTER]`.
+//! `cargo bench --bench score [-- FILTER]`. The repository's files are found from the crate's directory at build
+//! time, or from TINYLOOP_REPO_ROOT, or from the current directory (a binary carried to another machine).
 
 mod common;
 use common::Rng;
@@ -12,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
-use tinyloop::{f32_to_f16_bits, Backend, Model, ScoreOptions};
+use tinyloop::{f32_to_f16_bits, Backend, Device, Model, PackOptions, ScoreOptions};
 
 struct DemoConfig {
     d_model: usize,
@@ -139,7 +142,15 @@ fn json_string(text: &str) -> String {
 }
 
 fn repo_path(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
+    if let Some(root) = std::env::var_os("TINYLOOP_REPO_ROOT") {
+        return PathBuf::from(root).join(relative);
+    }
+    let in_checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative);
+    if in_checkout.exists() {
+        in_checkout
+    } else {
+        PathBuf::from(relative)
+    }
 }
 
 fn main() {
@@ -147,10 +158,21 @@ fn main() {
     let tokens: Vec<i32> = text.iter().map(|&b| i32::from(b)).collect();
     let demo_path = std::env::temp_dir().join(format!("tinyloop-bench-demo-{}.tinyloop", std::process::id()));
     write_demo_model(&demo_path);
-    let models = [
-        ("tiny fixture", Model::load(repo_path("tests/data/tiny.tinyloop")).expect("load the fixture")),
-        ("demo-sized", Model::load(&demo_path).expect("load the generated demo model")),
-    ];
+    let load = || {
+        [
+            ("tiny fixture", Model::load(repo_path("tests/data/tiny.tinyloop")).expect("load the fixture")),
+            ("demo-sized", Model::load(&demo_path).expect("load the generated demo model")),
+        ]
+    };
+    let models = load();
+    // Packing uploads a model's weights to the GPU: separate copies, so the CPU runs read the host weights only.
+    let gpu_models = (Device::count().expect("count devices") > 0).then(|| {
+        let mut models = load();
+        for (name, model) in &mut models {
+            model.pack(&PackOptions::default()).unwrap_or_else(|e| panic!("pack the {name} model: {e}"));
+        }
+        models
+    });
     let _ = std::fs::remove_file(&demo_path);
 
     let mut criterion = Criterion::default()
@@ -172,5 +194,28 @@ fn main() {
         }
     }
     group.finish();
+
+    match &gpu_models {
+        Some(models) => {
+            let mut group = criterion.benchmark_group("score/cuda");
+            group.throughput(Throughput::Elements(tokens.len() as u64 - 1));
+            for (name, model) in models {
+                for use_graphs in [true, false] {
+                    let options = ScoreOptions { backend: Backend::Cuda, use_graphs, ..ScoreOptions::default() };
+                    let label = if use_graphs { "graphs" } else { "no graphs" };
+                    // The CUDA backend may not take a model (it says so with an error): noted, not a failure.
+                    if let Err(error) = model.score(&tokens, &options) {
+                        println!("note: score/cuda/{name}/{label} skipped: {error}");
+                        continue;
+                    }
+                    group.bench_function(BenchmarkId::new(*name, label), |b| {
+                        b.iter(|| model.score(&tokens, &options).expect("score on the GPU"))
+                    });
+                }
+            }
+            group.finish();
+        }
+        None => println!("note: no CUDA device (or a build without the `cuda` feature): score/cuda skipped"),
+    }
     criterion.final_summary();
 }

@@ -1,18 +1,22 @@
 //! The GPU wrappers: devices, streams, device buffers, packing, workspaces, quant_gemm and the dispatcher.
 //!
 //! Without a GPU every GPU call must fail with `Error::NoDevice` (checked here); with one, quant_gemm through each
-//! dispatcher path is compared with an FP64 host reference built from `dequantize()`. GPU tests print a note and
-//! return early where `Device::count() == 0`.
+//! dispatcher path is compared with an FP64 host reference built from `dequantize()`, and with the same call made
+//! through the raw C API (`tinyloop-sys`). GPU tests print a note and return early where `Device::count() == 0`.
 
 mod common;
 
+use std::ffi::{c_void, CStr};
+use std::ptr;
 use std::sync::{Mutex, MutexGuard};
 
 use common::{build_without_cuda, fixture, Rng};
 use tinyloop::{
     f16_bits_to_f32, f32_to_f16_bits, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts,
-    DispatchSetting, Error, Model, PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, Workspace,
+    DispatchSetting, Error, Model, PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, WeightDesc,
+    Workspace,
 };
+use tinyloop_sys as sys;
 
 /// Dispatcher settings are process-wide: tests that change them hold this lock and restore them.
 static SETTINGS: Mutex<()> = Mutex::new(());
@@ -221,25 +225,53 @@ fn device_buffers_round_trip_and_check_lengths() {
     assert_eq!(moved, halves);
 }
 
-/// The reference Y = X · W in FP64 from the FP16 inputs and the dequantized weight, and the error bound for each
-/// output: FP16 rounding of Y, of W (the FP16-body and cuBLAS paths) and FP32 accumulation.
-fn reference(x: &[u16], w_nk: &[f32], m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
-    let x: Vec<f64> = x.iter().map(|&h| f64::from(f16_bits_to_f32(h))).collect();
-    let mut y = vec![0.0; m * n];
-    let mut bound = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let (mut sum, mut magnitude) = (0.0f64, 0.0f64);
-            for l in 0..k {
-                let product = x[i * k + l] * f64::from(w_nk[j * k + l]);
-                sum += product;
-                magnitude += product.abs();
+/// The reference Y = X · W in FP64 from the FP16 inputs and the dequantized weight.
+struct Reference {
+    y: Vec<f64>,
+    /// Per output, Σ|x·w|: the scale of FP32 accumulation errors.
+    magnitude: Vec<f64>,
+}
+
+impl Reference {
+    fn new(x: &[u16], w_nk: &[f32], m: usize, k: usize, n: usize) -> Reference {
+        let x: Vec<f64> = x.iter().map(|&h| f64::from(f16_bits_to_f32(h))).collect();
+        let mut y = vec![0.0; m * n];
+        let mut magnitude = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut size) = (0.0f64, 0.0f64);
+                for l in 0..k {
+                    let product = x[i * k + l] * f64::from(w_nk[j * k + l]);
+                    sum += product;
+                    size += product.abs();
+                }
+                y[i * n + j] = sum;
+                magnitude[i * n + j] = size;
             }
-            y[i * n + j] = sum;
-            bound[i * n + j] = sum.abs() / 1024.0 + magnitude / 512.0 + 1e-6;
+        }
+        Reference { y, magnitude }
+    }
+
+    /// The error bound of output `index`: FP16 rounding of Y, of W (the FP16-body and cuBLAS paths) and FP32
+    /// accumulation.
+    fn bound(&self, index: usize) -> f64 {
+        self.y[index].abs() / 1024.0 + self.magnitude[index] / 512.0 + 1e-6
+    }
+
+    /// Checks every element of an FP16 result against the reference.
+    fn check(&self, actual: &[u16], n: usize, what: &str) {
+        assert_eq!(actual.len(), self.y.len(), "{what}: output length");
+        for (index, (&got, want)) in actual.iter().zip(&self.y).enumerate() {
+            let got = f64::from(f16_bits_to_f32(got));
+            let tolerance = self.bound(index);
+            assert!(
+                (got - want).abs() <= tolerance,
+                "{what}: y[{}][{}] = {got}, reference {want} (tolerance {tolerance})",
+                index / n,
+                index % n
+            );
         }
     }
-    (y, bound)
 }
 
 fn random_halves(rng: &mut Rng, count: usize) -> Vec<u16> {
@@ -263,17 +295,8 @@ fn check_gemm<W: QuantWeight>(
     y.fill_bytes(0xff).unwrap(); // NaN: an output left unwritten cannot pass
     quant_gemm(weight, &x, &mut y, m, stream, workspace).unwrap();
     let actual = y.to_vec().unwrap();
-    let (expected, bound) = reference(&x_host, &weight.dequantize().unwrap(), m, k, n);
-    for (index, ((&got, want), tolerance)) in actual.iter().zip(&expected).zip(&bound).enumerate() {
-        let got = f64::from(f16_bits_to_f32(got));
-        assert!(
-            (got - want).abs() <= *tolerance,
-            "{what}: '{}' k {k} n {n} m {m}: y[{}][{}] = {got}, reference {want} (tolerance {tolerance})",
-            info.name,
-            index / n,
-            index % n
-        );
-    }
+    let reference = Reference::new(&x_host, &weight.dequantize().unwrap(), m, k, n);
+    reference.check(&actual, n, &format!("{what}: '{}' k {k} n {n} m {m}", info.name));
 }
 
 /// A dispatcher path, the settings that select it, and the counter it bumps.
@@ -348,6 +371,223 @@ fn quant_gemm_matches_an_fp64_reference_on_every_path() {
             }
         }
         assert!(workspace.bytes() >= weight.workspace_size(130).unwrap());
+    }
+}
+
+/// Panics with the library's message unless `status` is `TL_OK`.
+fn c_ok(status: sys::tl_status, what: &str) {
+    if status != sys::TL_OK {
+        // SAFETY: tl_last_error_message never returns NULL; the text is copied before the next library call.
+        let message = unsafe { CStr::from_ptr(sys::tl_last_error_message()) }.to_string_lossy().into_owned();
+        panic!("{what}: status {status}: {message}");
+    }
+}
+
+/// Device memory from `tl_device_malloc`, freed (ordered on its stream) on drop.
+struct CDeviceMemory {
+    ptr: *mut c_void,
+    stream: *mut c_void,
+}
+
+impl CDeviceMemory {
+    fn new(bytes: usize, stream: *mut c_void) -> CDeviceMemory {
+        let mut ptr = ptr::null_mut();
+        // SAFETY: `ptr` is writable.
+        c_ok(unsafe { sys::tl_device_malloc(0, bytes, &mut ptr) }, "tl_device_malloc");
+        CDeviceMemory { ptr, stream }
+    }
+}
+
+impl Drop for CDeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated by tl_device_malloc and freed once, after the work queued on its stream.
+        unsafe { sys::tl_device_free(self.ptr, self.stream) };
+    }
+}
+
+/// The quantized GEMM driven through the raw C API alone: its own weight (created from the same arrays), stream,
+/// buffers and workspace, so nothing of the safe crate stands between the test and the library.
+struct CGemm {
+    weight: *mut sys::tl_weight,
+    stream: *mut c_void,
+    k: usize,
+    n: usize,
+}
+
+impl CGemm {
+    fn new(desc: &WeightDesc<'_>, forms: PackForms) -> CGemm {
+        // SAFETY (every block below): the structs are initialised by their init functions with our sizes, every
+        // array pointer covers the length the layout needs (the same arrays made the safe weight), and the out
+        // pointers are writable.
+        let mut c_desc: sys::tl_weight_desc = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<sys::tl_weight_desc>() as u32;
+        c_ok(unsafe { sys::tl_weight_desc_init(&mut c_desc, size) }, "tl_weight_desc_init");
+        c_desc.k = desc.k as i32;
+        c_desc.n = desc.n as i32;
+        c_desc.group_size = desc.group_size as i32;
+        c_desc.codes = desc.codes.as_ptr();
+        c_desc.scales = desc.scales.as_ptr();
+        c_desc.zeros = desc.zeros.as_ptr();
+        let mut weight = ptr::null_mut();
+        c_ok(unsafe { sys::tl_weight_create(&c_desc, &mut weight) }, "tl_weight_create");
+        let mut stream = ptr::null_mut();
+        c_ok(unsafe { sys::tl_stream_create(0, &mut stream) }, "tl_stream_create");
+        let gemm = CGemm { weight, stream, k: desc.k, n: desc.n };
+
+        let mut options: sys::tl_pack_options = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<sys::tl_pack_options>() as u32;
+        c_ok(unsafe { sys::tl_pack_options_init(&mut options, size) }, "tl_pack_options_init");
+        options.stream = stream;
+        options.forms = (if forms.marlin_fused { sys::TL_FORM_MARLIN_FUSED } else { 0 })
+            | (if forms.marlin_correction { sys::TL_FORM_MARLIN_CORRECTION } else { 0 })
+            | (if forms.fp16_body { sys::TL_FORM_FP16_BODY } else { 0 });
+        c_ok(unsafe { sys::tl_weight_pack_marlin(weight, &options, ptr::null_mut()) }, "tl_weight_pack_marlin");
+        gemm
+    }
+
+    fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.k * self.n];
+        // SAFETY: `out` holds k*n floats.
+        c_ok(unsafe { sys::tl_weight_dequantize(self.weight, out.as_mut_ptr(), out.len()) }, "tl_weight_dequantize");
+        out
+    }
+
+    fn counts(&self) -> DispatchCounts {
+        // SAFETY: all-zero bytes are valid for these integers; `counts` is writable with its size set.
+        let mut counts: sys::tl_dispatch_counts = unsafe { std::mem::zeroed() };
+        counts.struct_size = std::mem::size_of::<sys::tl_dispatch_counts>() as u32;
+        c_ok(unsafe { sys::tl_weight_dispatch_counts(self.weight, &mut counts) }, "tl_weight_dispatch_counts");
+        DispatchCounts {
+            fp16_body: counts.fp16_body,
+            marlin_fused: counts.marlin_fused,
+            marlin_correction: counts.marlin_correction,
+            dequant_cublas: counts.dequant_cublas,
+            native: counts.native,
+            fallbacks: counts.fallbacks,
+        }
+    }
+
+    /// Y = X · W into a poisoned output, with a workspace of exactly the size the library asks for.
+    fn run(&self, x_host: &[u16], m: usize) -> Vec<u16> {
+        let (x_bytes, y_bytes) = (2 * m * self.k, 2 * m * self.n);
+        let mut workspace_bytes = 0usize;
+        // SAFETY (every block below): the weight and stream are live; each buffer holds the bytes passed with it;
+        // tl_memcpy returns after its copy.
+        c_ok(
+            unsafe { sys::tl_quant_gemm_workspace_size(self.weight, m as i64, &mut workspace_bytes) },
+            "tl_quant_gemm_workspace_size",
+        );
+        let x = CDeviceMemory::new(x_bytes, self.stream);
+        let y = CDeviceMemory::new(y_bytes, self.stream);
+        let workspace = (workspace_bytes > 0).then(|| CDeviceMemory::new(workspace_bytes, self.stream));
+        let workspace_ptr = workspace.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
+        c_ok(unsafe { sys::tl_memcpy(x.ptr, x_host.as_ptr().cast(), x_bytes, self.stream) }, "tl_memcpy x");
+        c_ok(unsafe { sys::tl_memset_device(y.ptr, 0xff, y_bytes, self.stream) }, "tl_memset_device y");
+        c_ok(
+            unsafe {
+                sys::tl_quant_gemm(self.weight, x.ptr, y.ptr, m as i64, self.stream, workspace_ptr, workspace_bytes)
+            },
+            "tl_quant_gemm",
+        );
+        c_ok(unsafe { sys::tl_stream_synchronize(self.stream) }, "tl_stream_synchronize");
+        let mut out = vec![0u16; m * self.n];
+        c_ok(unsafe { sys::tl_memcpy(out.as_mut_ptr().cast(), y.ptr, y_bytes, self.stream) }, "tl_memcpy y");
+        out
+    }
+}
+
+impl Drop for CGemm {
+    fn drop(&mut self) {
+        // SAFETY: both were created in new() and are released once; the buffers of run() are already freed.
+        unsafe {
+            sys::tl_stream_synchronize(self.stream);
+            sys::tl_stream_destroy(self.stream);
+            sys::tl_weight_free(self.weight);
+        }
+    }
+}
+
+/// The spacing of FP16 values around `v` (the subnormal spacing below the normal range).
+fn f16_ulp(v: f64) -> f64 {
+    let v = v.abs();
+    if v < 2f64.powi(-14) {
+        2f64.powi(-24)
+    } else {
+        2f64.powi(v.log2().floor() as i32 - 10)
+    }
+}
+
+#[test]
+fn quant_gemm_through_the_safe_api_matches_the_raw_c_calls_on_every_path() {
+    if no_gpu("quant_gemm_through_the_safe_api_matches_the_raw_c_calls_on_every_path") {
+        return;
+    }
+    let _guard = SettingsGuard::new();
+    let mut rng = Rng::new();
+    let stream = Stream::new(&Device::new(0)).unwrap();
+    let mut workspace = Workspace::new(&stream);
+    let all_forms = PackForms { marlin_fused: true, marlin_correction: true, fp16_body: true };
+    // (k, n, group size; 0 = per row): group 128, per row, and a shape only the native kernel takes.
+    let shapes: [(usize, usize, usize); 3] = [(256, 384, 128), (512, 256, 0), (96, 80, 32)];
+    for (k, n, group_size) in shapes {
+        let groups = k.checked_div(group_size).unwrap_or(1);
+        let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.next_u64() as u8).collect();
+        let scales: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.002, 0.02)).collect();
+        let zeros: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(-s * rng.uniform(6.0, 9.0))).collect();
+        let scales: Vec<u16> = scales.into_iter().map(f32_to_f16_bits).collect();
+        let desc = WeightDesc::new(k, n, group_size, &codes, &scales, &zeros);
+
+        let mut safe = Weight::create(&desc).unwrap();
+        safe.pack(&PackOptions { stream: Some(&stream), forms: all_forms, ..PackOptions::default() }).unwrap();
+        let c = CGemm::new(&desc, all_forms);
+        let w_nk = safe.dequantize().unwrap();
+        assert!(c.dequantize() == w_nk, "k {k} n {n}: the two weights dequantize differently");
+
+        for path in &PATHS {
+            select(path);
+            for m in [1, 16, 64, 130] {
+                let what = format!("{} k {k} n {n} group {group_size} m {m}", path.name);
+                let x_host = random_halves(&mut rng, m * k);
+                let (safe_before, c_before) = (safe.dispatch_counts().unwrap(), c.counts());
+
+                let x = DeviceBuffer::from_slice(&stream, &x_host).unwrap();
+                let mut y = DeviceBuffer::<u16>::zeroed(&stream, m * n).unwrap();
+                y.fill_bytes(0xff).unwrap();
+                quant_gemm(&safe, &x, &mut y, m, &stream, &mut workspace).unwrap();
+                let from_safe = y.to_vec().unwrap();
+                let from_c = c.run(&x_host, m);
+
+                let (safe_after, c_after) = (safe.dispatch_counts().unwrap(), c.counts());
+                // Both calls took the same path (whichever the shape allows), once each.
+                assert_eq!(safe_after.total(), safe_before.total() + 1, "{what}");
+                assert_eq!(c_after.total(), c_before.total() + 1, "{what}");
+                let served = |before: &DispatchCounts, after: &DispatchCounts| {
+                    [
+                        after.fp16_body - before.fp16_body,
+                        after.marlin_fused - before.marlin_fused,
+                        after.marlin_correction - before.marlin_correction,
+                        after.dequant_cublas - before.dequant_cublas,
+                        after.native - before.native,
+                    ]
+                };
+                assert_eq!(served(&safe_before, &safe_after), served(&c_before, &c_after), "{what}");
+
+                let reference = Reference::new(&x_host, &w_nk, m, k, n);
+                reference.check(&from_c, n, &format!("{what}, raw C call"));
+                // Same kernel, same inputs: they may differ only where split-K partial sums (FP32 atomics) are added
+                // in another order, which can move the FP16 result by an ulp.
+                for (index, (&a, &b)) in from_safe.iter().zip(&from_c).enumerate() {
+                    let (a, b) = (f64::from(f16_bits_to_f32(a)), f64::from(f16_bits_to_f32(b)));
+                    let tolerance = 2.0 * f16_ulp(a.abs().max(b.abs())) + reference.magnitude[index] * 2f64.powi(-18);
+                    assert!(
+                        (a - b).abs() <= tolerance,
+                        "{what}: y[{}][{}]: safe API {a}, raw C call {b} (tolerance {tolerance})",
+                        index / n,
+                        index % n
+                    );
+                }
+            }
+        }
     }
 }
 

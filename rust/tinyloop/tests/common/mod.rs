@@ -7,9 +7,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// The committed model fixture, or the file TINYLOOP_TEST_FIXTURE names (one with the same configuration).
 /// Tests that need it fail (never skip) when it is missing.
 pub fn fixture() -> PathBuf {
-    let path = std::env::var_os("TINYLOOP_TEST_FIXTURE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/tiny.tinyloop"));
+    let path = std::env::var_os("TINYLOOP_TEST_FIXTURE").map(PathBuf::from).unwrap_or_else(|| {
+        let in_checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/tiny.tinyloop");
+        // A test binary carried to another machine (tools/rust_gpu_check.sh) runs from the repository root there.
+        let from_root = PathBuf::from("tests/data/tiny.tinyloop");
+        if !in_checkout.is_file() && from_root.is_file() {
+            from_root
+        } else {
+            in_checkout
+        }
+    });
     assert!(path.is_file(), "the model fixture {} is missing", path.display());
     path
 }
