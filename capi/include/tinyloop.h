@@ -360,7 +360,9 @@ TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_siz
 /** Uploads every quantized weight of `model` to the device and packs the requested forms, on the host, for
  *  those the Marlin-class kernel takes. Run once after loading; calling it again replaces earlier packs.
  *  `options` may be NULL for the defaults; `out_report` may be NULL. Not concurrent with any other use of
- *  the model (it changes the model's weights); afterwards the model is read-only again. */
+ *  the model (it changes the model's weights); afterwards the model is read-only again. For tl_quant_gemm on
+ *  the model's weights: tl_score on the GPU packs its own copy (docs/api.md), so a model used only for scoring
+ *  need not be packed. */
 TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options, tl_pack_report *out_report);
 
 /** The same for one owned weight (from tl_weight_create / tl_weight_quantize). TL_ERR_INVALID_ARGUMENT for a
