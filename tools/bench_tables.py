@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""The tables of docs/benchmarks.md, made from the benchmark programs' CSV files (standard library only), so that the
+page holds what the benchmarks measured and nothing typed by hand.
+
+  tools/bench_tables.py gemm BENCH_CSV [--cublas-min-m 128]
+      issue 3's target table from tl_bench's CSV: per Llama/TinyLoop layer and M (group 128), SOL, what the
+      dispatcher runs by default (fused Marlin-class below --cublas-min-m rows, dequantize + cuBLAS from there),
+      the best of our INT4 paths, dense cuBLAS FP16, the target and whether it is met.
+  tools/bench_tables.py medium MEDIUM_CSV
+      16 < M <= 64 (group 128) from tl_bench runs with --m 17,24,32,33,48,64, the second one under
+      TINYLOOP_MEDIUM_VARIANT=split with its kernels renamed *_split: the dispatcher's medium kernel (split at
+      M <= 24, wide above), both variants, the previous M > 16 kernel, dense cuBLAS FP16 and dequantize + cuBLAS.
+  tools/bench_tables.py score SCORE_CSV
+      issue 4's scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
+      configuration, graphs off and on, device memory, fallbacks.
+"""
+
+import argparse
+import csv
+import sys
+
+OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
+
+
+def target_for(layer, m):
+    if not layer.startswith("Llama"):
+        return None
+    if m <= 16:
+        return 0.80
+    if m == 64:
+        return 0.60
+    if m >= 1024:
+        return 0.80
+    return None
+
+
+def gemm_table(path, cublas_min_m):
+    cells = {}
+    order = []
+    for r in csv.DictReader(open(path)):
+        if r["group"] != "128" or r["rc"] != "0" or float(r["us"]) <= 0:
+            continue
+        key = (r["layer"], int(r["M"]))
+        if key not in cells:
+            cells[key] = {"sol": float(r["sol_us"])}
+            order.append(key)
+        cells[key][r["kernel"]] = float(r["us"])
+    print("| layer (K×N) | M | SOL µs | dispatcher's choice µs (SOL) | best of ours µs (SOL) | cuBLAS FP16 dense µs "
+          "(SOL) | target | met? |")
+    print("|---|---|---|---|---|---|---|---|")
+    for layer, m in order:
+        c = cells[(layer, m)]
+        sol = c["sol"]
+        choice = "deq_cublas" if cublas_min_m > 0 and m >= cublas_min_m else "marlin_fused"
+        ours = [(c[k], k) for k in OURS if k in c]
+        if not ours or choice not in c:
+            continue
+        best_us, best_k = min(ours)
+        fp16 = c.get("cublas_fp16")
+        versus = "" if fp16 is None else (" (beats FP16)" if best_us < fp16 else " (slower than FP16)")
+        target = target_for(layer, m)
+        met = "–" if target is None else ("yes" if sol / c[choice] >= target else "no")
+        print(f"| {layer} | {m} | {sol:.1f} | {c[choice]:.1f} ({sol / c[choice]:.2f}) | {best_us:.1f} "
+              f"({sol / best_us:.2f}) {best_k}{versus} | "
+              + (f"{fp16:.1f} ({sol / fp16:.2f})" if fp16 else "–")
+              + f" | {'–' if target is None else f'≥ {target:.2f} SOL'} | {met} |")
+
+
+def medium_table(path):
+    cells, order = {}, []
+    for r in csv.DictReader(open(path)):
+        if r["group"] != "128" or r["rc"] != "0" or float(r["us"]) <= 0:
+            continue
+        key = (r["layer"], int(r["M"]))
+        if key not in cells:
+            cells[key] = {"sol": float(r["sol_us"])}
+            order.append(key)
+        cells[key][r["kernel"]] = float(r["us"])
+    cell = lambda c, k: f"{c[k]:.1f} ({c['sol'] / c[k]:.2f})" if k in c else "–"
+    print("| layer (K×N) | M | SOL µs | dispatcher: medium kernel | split variant | wide variant | previous M > 16 "
+          "kernel | cuBLAS FP16 (dense) | dequant + cuBLAS |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for layer, m in order:
+        c = cells[(layer, m)]
+        if "marlin_fused" not in c:
+            continue
+        chosen = "marlin_fused_split" if m <= 24 else "marlin_fused"
+        fp16 = c.get("cublas_fp16")
+        mark = "" if fp16 is None else (" ✓" if c.get(chosen, 1e30) < fp16 else "")
+        print(f"| {layer} | {m} | {c['sol']:.1f} | {cell(c, chosen)}{mark} | {cell(c, 'marlin_fused_split')} | "
+              f"{cell(c, 'marlin_fused')} | {cell(c, 'marlin_fused_wide')} | {cell(c, 'cublas_fp16')} | "
+              f"{cell(c, 'deq_cublas')} |")
+
+
+def score_table(path):
+    rows = list(csv.DictReader(open(path)))
+    table, order = {}, []
+    for r in rows:
+        if r["error"]:
+            continue
+        scenario = (f"{r['tokens']} tokens" if r["window"] in ("0", "") else
+                    f"{r['tokens']} tokens in {r['window']}-token windows")
+        key = (r["model"], scenario, r["config"])
+        if key not in table:
+            table[key] = {}
+            order.append(key)
+        table[key][r["graphs"]] = r
+    scenario_rank = lambda sc: (("windows" in sc), sc.startswith("128 "), int(sc.split()[0]))
+    config_rank = {c: i for i, c in enumerate(("default", "fused", "correction", "native", "fp16body", "cpu"))}
+    order.sort(key=lambda k: (k[0], scenario_rank(k[1]), config_rank.get(k[2], 99)))
+    print("| model | scenario | config | graphs off tok/s | graphs on tok/s | device MiB | fallbacks |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for key in order:
+        by = table[key]
+        any_row = next(iter(by.values()))
+        tps = lambda g: f"{float(by[g]['tokens_per_s']):,.0f}" if g in by else "–"
+        config = "CPU reference (16 cores of the GPU machine)" if key[2] == "cpu" else key[2]
+        mib = any_row["device_mib"] or "–"
+        print(f"| {key[0]} | {key[1]} | {config} | {tps('0')} | {tps('1')} | {mib} | {any_row['gemm_fallbacks']} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    g = sub.add_parser("gemm")
+    g.add_argument("csv")
+    g.add_argument("--cublas-min-m", type=int, default=128)
+    sub.add_parser("medium").add_argument("csv")
+    sub.add_parser("score").add_argument("csv")
+    args = p.parse_args()
+    if args.what == "gemm":
+        gemm_table(args.csv, args.cublas_min_m)
+    elif args.what == "medium":
+        medium_table(args.csv)
+    else:
+        score_table(args.csv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
