@@ -97,7 +97,7 @@ int32_t device_count() noexcept { return 0; }
 void device_info(int32_t, tl_device_properties *) { no_cuda(); }
 std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint32_t, PackOutcome *) { no_cuda(); }
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
-void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t) { no_cuda(); }
+void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t, void *) { no_cuda(); }
 void dispatch_counts(const DeviceWeight &, tl_dispatch_counts *) { no_cuda(); }
 void *device_malloc(int32_t, size_t) { no_cuda(); }
 void device_free(void *ptr, void *) {
@@ -403,7 +403,7 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
 }
 
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream_ptr, void *workspace,
-                size_t workspace_bytes) {
+                size_t workspace_bytes, void *cublas_handle) {
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
     if (y == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "y is NULL");
@@ -433,9 +433,16 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         if (fell_back) dw.n_fallbacks.fetch_add(1, std::memory_order_relaxed);
     };
 
-    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
+    // The caller's cuBLAS handle, else one borrowed from the pool for this call.
+    auto with_cublas = [&](auto &&gemm) {
+        if (cublas_handle != nullptr) return gemm(static_cast<cublasHandle_t>(cublas_handle));
         auto lease = cublas_pool().borrow(dw.device);
-        const int rc = gpu::cublas_gemm_fp16(lease.handle, xh, dw.fp16_body.get<uint16_t>(), yh, mi, dw.n, dw.k, stream);
+        return gemm(lease.handle);
+    };
+    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
+        const int rc = with_cublas([&](cublasHandle_t h) {
+            return gpu::cublas_gemm_fp16(h, xh, dw.fp16_body.get<uint16_t>(), yh, mi, dw.n, dw.k, stream);
+        });
         if (rc == 0) return done(dw.n_fp16);
         refused(rc, "FP16 body");
     }
@@ -443,11 +450,12 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
         const bool workspace_ok = workspace_bytes >= dw.marlin_workspace;
         if (cublas_path_wanted(dw, m) && workspace_bytes >= dw.marlin_workspace + cublas_scratch_bytes(dw)) {
-            auto lease = cublas_pool().borrow(dw.device);
-            const int rc = gpu::dequant_cublas_gemm(
-                lease.handle, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(), yh,
-                mi, dw.n, dw.k, dw.group_size, static_cast<char *>(workspace) + dw.marlin_workspace,
-                workspace_bytes - dw.marlin_workspace, stream);
+            const int rc = with_cublas([&](cublasHandle_t h) {
+                return gpu::dequant_cublas_gemm(h, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
+                                                dw.zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.group_size,
+                                                static_cast<char *>(workspace) + dw.marlin_workspace,
+                                                workspace_bytes - dw.marlin_workspace, stream);
+            });
             if (rc == 0) return done(dw.n_cublas);
             refused(rc, "dequantize + cuBLAS");
         }

@@ -30,8 +30,12 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
                                           PackOutcome *outcome);
 
 size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
+// cublas_handle: a cuBLAS handle the caller owns and uses from one thread at a time (cublasHandle_t), or nullptr
+// for one borrowed from the library's pool for this call. Callers that capture CUDA graphs pass their own: a
+// captured cuBLAS GEMM keeps using its handle's workspace at every replay, so that handle must not serve anyone
+// else concurrently.
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream, void *workspace,
-                size_t workspace_bytes);
+                size_t workspace_bytes, void *cublas_handle = nullptr);
 void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out);
 
 // Device memory and streams for the C API's callers (throw TL_ERR_NO_DEVICE / TL_ERR_CUDA / TL_ERR_INVALID_ARGUMENT).

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "error.hpp"
@@ -269,10 +270,11 @@ struct GpuModel::State {
     Buffer workspace;  // the dispatcher's, zero-filled once
     std::vector<float> host_nll;
     std::map<int32_t, std::unique_ptr<Graph>> graphs;
+    std::set<int32_t> uncapturable;  // window lengths whose capture failed: they run eagerly
 
     uint64_t dense_calls = 0;  // cuBLAS GEMMs enqueued (captured ones included)
     Tally ran;                 // GEMMs executed
-    uint64_t windows = 0, captures = 0, replays = 0;
+    uint64_t windows = 0, captures = 0, replays = 0, capture_failures = 0;
 
     ~State() {
         graphs.clear();
@@ -385,6 +387,7 @@ DeviceLinear make_linear(GpuModel::State &s, const Linear &w) {
     d.k = w.k;
     d.n = w.n;
     if (w.quantized) {
+        ensure_cublas(s);  // the dispatcher's cuBLAS paths use the model's own handle (see gemm)
         PackOutcome outcome;
         d.quant = pack_weight(w, s.device, s.own_stream, s.options.forms, &outcome);
         d.groups = w.n_groups();
@@ -442,7 +445,8 @@ DeviceLinear make_head(GpuModel::State &s, const Model &model) {
 
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream) {
     if (w.quant) {
-        quant_gemm(*w.quant, x, y, m, stream, s.workspace.as(), s.workspace.bytes());
+        // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
+        quant_gemm(*w.quant, x, y, m, stream, s.workspace.as(), s.workspace.bytes(), s.cublas);
         return;
     }
     check_rc(gpu::cublas_gemm_fp16(s.cublas, x, w.dense_values, y, m, w.n, w.k, stream),
@@ -610,9 +614,20 @@ void run_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
     const Tally before = s.counted();
     enqueue_window(s, T, stream);
     s.ran += s.counted() - before;
-    if (s.options.use_graphs) {
+    if (s.options.use_graphs && s.uncapturable.count(T) == 0) {
         if (s.graphs.size() >= kMaxGraphs) s.graphs.clear();
-        s.graphs.emplace(T, capture_window(s, T, stream, scratch));
+        // The window has already run eagerly, so a failed capture costs speed, never the result: this window length
+        // then stays eager on this model. (The per-weight dispatch counters keep the GEMMs the failed capture
+        // enqueued.)
+        try {
+            s.graphs.emplace(T, capture_window(s, T, stream, scratch));
+        } catch (const std::exception &e) {
+            cudaGetLastError();  // a failed capture's error is not sticky: clear it for the next launch checks
+            s.uncapturable.insert(T);
+            ++s.capture_failures;
+            log(TL_LOG_WARN, "CUDA graph capture of a " + std::to_string(T) + "-token window failed (" + e.what() +
+                                 "); this window length runs without graphs on this model");
+        }
     }
 }
 
@@ -683,6 +698,7 @@ GpuScoreStats GpuModel::stats() const {
     out.windows = s.windows;
     out.graph_captures = s.captures;
     out.graph_replays = s.replays;
+    out.graph_capture_failures = s.capture_failures;
     return out;
 }
 

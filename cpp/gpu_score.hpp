@@ -47,6 +47,7 @@ struct GpuScoreStats {
     uint64_t windows = 0;
     uint64_t graph_captures = 0;
     uint64_t graph_replays = 0;
+    uint64_t graph_capture_failures = 0;  // captures that failed; those window lengths then run eagerly
 };
 
 class GpuModel {
