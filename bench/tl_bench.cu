@@ -1,9 +1,15 @@
 // tl_bench: the INT4 x FP16 GEMM paths side by side on the layers and M values of shared/H200-NOTES.md.
 //
 //   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
+//            [--stream-loop] [--via-api]
 //
 // The filters keep a subset (for profiling one kernel under ncu, or the rows another benchmark times): a layer is
-// kept when its name contains any of the substrings; kernel names as in the CSV.
+// kept when its name contains any of the substrings; kernel names as in the CSV. --stream-loop times the same calls
+// launched one by one from a host loop (events around each pass, median of 7) instead of graph replays: how a
+// caller without graphs sees them (Criterion's method), launch gaps included. --via-api times the five paths through
+// the public C API instead of calling the kernels: owned weights made from host arrays (random codes; scales and zeros
+// like a min-max quantization) and packed with every form, the path picked with tl_set_dispatch, tl_quant_gemm from a
+// host loop (implies --stream-loop): what an application, or the Rust crate's Criterion bench, measures.
 //
 // Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
@@ -22,10 +28,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gpu_kernels.hpp"
+#include "half.hpp"
+#include "tinyloop.h"
 
 namespace {
 
@@ -144,6 +153,76 @@ LayerData make_layer(int k, int n, int group_size) {
     return d;
 }
 
+bool g_stream_loop = false;  // --stream-loop: host-loop launches instead of graph replays
+bool g_via_api = false;      // --via-api: the paths through tl_quant_gemm
+
+// --via-api: each path as the dispatcher settings that select it (kernel = its column in kKernels).
+struct ApiPath {
+    int kernel;
+    int32_t use_marlin, marlin_mode, cublas_min_m, fp16_body;
+};
+constexpr ApiPath kApiPaths[] = {{0, 1, 1, 0, 0}, {1, 1, 2, 0, 0}, {3, 1, 0, 1, 0}, {4, 1, 0, 0, 1}, {2, 0, 0, 0, 0}};
+
+uint64_t path_count(const tl_dispatch_counts &c, int kernel) {
+    switch (kernel) {
+        case 0: return c.marlin_fused;
+        case 1: return c.marlin_correction;
+        case 2: return c.native;
+        case 3: return c.dequant_cublas;
+        default: return c.fp16_body;
+    }
+}
+
+// Owned copies of one random INT4 weight, packed with every form (the FP16 body only when asked: 2 bytes a weight),
+// as many as the kernel-direct rotation (at least 2, >= kRotationBytes together). Empty on failure (printed).
+struct ApiWeights {
+    std::vector<tl_weight *> copies;
+    ApiWeights() = default;
+    ApiWeights(const ApiWeights &) = delete;
+    ApiWeights &operator=(const ApiWeights &) = delete;
+    ~ApiWeights() {
+        for (tl_weight *w : copies) tl_weight_free(w);
+    }
+};
+
+void make_api_weights(int k, int n, int group, bool fp16_body, ApiWeights &out) {
+    const int groups = k / group;
+    std::mt19937 rng(g_seed++);
+    std::vector<uint8_t> codes(static_cast<size_t>(k) * n / 2);
+    for (uint8_t &c : codes) c = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> scale(0.004f, 0.02f), zero(6.0f, 9.0f);
+    std::vector<uint16_t> scales(static_cast<size_t>(groups) * n), zeros(scales.size());
+    for (size_t i = 0; i < scales.size(); ++i) {
+        const float s = scale(rng);
+        scales[i] = tl::float_to_half(s);
+        zeros[i] = tl::float_to_half(-s * zero(rng));
+    }
+    tl_weight_desc desc;
+    tl_weight_desc_init(&desc, sizeof desc);
+    desc.k = k;
+    desc.n = n;
+    desc.group_size = group == k ? 0 : group;
+    desc.codes = codes.data();
+    desc.scales = scales.data();
+    desc.zeros = zeros.data();
+    tl_pack_options pack;
+    tl_pack_options_init(&pack, sizeof pack);
+    pack.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | (fp16_body ? TL_FORM_FP16_BODY : 0u);
+    const size_t copy_bytes = codes.size() + 4 * scales.size();
+    const int copies = static_cast<int>(std::max<size_t>(2, (kRotationBytes + copy_bytes - 1) / copy_bytes));
+    for (int c = 0; c < copies; ++c) {
+        tl_weight *w = nullptr;
+        if (tl_weight_create(&desc, &w) != TL_OK || tl_weight_pack_marlin(w, &pack, nullptr) != TL_OK) {
+            std::fprintf(stderr, "--via-api: %s\n", tl_last_error_message());
+            tl_weight_free(w);
+            for (tl_weight *done : out.copies) tl_weight_free(done);
+            out.copies.clear();
+            return;
+        }
+        out.copies.push_back(w);
+    }
+}
+
 struct Timing {
     double us = -1.0;  // < 0: not run
     int rc = 0;
@@ -175,6 +254,23 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     calls = std::min(calls, std::max(rotation, 2000));
     calls = (calls + rotation - 1) / rotation * rotation;
 
+    if (g_stream_loop) {
+        std::vector<float> pass_ms;
+        for (int r = 0; r < kReplays; ++r) {
+            CHECK_CUDA(cudaEventRecord(start, stream));
+            for (int i = 0; i < calls; ++i) run(i);
+            CHECK_CUDA(cudaEventRecord(stop, stream));
+            CHECK_CUDA(cudaEventSynchronize(stop));
+            CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+            pass_ms.push_back(ms);
+        }
+        std::sort(pass_ms.begin(), pass_ms.end());
+        t.us = 1000.0 * pass_ms[kReplays / 2] / calls;
+        t.calls = calls;
+        CHECK_CUDA(cudaEventDestroy(start));
+        CHECK_CUDA(cudaEventDestroy(stop));
+        return t;
+    }
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -244,7 +340,7 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         std::fprintf(stderr,
                      "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|row] "
-                     "[--kernels a,b]\n",
+                     "[--kernels a,b] [--stream-loop] [--via-api]\n",
                      argv[0]);
         return 2;
     }
@@ -256,6 +352,8 @@ int main(int argc, char **argv) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
         if (arg == "--quick") quick = true;
+        else if (arg == "--stream-loop") g_stream_loop = true;
+        else if (arg == "--via-api") g_via_api = g_stream_loop = true;
         else if (arg == "--layer" && has_value) only_layers = split_list(argv[++i]);
         else if (arg == "--m" && has_value) {
             for (const std::string &m : split_list(argv[++i])) {
@@ -324,6 +422,8 @@ int main(int argc, char **argv) {
     const int max_m = *std::max_element(ms.begin(), ms.end());
 
     std::vector<Row> rows;
+    void *api_ws = nullptr;  // --via-api: the dispatcher's workspace, grown to the largest query
+    size_t api_ws_bytes = 0;
     for (const Layer &layer : layers) {
         const int k = layer.k, n = layer.n;
         uint16_t *x = device_alloc<uint16_t>(static_cast<size_t>(max_m) * k);
@@ -332,6 +432,49 @@ int main(int argc, char **argv) {
         uint16_t *w_scratch = device_alloc<uint16_t>(static_cast<size_t>(k) * n);
         for (const int group : {128, k}) {
             if (!only_group.empty() && only_group != (group == k ? "row" : "128")) continue;
+            if (g_via_api) {
+                ApiWeights api;
+                make_api_weights(k, n, group, wanted(4) && group == 128, api);
+                const int rot = static_cast<int>(api.copies.size());
+                for (const int m : ms) {
+                    Row r{layer.name, k, n, m, group, sol_us(m, k, n, k / group), {}};
+                    for (const ApiPath &p : kApiPaths) {
+                        if (rot == 0 || !wanted(p.kernel)) continue;
+                        if (p.kernel >= 2 && group != 128) continue;  // timed once per layer, as below
+                        if (p.kernel == 2 && m > kNativeMaxM) continue;
+                        const int32_t settings[5] = {p.use_marlin, p.fp16_body, 0, p.marlin_mode, p.cublas_min_m};
+                        for (int32_t i = 0; i < 5; ++i) tl_set_dispatch(i, settings[i]);
+                        size_t need = 0;
+                        tl_quant_gemm_workspace_size(api.copies[0], m, &need);
+                        if (need > api_ws_bytes) {
+                            cudaFree(api_ws);
+                            api_ws = device_alloc<uint8_t>(need);
+                            api_ws_bytes = need;
+                            CHECK_CUDA(cudaMemset(api_ws, 0, need));
+                        }
+                        tl_dispatch_counts before{}, after{};
+                        before.struct_size = after.struct_size = sizeof before;
+                        tl_weight_dispatch_counts(api.copies[0], &before);
+                        r.t[p.kernel] = time_calls(stream, rot, [&](int i) {
+                            return static_cast<int>(
+                                tl_quant_gemm(api.copies[i % rot], x, y, m, stream, api_ws, api_ws_bytes));
+                        });
+                        tl_weight_dispatch_counts(api.copies[0], &after);
+                        // Only the selected path may have run: a fallback would time another kernel.
+                        if (r.t[p.kernel].rc == 0 && (path_count(after, p.kernel) == path_count(before, p.kernel) ||
+                                                      after.fallbacks != before.fallbacks)) {
+                            r.t[p.kernel] = Timing{-1.0, -100, 0};
+                        }
+                    }
+                    std::printf("%-18s K=%5d N=%5d M=%4d %-5s SOL %8.1f us (via the C API) |", layer.name, k, n, m,
+                                group == k ? "row" : "g128", r.sol_us);
+                    for (int i = 0; i < kNumKernels; ++i) std::printf(" %s %s |", kKernels[i], cell(r, i).c_str());
+                    std::printf("\n");
+                    std::fflush(stdout);
+                    rows.push_back(r);
+                }
+                continue;
+            }
             LayerData d = make_layer(k, n, group);
             const int gs = group == k ? -1 : group;
             for (const int m : ms) {
@@ -392,6 +535,8 @@ int main(int argc, char **argv) {
         cudaFree(w_scratch);
     }
 
+    cudaFree(api_ws);
+
     FILE *csv = std::fopen(argv[1], "w");
     FILE *md = std::fopen(argv[2], "w");
     if (csv == nullptr || md == nullptr) {
@@ -418,8 +563,12 @@ int main(int argc, char **argv) {
     std::fprintf(md, "Benchmark %s on %s (SM %d.%d, %d SMs). Command: `%s`.\n\n", date, prop.name, prop.major,
                  prop.minor, prop.multiProcessorCount, command.c_str());
     std::fprintf(md, "Cells: µs per call (SOL / time). SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes counting "
-                     "codes, FP16 scales and zeros, X and Y. Native INT4 only for M ≤ %d. CUDA-graph timing, median of "
-                     "%d replays, weights rotated through ≥ 256 MB.\n\n", kNativeMaxM, kReplays);
+                     "codes, FP16 scales and zeros, X and Y. Native INT4 only for M ≤ %d. %s, median of "
+                     "%d passes, weights rotated through ≥ 256 MB.\n\n", kNativeMaxM,
+                 g_via_api ? "Through the C API (tl_quant_gemm), host-loop launches (--via-api)"
+                 : g_stream_loop ? "Host-loop launches (--stream-loop)"
+                                 : "CUDA-graph timing",
+                 kReplays);
     for (const bool per_row : {false, true}) {
         std::fprintf(md, "### %s\n\n", per_row ? "Per-row scales (gs = -1)" : "Group size 128");
         std::fprintf(md, per_row ? "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction |\n"
