@@ -375,7 +375,7 @@ tl = read_tl(tl_csv)
 tl_loop = read_tl(tl_loop_csv)  # kernels called directly from a host loop
 tl_api = read_tl(tl_api_csv)  # through tl_quant_gemm from a host loop, like Criterion: what 'agree' is judged against
 lines = [
-    "# Criterion (Rust, safe API) against tl_bench (C++, kernels direct), same run",
+    "# Criterion (Rust, safe API) against tl_bench (C++), same run",
     "",
     f"Rust binaries: variant {variant or '?'}. Criterion: wall-clock time per call, calls queued on one stream and "
     "synchronized once per sample; the estimate Criterion prints (slope over its samples) and its 95% interval. "
