@@ -34,9 +34,9 @@ def target_for(layer, m):
     return None
 
 
-def gemm_table(path, cublas_min_m):
-    cells = {}
-    order = []
+def group128_cells(path):
+    """{(layer, M): {"sol": SOL µs, kernel: µs, ...}} of the group-128 rows that ran, and their keys in CSV order."""
+    cells, order = {}, []
     for r in csv.DictReader(open(path)):
         if r["group"] != "128" or r["rc"] != "0" or float(r["us"]) <= 0:
             continue
@@ -45,6 +45,11 @@ def gemm_table(path, cublas_min_m):
             cells[key] = {"sol": float(r["sol_us"])}
             order.append(key)
         cells[key][r["kernel"]] = float(r["us"])
+    return cells, order
+
+
+def gemm_table(path, cublas_min_m):
+    cells, order = group128_cells(path)
     print("| layer (K×N) | M | SOL µs | dispatcher's choice µs (SOL) | best of ours µs (SOL) | cuBLAS FP16 dense µs "
           "(SOL) | target | met? |")
     print("|---|---|---|---|---|---|---|---|")
@@ -67,15 +72,7 @@ def gemm_table(path, cublas_min_m):
 
 
 def medium_table(path):
-    cells, order = {}, []
-    for r in csv.DictReader(open(path)):
-        if r["group"] != "128" or r["rc"] != "0" or float(r["us"]) <= 0:
-            continue
-        key = (r["layer"], int(r["M"]))
-        if key not in cells:
-            cells[key] = {"sol": float(r["sol_us"])}
-            order.append(key)
-        cells[key][r["kernel"]] = float(r["us"])
+    cells, order = group128_cells(path)
     cell = lambda c, k: f"{c[k]:.1f} ({c['sol'] / c[k]:.2f})" if k in c else "–"
     print("| layer (K×N) | M | SOL µs | dispatcher: medium kernel | split variant | wide variant | previous M > 16 "
           "kernel | cuBLAS FP16 (dense) | dequant + cuBLAS |")

@@ -267,31 +267,24 @@ kernels=""
 for path in ${RUST_PATHS//,/ }; do kernels+="${kernels:+,}$(kernel_of "$path")"; done
 tl_csv=${TL_BENCH_CSV:-$OUT/tl-bench.csv}
 if [ -n "$TL_BENCH" ]; then
-  step "tl_bench"
   group_args=()
   case $GEMM_GROUPS in 128 | row) group_args=(--group "$GEMM_GROUPS") ;; esac
   tl_args=(--layer "$LAYERS" --m "$MS" "${group_args[@]}" --kernels "$kernels")
-  echo "---- $TL_BENCH $OUT/tl-bench.csv $WORK/tl-bench.md ${tl_args[*]}" >>"$OUT/cpp-bench.log"
-  timeout "$(limit 120 100)" "$TL_BENCH" "$OUT/tl-bench.csv" "$WORK/tl-bench.md" "${tl_args[@]}" \
-    >>"$OUT/cpp-bench.log" 2>&1
-  rc=$?
-  rows=0
-  [ -f "$OUT/tl-bench.csv" ] && rows=$(($(wc -l <"$OUT/tl-bench.csv") - 1))
-  summary+=("tl_bench: rc=$rc$([ $rc = 77 ] && echo ' (no CUDA device)'), $rows rows")
-  # The same calls launched from a host loop, as Criterion launches them: the like-for-like comparison.
-  step "tl_bench --stream-loop"
-  echo "---- $TL_BENCH $OUT/tl-bench-loop.csv $WORK/tl-bench-loop.md ${tl_args[*]} --stream-loop" >>"$OUT/cpp-bench.log"
-  timeout "$(limit 120 60)" "$TL_BENCH" "$OUT/tl-bench-loop.csv" "$WORK/tl-bench-loop.md" "${tl_args[@]}" \
-    --stream-loop >>"$OUT/cpp-bench.log" 2>&1
-  rc=$?
-  summary+=("tl_bench --stream-loop: rc=$rc")
-  # And the same paths through the C API (tl_quant_gemm) from a host loop: exactly what Criterion times, from C++.
-  step "tl_bench --via-api"
-  echo "---- $TL_BENCH $OUT/tl-bench-api.csv $WORK/tl-bench-api.md ${tl_args[*]} --via-api" >>"$OUT/cpp-bench.log"
-  timeout "$(limit 150 60)" "$TL_BENCH" "$OUT/tl-bench-api.csv" "$WORK/tl-bench-api.md" "${tl_args[@]}" \
-    --via-api >>"$OUT/cpp-bench.log" 2>&1
-  rc=$?
-  summary+=("tl_bench --via-api: rc=$rc")
+  # run_tl_bench NAME CAP [FLAG]: one tl_bench run into $OUT/NAME.csv, logged, its rc in the summary.
+  run_tl_bench() {
+    local name=$1 cap=$2 flag=()
+    [ -n "${3:-}" ] && flag=("$3")
+    step "tl_bench${3:+ $3}"
+    echo "---- $TL_BENCH $OUT/$name.csv $WORK/$name.md ${tl_args[*]} ${flag[*]}" >>"$OUT/cpp-bench.log"
+    timeout "$(limit "$cap" 60)" "$TL_BENCH" "$OUT/$name.csv" "$WORK/$name.md" "${tl_args[@]}" "${flag[@]}" \
+      >>"$OUT/cpp-bench.log" 2>&1
+    local rc=$? rows=0
+    [ -f "$OUT/$name.csv" ] && rows=$(($(wc -l <"$OUT/$name.csv") - 1))
+    summary+=("tl_bench${3:+ $3}: rc=$rc$([ $rc = 77 ] && echo ' (no CUDA device)'), $rows rows")
+  }
+  run_tl_bench tl-bench 120               # the kernels in CUDA-graph replays (the docs' method)
+  run_tl_bench tl-bench-loop 120 --stream-loop  # the kernels launched from a host loop, as Criterion launches
+  run_tl_bench tl-bench-api 150 --via-api  # the paths through tl_quant_gemm from a host loop: Criterion's method
 fi
 
 # ---- Criterion ----
