@@ -274,7 +274,7 @@ struct GpuModel::State {
 
     uint64_t dense_calls = 0;  // cuBLAS GEMMs enqueued (captured ones included)
     Tally ran;                 // GEMMs executed
-    uint64_t windows = 0, captures = 0, replays = 0, capture_failures = 0;
+    uint64_t windows = 0, captures = 0, replays = 0;
 
     ~State() {
         graphs.clear();
@@ -624,7 +624,6 @@ void run_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
         } catch (const std::exception &e) {
             cudaGetLastError();  // a failed capture's error is not sticky: clear it for the next launch checks
             s.uncapturable.insert(T);
-            ++s.capture_failures;
             log(TL_LOG_WARN, "CUDA graph capture of a " + std::to_string(T) + "-token window failed (" + e.what() +
                                  "); this window length runs without graphs on this model");
         }
@@ -698,7 +697,7 @@ GpuScoreStats GpuModel::stats() const {
     out.windows = s.windows;
     out.graph_captures = s.captures;
     out.graph_replays = s.replays;
-    out.graph_capture_failures = s.capture_failures;
+    out.graph_capture_failures = s.uncapturable.size();  // each window length fails at most once: it is not retried
     return out;
 }
 
