@@ -297,11 +297,13 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     return t;
 }
 
-// marlin_fused_1blk: one block per SM (M <= 16, group 128); marlin_fused_wide: 16 < M <= 64 on the M > 16 kernel
-// instead of the medium one (the same-run A/B of that kernel).
-const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native", "deq_cublas", "cublas_fp16",
-                          "marlin_fused_1blk", "marlin_fused_wide"};
-constexpr int kNumKernels = 7;
+// Same-run A/B columns of the fused kernel choices: marlin_fused_1blk, one block per SM (M <= 16, group 128);
+// marlin_fused_wide, the first-generation M > 16 kernel (16 < M <= 256); marlin_fused_medium, the medium kernel where
+// the wgmma kernel is the default (kMarlinWgmmaMinM <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound
+// (16 < M < kMarlinWgmmaMinM; from the bound marlin_fused is the wgmma kernel where it runs).
+const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native",            "deq_cublas", "cublas_fp16",
+                          "marlin_fused_1blk", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
+constexpr int kNumKernels = 9;
 
 struct Row {
     std::string layer;
@@ -491,10 +493,24 @@ int main(int argc, char **argv) {
                     r.t[5] = time_calls(stream, rot, fused);
                     tl::gpu::marlin_set_max_blocks_per_sm(2);
                 }
-                if (wanted(6) && m > 16 && m <= tl::gpu::kMarlinMediumMaxM) {
-                    tl::gpu::marlin_set_medium_max_m(16);  // read when the graph is captured
+                // The knobs are read when the graph is captured.
+                if (wanted(6) && m > 16 && m <= 256) {
+                    tl::gpu::marlin_set_medium_max_m(16);
+                    tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);
                     r.t[6] = time_calls(stream, rot, fused);
                     tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
+                    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
+                }
+                if (wanted(7) && m > 16 && m < tl::gpu::kMarlinWgmmaMinM && tl::gpu::marlin_wgmma_built()) {
+                    tl::gpu::marlin_set_wgmma_min_m(17);
+                    r.t[7] = time_calls(stream, rot, fused);
+                    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
+                }
+                if (wanted(8) && m >= tl::gpu::kMarlinWgmmaMinM && m <= tl::gpu::kMarlinMediumMaxM &&
+                    tl::gpu::marlin_wgmma_built()) {
+                    tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);
+                    r.t[8] = time_calls(stream, rot, fused);
+                    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
@@ -575,15 +591,16 @@ int main(int argc, char **argv) {
                                    "|---|---|---|---|---|\n"
                                  : "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction | "
                                    "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, 1 block/SM | "
-                                   "fused, M > 16 kernel |\n"
-                                   "|---|---|---|---|---|---|---|---|---|---|\n");
+                                   "fused, M > 16 kernel | fused, wgmma kernel | fused, medium kernel |\n"
+                                   "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
             if ((r.group == r.k) != per_row) continue;
             std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
                          cell(r, 0).c_str(), cell(r, 1).c_str());
             if (!per_row) {
-                std::fprintf(md, " %s | %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(),
-                             cell(r, 4).c_str(), cell(r, 5).c_str(), cell(r, 6).c_str());
+                std::fprintf(md, " %s | %s | %s | %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(),
+                             cell(r, 4).c_str(), cell(r, 5).c_str(), cell(r, 6).c_str(), cell(r, 7).c_str(),
+                             cell(r, 8).c_str());
             }
             std::fprintf(md, "\n");
         }

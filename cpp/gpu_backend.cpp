@@ -39,9 +39,10 @@ int32_t env_setting(const char *name, int32_t fallback) {
 }
 
 // Where dequantize + cuBLAS starts to beat the Marlin-class kernel (0 = never). Measured on the H200
-// (docs/benchmarks.md, 2026-11-30): fused wins at M <= 64 on the Llama 8B/70B layers and loses from M = 256 on every
-// layer (small TinyLoop layers cross earlier, near 32-64), so one threshold between the two.
-constexpr int32_t kDefaultCublasMinM = 128;
+// (docs/benchmarks.md, 2026-12-01), with the wgmma kernel taking M >= 33: it beats dequantize + cuBLAS at M <= 256
+// on the Llama 8B gate+up/down and 70B layers and loses at M = 1024 on every layer, so one threshold between the
+// two. (Before the wgmma kernel the crossover was 128; on a GPU without it, set 128.)
+constexpr int32_t kDefaultCublasMinM = 512;
 
 struct Settings {
     std::atomic<int32_t> values[5];

@@ -47,13 +47,21 @@ void marlin_set_max_blocks_per_sm(int blocks);
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
                 int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
 // Which kernel marlin_gemm runs for M rows: Skinny (M <= 16), Medium (16 < M <= the medium bound, default
-// kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop).
-enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2 };
+// kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop). Wgmma (M >= the wgmma bound,
+// default kMarlinWgmmaMinM, and M > 16) takes precedence where it runs: a library built for sm_90a on a device of
+// compute capability 9.0; elsewhere it refuses and the kernel for M above runs.
+enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3 };
 constexpr int kMarlinMediumMaxM = 64;
+constexpr int kMarlinWgmmaMinM = 33;
 MarlinKernel marlin_kernel_for(int m);
 // Tuning knob (benchmarks, A/B tests): the largest M that runs the medium kernel, clamped to [16, 64] (16: never).
 // Process-wide; results do not depend on it beyond FP32 summation order.
 void marlin_set_medium_max_m(int m);
+// Tuning knob: the smallest M that tries the wgmma kernel, clamped to [17, 2^31 - 1] (the largest value: never).
+// Process-wide; results do not depend on it beyond FP32 summation order and FP16 rounding of the weights.
+void marlin_set_wgmma_min_m(int m);
+// Whether the library holds the wgmma kernel (built for sm_90a); it runs only on compute capability 9.0.
+bool marlin_wgmma_built();
 // Successful marlin_gemm launches per kernel since the process started (tests: which kernel a path reached).
 uint64_t marlin_launch_count(MarlinKernel kernel);
 

@@ -2,14 +2,14 @@
 """The tables of docs/benchmarks.md, made from the benchmark programs' CSV files (standard library only), so that the
 page holds what the benchmarks measured and nothing typed by hand.
 
-  tools/bench_tables.py gemm BENCH_CSV [--cublas-min-m 128]
+  tools/bench_tables.py gemm BENCH_CSV [--cublas-min-m 512]
       issue 3's target table from tl_bench's CSV: per Llama/TinyLoop layer and M (group 128), SOL, what the
       dispatcher runs by default (fused Marlin-class below --cublas-min-m rows, dequantize + cuBLAS from there),
       the best of our INT4 paths, dense cuBLAS FP16, the target and whether it is met.
-  tools/bench_tables.py medium MEDIUM_CSV
-      16 < M <= 64 (group 128) from tl_bench runs with --m 17,24,32,33,48,64, the second one under
-      TINYLOOP_MEDIUM_VARIANT=split with its kernels renamed *_split: the dispatcher's medium kernel (split at
-      M <= 24, wide above), both variants, the previous M > 16 kernel, dense cuBLAS FP16 and dequantize + cuBLAS.
+  tools/bench_tables.py ab BENCH_CSV [BENCH_CSV ...] [--cublas-min-m 512]
+      the kernel choices for 16 < M <= 1024 (group 128) from tl_bench's same-run A/B columns: the dispatcher's
+      choice, the wgmma kernel (forced below its bound), the medium kernel (forced above 32 rows), the
+      first-generation M > 16 kernel, dequantize + cuBLAS and dense cuBLAS FP16.
   tools/bench_tables.py score SCORE_CSV
       issue 4's scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
       configuration, graphs off and on, device memory, fallbacks.
@@ -20,6 +20,11 @@ import csv
 import sys
 
 OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
+# cuda/gpu_kernels.hpp's kMarlinWgmmaMinM: from here marlin_fused is the wgmma kernel on the H200.
+WGMMA_MIN_M = 33
+LAYER_ORDER = {name: i for i, name in enumerate(
+    ("TinyLoop qkv", "TinyLoop out", "TinyLoop gate+up", "TinyLoop down", "TinyLoop head", "Llama-8B qkv",
+     "Llama-8B gate+up", "Llama-8B down", "Llama-70B gate+up", "Llama-70B down"))}
 
 
 def target_for(layer, m):
@@ -71,22 +76,33 @@ def gemm_table(path, cublas_min_m):
               + f" | {'–' if target is None else f'≥ {target:.2f} SOL'} | {met} |")
 
 
-def medium_table(path):
-    cells, order = group128_cells(path)
+def ab_table(paths, cublas_min_m):
+    cells, order = {}, []
+    for path in paths:  # later files add cells (and rows) to earlier ones
+        more, more_order = group128_cells(path)
+        for key in more_order:
+            if key not in cells:
+                cells[key] = more[key]
+                order.append(key)
+            else:
+                cells[key].update(more[key])
+    order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[1]))
     cell = lambda c, k: f"{c[k]:.1f} ({c['sol'] / c[k]:.2f})" if k in c else "–"
-    print("| layer (K×N) | M | SOL µs | dispatcher: medium kernel | split variant | wide variant | previous M > 16 "
-          "kernel | cuBLAS FP16 (dense) | dequant + cuBLAS |")
+    print("| layer (K×N) | M | SOL µs | dispatcher's choice | wgmma kernel | medium kernel | first-generation kernel | "
+          "dequant + cuBLAS | cuBLAS FP16 (dense) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for layer, m in order:
         c = cells[(layer, m)]
-        if "marlin_fused" not in c:
+        if m <= 16 or m > 1024 or "marlin_fused" not in c:
             continue
-        chosen = "marlin_fused_split" if m <= 24 else "marlin_fused"
+        choice = "deq_cublas" if cublas_min_m > 0 and m >= cublas_min_m else "marlin_fused"
+        wgmma = "marlin_fused" if m >= WGMMA_MIN_M else "marlin_fused_wgmma"
+        medium = "marlin_fused" if m < WGMMA_MIN_M else "marlin_fused_medium"
         fp16 = c.get("cublas_fp16")
-        mark = "" if fp16 is None else (" ✓" if c.get(chosen, 1e30) < fp16 else "")
-        print(f"| {layer} | {m} | {c['sol']:.1f} | {cell(c, chosen)}{mark} | {cell(c, 'marlin_fused_split')} | "
-              f"{cell(c, 'marlin_fused')} | {cell(c, 'marlin_fused_wide')} | {cell(c, 'cublas_fp16')} | "
-              f"{cell(c, 'deq_cublas')} |")
+        mark = "" if fp16 is None or choice not in c else (" ✓" if c[choice] < fp16 else "")
+        print(f"| {layer} | {m} | {c['sol']:.1f} | {cell(c, choice)}{mark} | {cell(c, wgmma)} | "
+              f"{cell(c, medium) if m <= 64 else '–'} | {cell(c, 'marlin_fused_wide')} | {cell(c, 'deq_cublas')} | "
+              f"{cell(c, 'cublas_fp16')} |")
 
 
 def score_table(path):
@@ -121,14 +137,16 @@ def main():
     sub = p.add_subparsers(dest="what", required=True)
     g = sub.add_parser("gemm")
     g.add_argument("csv")
-    g.add_argument("--cublas-min-m", type=int, default=128)
-    sub.add_parser("medium").add_argument("csv")
+    g.add_argument("--cublas-min-m", type=int, default=512)
+    a = sub.add_parser("ab")
+    a.add_argument("csv", nargs="+")
+    a.add_argument("--cublas-min-m", type=int, default=512)
     sub.add_parser("score").add_argument("csv")
     args = p.parse_args()
     if args.what == "gemm":
         gemm_table(args.csv, args.cublas_min_m)
-    elif args.what == "medium":
-        medium_table(args.csv)
+    elif args.what == "ab":
+        ab_table(args.csv, args.cublas_min_m)
     else:
         score_table(args.csv)
 

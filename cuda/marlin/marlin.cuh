@@ -50,6 +50,9 @@ struct Params {
     int m_slices, k_tiles;
     long long total_iters;  // m_slices * n_tiles * k_tiles
     int stages;             // pipeline depth (shared memory ring of stage_bytes each)
+    // wgmma kernel: 0 = stream-K (each block a contiguous range of k slices); 1 = whole tiles, block b taking
+    // tiles b, b + grid, ... (blocks running at once share weight and activation panels in L2).
+    int whole_tiles;
 };
 
 struct LaunchEnv {
@@ -77,5 +80,11 @@ int launch_skinny(Params p, const LaunchEnv &env);
 // M <= WM * NB * 8 (p.m_slices == 1), else kRcUnsupported.
 template <int NB, int WM, bool FUSED, int GPT>
 int launch_medium(Params p, const LaunchEnv &env);
+
+// M > 16 on compute capability 9.0 (marlin_wgmma.cu, built for sm_90a): wgmma with the weights dequantized in
+// registers; tiles of 256 columns x 64 rows (M <= 64, two blocks per SM) or 128 rows (one block of two warpgroups).
+// Sets p.m_slices, k_tiles, total_iters and stages itself. kRcUnsupported where the library was built without
+// sm_90a or the device is not 9.0.
+int launch_wgmma(Params p, const LaunchEnv &env, bool fused, int gpt);
 
 }  // namespace tl::gpu::marlin

@@ -51,6 +51,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // memory), so pick the immediate with a block-uniform switch.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     switch (pending) {
+        case 0: cp_async_wait<0>(); break;
         case 1: cp_async_wait<1>(); break;
         case 2: cp_async_wait<2>(); break;
         case 3: cp_async_wait<3>(); break;
@@ -158,6 +159,50 @@ __device__ __forceinline__ void add_partial4(float *dst, float a, float b, float
 #endif
 }
 
+__device__ __forceinline__ void store_half(uint16_t *y, float v) {
+    *reinterpret_cast<__half *>(y) = __float2half_rn(v);
+}
+
+// The epilogue of every kernel deals in a thread's four outputs of a tile: rows r, r + 1 and columns c, c + 8, in the
+// order (r, c), (r, c + 8), (r + 1, c), (r + 1, c + 8); `rows` of the two are inside M (0, 1 or 2; quad_rows).
+__device__ __forceinline__ int quad_rows(int row, int m) { return row + 1 < m ? 2 : row < m ? 1 : 0; }
+
+// Stores the four outputs as FP16 at out = &Y[r][c] (row stride n).
+__device__ __forceinline__ void store_quad(uint16_t *out, int n, float rc, float rc8, float r1c, float r1c8, int rows) {
+    if (rows >= 1) {
+        store_half(out, rc);
+        store_half(out + 8, rc8);
+    }
+    if (rows == 2) {
+        store_half(out + n, r1c);
+        store_half(out + n + 8, r1c8);
+    }
+}
+
+// A cut tile's contributor adds its four sums to the workspace (FP32, in the quad's order).
+__device__ __forceinline__ void add_partial_quad(float *at, float rc, float rc8, float r1c, float r1c8, int rows) {
+    if (rows == 2) {
+        add_partial4(at, rc, rc8, r1c, r1c8);
+    } else if (rows == 1) {
+        add_partial(at, rc, rc8);
+    }
+}
+
+// The last contributor takes the reduced sums back and zeroes them for the next call (rows outside M: 0).
+__device__ __forceinline__ float4 take_partial_quad(float *at, int rows) {
+    if (rows == 2) {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
+        __stcg(reinterpret_cast<float4 *>(at), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        return v;
+    }
+    if (rows == 1) {
+        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
+        __stcg(reinterpret_cast<float2 *>(at), make_float2(0.0f, 0.0f));
+        return make_float4(v.x, v.y, 0.0f, 0.0f);
+    }
+    return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 template <int R>
 __device__ __forceinline__ void zero(float (&a)[R][4]) {
 #pragma unroll
@@ -166,9 +211,6 @@ __device__ __forceinline__ void zero(float (&a)[R][4]) {
         for (int e = 0; e < 4; ++e) a[i][e] = 0.0f;
 }
 
-__device__ __forceinline__ void store_half(uint16_t *y, float v) {
-    *reinterpret_cast<__half *>(y) = __float2half_rn(v);
-}
 
 // The host side shared by the kernels: pipeline depth for the wanted residency (cached per device), grid size,
 // workspace check, launch. `stages_cache` belongs to one instantiation: 0 = not set up, -1 = does not fit.

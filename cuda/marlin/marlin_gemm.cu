@@ -1,6 +1,7 @@
 // The public launcher of the Marlin-class GEMM: argument and shape checks, kernel and tile-height choice, dispatch
 // to the instantiation. The kernels: marlin_skinny.cuh (M <= 16), marlin_medium.cuh (16 < M <= 64, see
-// marlin_set_medium_max_m), marlin_kernel.cuh (above).
+// marlin_set_medium_max_m), marlin_kernel.cuh (above); on compute capability 9.0, marlin_wgmma.cu from
+// marlin_set_wgmma_min_m rows.
 #include <cstdlib>
 #include <cstring>
 
@@ -21,7 +22,8 @@ namespace {
 
 std::atomic<int> g_max_blocks_per_sm{2};
 std::atomic<int> g_medium_max_m{kMarlinMediumMaxM};
-std::atomic<uint64_t> g_launches[3];  // by MarlinKernel
+std::atomic<int> g_wgmma_min_m{kMarlinWgmmaMinM};
+std::atomic<uint64_t> g_launches[4];  // by MarlinKernel
 
 template <int MB, bool FUSED>
 int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
@@ -99,6 +101,8 @@ void marlin_set_medium_max_m(int m) {
     g_medium_max_m.store(std::min(64, std::max(16, m)), std::memory_order_relaxed);
 }
 
+void marlin_set_wgmma_min_m(int m) { g_wgmma_min_m.store(std::max(17, m), std::memory_order_relaxed); }
+
 MarlinKernel marlin_kernel_for(int m) {
     if (m <= 16) return MarlinKernel::Skinny;
     return m <= g_medium_max_m.load(std::memory_order_relaxed) ? MarlinKernel::Medium : MarlinKernel::Wide;
@@ -110,10 +114,9 @@ uint64_t marlin_launch_count(MarlinKernel kernel) {
 
 size_t marlin_workspace_bytes(int sm_count) {
     // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
-    // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64); the counters of up to two
-    // blocks per SM fit in the 256-byte rounding slack and the room that the skinny kernel's smaller partial
-    // blocks leave.
-    const size_t counters = (static_cast<size_t>(sm_count) * sizeof(int) + 255) / 256 * 256;
+    // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64; the wgmma kernel: two blocks of
+    // 64 rows x 256 columns or one of 128 rows); counters for up to two blocks per SM.
+    const size_t counters = (static_cast<size_t>(2 * sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
 }
 
@@ -150,6 +153,11 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.n = n;
     p.k = k;
     p.group_size = group_size;
+    if (m >= g_wgmma_min_m.load(std::memory_order_relaxed)) {
+        const int rc = marlin::launch_wgmma(p, env, fused, gpt);
+        if (rc == 0) g_launches[static_cast<int>(MarlinKernel::Wgmma)].fetch_add(1, std::memory_order_relaxed);
+        if (rc >= 0) return rc;  // refused (not sm_90a, shared memory, workspace): the kernel for M below runs
+    }
     const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
     if (kernel == MarlinKernel::Medium) {
         // One tile covers every row, so the weights are read once: the smallest tile that covers M. Wide-warp

@@ -193,15 +193,8 @@ __global__ void __launch_bounds__(kThreads * WM, 2 / WM) marlin_medium_kernel(co
                 const int row = row0 + nb * 8;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    uint16_t *out = y0 + static_cast<size_t>(nb * 8) * n + 16 * w;
-                    if (row < p.m) {
-                        store_half(out, acc[w][nb][0]);
-                        store_half(out + 8, acc[w][nb][2]);
-                    }
-                    if (row + 1 < p.m) {
-                        store_half(out + n, acc[w][nb][1]);
-                        store_half(out + n + 8, acc[w][nb][3]);
-                    }
+                    store_quad(y0 + static_cast<size_t>(nb * 8) * n + 16 * w, n, acc[w][nb][0], acc[w][nb][2],
+                               acc[w][nb][1], acc[w][nb][3], quad_rows(row, p.m));
                 }
             }
             return;
@@ -214,12 +207,8 @@ __global__ void __launch_bounds__(kThreads * WM, 2 / WM) marlin_medium_kernel(co
                 const int row = row0 + nb * 8;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    float *at = part + (nb * 4 + w) * 128;
-                    if (row + 1 < p.m) {
-                        add_partial4(at, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1], acc[w][nb][3]);
-                    } else if (row < p.m) {
-                        add_partial(at, acc[w][nb][0], acc[w][nb][2]);
-                    }
+                    add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
+                                     acc[w][nb][3], quad_rows(row, p.m));
                 }
             }
         }
@@ -230,21 +219,9 @@ __global__ void __launch_bounds__(kThreads * WM, 2 / WM) marlin_medium_kernel(co
                 const int row = row0 + nb * 8;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    uint16_t *out = y0 + static_cast<size_t>(nb * 8) * n + 16 * w;
-                    float *at = part + (nb * 4 + w) * 128;
-                    if (row + 1 < p.m) {
-                        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
-                        __stcg(reinterpret_cast<float4 *>(at), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-                        store_half(out, v.x);
-                        store_half(out + 8, v.y);
-                        store_half(out + n, v.z);
-                        store_half(out + n + 8, v.w);
-                    } else if (row < p.m) {
-                        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
-                        __stcg(reinterpret_cast<float2 *>(at), make_float2(0.0f, 0.0f));
-                        store_half(out, v.x);
-                        store_half(out + 8, v.y);
-                    }
+                    const int rows = quad_rows(row, p.m);
+                    const float4 v = take_partial_quad(part + (nb * 4 + w) * 128, rows);
+                    store_quad(y0 + static_cast<size_t>(nb * 8) * n + 16 * w, n, v.x, v.y, v.z, v.w, rows);
                 }
             }
         }
@@ -492,16 +469,7 @@ __global__ void __launch_bounds__(kThreads, wide_blocks_per_sm<NB>()) marlin_med
         asm volatile("mov.b32 %0, %1;\n" : "=r"(n) : "r"(p.n));
         uint16_t *y0 = p.y + static_cast<size_t>(row0) * n + tile * kTileN + warp * 64 + g;
         auto store = [&](int nb, int w, float v0, float v2, float v1, float v3) {
-            const int row = row0 + nb * 8;
-            uint16_t *out = y0 + static_cast<size_t>(nb * 8) * n + 16 * w;
-            if (row < p.m) {
-                store_half(out, v0);
-                store_half(out + 8, v2);
-            }
-            if (row + 1 < p.m) {
-                store_half(out + n, v1);
-                store_half(out + n + 8, v3);
-            }
+            store_quad(y0 + static_cast<size_t>(nb * 8) * n + 16 * w, n, v0, v2, v1, v3, quad_rows(row0 + nb * 8, p.m));
         };
         if (iters == p.k_tiles) {  // the whole tile is ours
             if (!warp_active) return;
@@ -527,12 +495,8 @@ __global__ void __launch_bounds__(kThreads, wide_blocks_per_sm<NB>()) marlin_med
                     const int row = 2 * (lane % 4) + nb * 8;
 #pragma unroll
                     for (int w = 0; w < 4; ++w) {
-                        float *at = part + (nb * 4 + w) * 128;
-                        if (row + 1 < p.m) {
-                            add_partial4(at, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1], acc[w][nb][3]);
-                        } else if (row < p.m) {
-                            add_partial(at, acc[w][nb][0], acc[w][nb][2]);
-                        }
+                        add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
+                                         acc[w][nb][3], quad_rows(row, p.m));
                     }
                 }
             }
@@ -550,15 +514,8 @@ __global__ void __launch_bounds__(kThreads, wide_blocks_per_sm<NB>()) marlin_med
                     const float4 own = fold_here ? make_float4(acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
                                                                acc[w][nb][3])
                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (row + 1 < p.m) {
-                        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
-                        __stcg(reinterpret_cast<float4 *>(at), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-                        store(nb, w, v.x + own.x, v.y + own.y, v.z + own.z, v.w + own.w);
-                    } else if (row < p.m) {
-                        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
-                        __stcg(reinterpret_cast<float2 *>(at), make_float2(0.0f, 0.0f));
-                        store(nb, w, v.x + own.x, v.y + own.y, 0.0f, 0.0f);
-                    }
+                    const float4 v = take_partial_quad(at, quad_rows(row, p.m));
+                    store(nb, w, v.x + own.x, v.y + own.y, v.z + own.z, v.w + own.w);
                 }
             }
         }

@@ -238,15 +238,8 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
                 const int row = row0 + nb * 8;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    uint16_t *out = y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w;
-                    if (row < p.m) {
-                        store_half(out, acc[w][nb][0]);
-                        store_half(out + 8, acc[w][nb][2]);
-                    }
-                    if (row + 1 < p.m) {
-                        store_half(out + p.n, acc[w][nb][1]);
-                        store_half(out + p.n + 8, acc[w][nb][3]);
-                    }
+                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, acc[w][nb][0], acc[w][nb][2],
+                               acc[w][nb][1], acc[w][nb][3], quad_rows(row, p.m));
                 }
             }
             return;
@@ -261,12 +254,8 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
                 const int row = row0 + nb * 8;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    float *at = part + (nb * 4 + w) * 128;
-                    if (row + 1 < p.m) {
-                        add_partial4(at, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1], acc[w][nb][3]);
-                    } else if (row < p.m) {
-                        add_partial(at, acc[w][nb][0], acc[w][nb][2]);
-                    }
+                    add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
+                                     acc[w][nb][3], quad_rows(row, p.m));
                 }
             }
         }
@@ -277,21 +266,9 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
                 const int row = row0 + nb * 8;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    uint16_t *out = y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w;
-                    float *at = part + (nb * 4 + w) * 128;
-                    if (row + 1 < p.m) {
-                        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
-                        __stcg(reinterpret_cast<float4 *>(at), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-                        store_half(out, v.x);
-                        store_half(out + 8, v.y);
-                        store_half(out + p.n, v.z);
-                        store_half(out + p.n + 8, v.w);
-                    } else if (row < p.m) {
-                        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
-                        __stcg(reinterpret_cast<float2 *>(at), make_float2(0.0f, 0.0f));
-                        store_half(out, v.x);
-                        store_half(out + 8, v.y);
-                    }
+                    const int rows = quad_rows(row, p.m);
+                    const float4 v = take_partial_quad(part + (nb * 4 + w) * 128, rows);
+                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w, rows);
                 }
             }
         }

@@ -96,7 +96,14 @@ fn build_from_source() {
 /// device code), which ptxas optimises less well than CMake's whole-program compile (more registers and spills:
 /// the same kernels ran 5-23% slower through the crate on the H200). The builds run in parallel threads.
 fn build_cuda(repo_root: &Path, generated: &Path, cuda: &CudaToolkit) {
-    let sources = read_source_list(repo_root, "cuda/sources.txt");
+    // (source, built for sm_90a alone): the sources of cuda/sources_sm90a.txt are, when the list includes 90, as
+    // CMakeLists.txt does it.
+    let sm90a = cuda.archs.iter().any(|arch| arch.starts_with("90"));
+    let sources: Vec<(PathBuf, bool)> = read_source_list(repo_root, "cuda/sources.txt")
+        .into_iter()
+        .map(|source| (source, false))
+        .chain(read_source_list(repo_root, "cuda/sources_sm90a.txt").into_iter().map(|source| (source, sm90a)))
+        .collect();
     println!("cargo:rerun-if-changed={}", repo_root.join("cuda").display());
     let nvcc = cuda.root.join("bin").join("nvcc");
     if !nvcc.is_file() {
@@ -106,7 +113,7 @@ fn build_cuda(repo_root: &Path, generated: &Path, cuda: &CudaToolkit) {
     if env::var_os("NVCC").is_none() {
         env::set_var("NVCC", &nvcc);
     }
-    let configured = |source: &Path| {
+    let configured = |source: &Path, sm90a_only: bool| {
         let mut build = cc::Build::new();
         build
             .cuda(true)
@@ -123,12 +130,17 @@ fn build_cuda(repo_root: &Path, generated: &Path, cuda: &CudaToolkit) {
             .include(generated)
             .define("TINYLOOP_BUILDING_LIBRARY", None)
             .define("TL_WITH_CUDA", "1");
-        for arch in &cuda.archs {
-            build.flag(&format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
-        }
-        // PTX of the newest architecture too, so that a newer GPU can compile the kernels at load time.
-        if let Some(newest) = cuda.archs.last() {
-            build.flag(&format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
+        if sm90a_only {
+            // wgmma: sm_90a code runs on compute capability 9.0 alone, which the launchers check at run time.
+            build.flag("-gencode=arch=compute_90a,code=sm_90a").define("TL_HAVE_SM90A", "1");
+        } else {
+            for arch in &cuda.archs {
+                build.flag(&format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+            }
+            // PTX of the newest architecture too, so that a newer GPU can compile the kernels at load time.
+            if let Some(newest) = cuda.archs.last() {
+                build.flag(&format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
+            }
         }
         build.file(source);
         build
@@ -150,8 +162,10 @@ fn build_cuda(repo_root: &Path, generated: &Path, cuda: &CudaToolkit) {
             .map(|_| {
                 scope.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(source) = sources.get(i) else { break };
-                    configured(source).compile(&library_name(source));
+                    match sources.get(i) {
+                        Some((source, sm90a_only)) => configured(source, *sm90a_only).compile(&library_name(source)),
+                        None => break,
+                    }
                 })
             })
             .collect();

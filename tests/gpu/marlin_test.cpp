@@ -1,10 +1,12 @@
 // The Marlin-class GEMM, both modes (fused q*s + z; symmetric + the seed's correction wrapper), against an FP64
 // host reference on small shapes (every element) and, on the benchmark layers, against the native INT4 kernel
 // (every element) plus the FP64 reference on 96 random columns. Also: the workspace is left zeroed, the launcher
-// refuses unsupported arguments without launching, and the C API's dispatcher reaches the 16 < M <= 64 kernel.
+// refuses unsupported arguments without launching, the wgmma kernel (Hopper) on its own shape sweep, and the C API's
+// dispatcher reaches the medium and wgmma kernels.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -338,6 +340,7 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
         CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
         const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
         std::vector<uint16_t> y[2];
+        tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);  // this test is about the two kernels below it
         for (const int bound : {tl::gpu::kMarlinMediumMaxM, 16}) {
             tl::gpu::marlin_set_medium_max_m(bound);
             const tl::gpu::MarlinKernel expected =
@@ -348,6 +351,7 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
                                                 tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
                                                 ws_bytes, nullptr);
             tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
+            if (rc != 0) tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
             ASSERT_EQ(0, rc);
             EXPECT_EQ(tl::gpu::marlin_launch_count(expected), before + 1) << "bound " << bound;
             CUDA_OK(cudaDeviceSynchronize());
@@ -355,14 +359,89 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
             CUDA_OK(dy.download(out));
             EXPECT_TRUE(tlt::matches(out, c.m, c.n, ref, {}, 2e-3)) << "bound " << bound;
         }
+        tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
         EXPECT_TRUE(tlt::matches_half(y[0], y[1], c.m, c.n, 2e-3)) << "medium vs M > 16 kernel";
     }
 }
 
-// The C API's dispatcher (tl_quant_gemm) sends 16 < M <= 64 to the medium kernel on both Marlin-class paths (fused
-// and symmetric + correction): the weight's path counter and the kernel's launch counter each move by one, nothing
-// falls back, and the output matches the native INT4 fallback (USE_MARLIN = 0) and the FP64 reference.
-TEST(MarlinLauncher, DispatcherRunsMediumKernelForMediumM) {
+// The wgmma kernel (compute capability 9.0, library built for sm_90a), forced from M = 17: 64- and 128-row tiles,
+// full and partial, N with partial 256-column tiles, group 32 / 64 / 128 and per row, both modes, stream-K and
+// whole-tile scheduling; against FP64, and
+// the workspace is left zeroed. Where the kernel cannot run the launcher falls through, and the results must still
+// match (the launch counter then stays put).
+TEST(MarlinWgmma, MatchesReferenceFromM17) {
+    int device = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const bool runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
+    std::printf("wgmma kernel %s (built for sm_90a: %s, device SM %d.%d)\n", runs ? "runs" : "does not run",
+                tl::gpu::marlin_wgmma_built() ? "yes" : "no", major, minor);
+    struct Case {
+        int m, k, n, group_size;
+    };
+    const Case cases[] = {{17, 512, 320, 32},    {33, 1024, 576, 64},   {64, 768, 1088, 128},  {64, 512, 256, 512},
+                          {65, 1024, 1600, 32},  {100, 640, 960, 128},  {128, 2048, 512, 64},  {129, 384, 1344, 384},
+                          {300, 1024, 832, 128}, {517, 256, 2112, 32},  {96, 8192, 256, 128},  {200, 64, 448, 64},
+                          // 576 tiles of 128 rows: whole-tile scheduling (>= 4 tiles per resident block)
+                          {1100, 64, 16384, 64}};
+    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+    DeviceBuffer<uint8_t> work(ws_bytes);
+    ASSERT_TRUE(work.ok());
+    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    tl::gpu::marlin_set_wgmma_min_m(17);
+    for (const Case c : cases) {
+        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) +
+                     " group " + std::to_string(c.group_size));
+        const int gs = tl::marlin_kernel_group_size(c.k, c.group_size);
+        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
+        const tl::MarlinPacked fused = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
+                                                       c.group_size, tl::MarlinMode::Fused);
+        const tl::MarlinPacked sym = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
+                                                     c.group_size, tl::MarlinMode::Symmetric);
+        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(fused.scales.size()),
+            dz(fused.zeros.size()), dss(sym.scales.size());
+        DeviceBuffer<uint32_t> dwf(fused.words.size()), dws(sym.words.size());
+        DeviceBuffer<float> ddelta(sym.delta.size());
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dwf.ok(), dws.ok(), ddelta.ok()}) ASSERT_TRUE(ok);
+        CUDA_OK(dx.upload(x));
+        CUDA_OK(dwf.upload(fused.words));
+        CUDA_OK(ds.upload(fused.scales));
+        CUDA_OK(dz.upload(fused.zeros));
+        CUDA_OK(dws.upload(sym.words));
+        CUDA_OK(dss.upload(sym.scales));
+        CUDA_OK(ddelta.upload(sym.delta));
+        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+        for (const bool fused_mode : {true, false}) {
+            SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
+            const uint64_t before = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma);
+            CUDA_OK(dy.poison());
+            const int rc = fused_mode ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), c.m,
+                                                             c.n, c.k, gs, true, work.get(), ws_bytes, nullptr)
+                                      : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(),
+                                                                       dy.get(), c.m, c.n, c.k, gs, work.get(),
+                                                                       ws_bytes, nullptr);
+            EXPECT_EQ(0, rc);
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> y;
+            CUDA_OK(dy.download(y));
+            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
+        }
+    }
+    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
+    std::vector<uint8_t> ws_after;
+    CUDA_OK(work.download(ws_after));
+    EXPECT_TRUE(std::all_of(ws_after.begin(), ws_after.end(), [](uint8_t b) { return b == 0; }))
+        << "workspace not clean after the calls";
+}
+
+// The C API's dispatcher (tl_quant_gemm) sends 16 < M < kMarlinWgmmaMinM to the medium kernel and larger M to the
+// wgmma kernel where it runs (else: the medium kernel up to 64 rows, the M > 16 kernel above), on both Marlin-class
+// paths (fused and symmetric + correction): the weight's path counter and the kernel's launch counter each move by
+// one, nothing falls back, and the output matches the native INT4 fallback (USE_MARLIN = 0) and the FP64 reference.
+TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
     const int k = 1024, n = 1536, group_size = 128;
     int32_t saved[5];
     for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
@@ -405,9 +484,18 @@ TEST(MarlinLauncher, DispatcherRunsMediumKernelForMediumM) {
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(dy.download(out));
     };
+    int device = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
+    auto kernel_for = [&](int m) {
+        if (m < tl::gpu::kMarlinWgmmaMinM || !wgmma_runs) return tl::gpu::marlin_kernel_for(m);
+        return tl::gpu::MarlinKernel::Wgmma;
+    };
     ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
     ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
-    for (const int m : {17, 33, 64}) {
+    for (const int m : {17, 32, 33, 64, 100}) {
         SCOPED_TRACE("M = " + std::to_string(m));
         const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
         DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n);
@@ -434,11 +522,12 @@ TEST(MarlinLauncher, DispatcherRunsMediumKernelForMediumM) {
             SCOPED_TRACE(mode == 1 ? "fused" : "correction");
             ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, mode));
             const tl_dispatch_counts before = counts();
-            const uint64_t launches = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Medium);
+            const tl::gpu::MarlinKernel expected = kernel_for(m);
+            const uint64_t launches = tl::gpu::marlin_launch_count(expected);
             std::vector<uint16_t> y;
             run(dx, dy, m, y);
             const tl_dispatch_counts after = counts();
-            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Medium), launches + 1);
+            EXPECT_EQ(tl::gpu::marlin_launch_count(expected), launches + 1) << "kernel " << static_cast<int>(expected);
             EXPECT_EQ(mode == 1 ? after.marlin_fused : after.marlin_correction,
                       (mode == 1 ? before.marlin_fused : before.marlin_correction) + 1);
             EXPECT_EQ(after.fallbacks, before.fallbacks);
