@@ -38,10 +38,10 @@ int32_t env_setting(const char *name, int32_t fallback) {
     return static_cast<int32_t>(v);
 }
 
-// Where dequantize + cuBLAS starts to beat the Marlin-class kernel (0 = never). Measured on the H200
-// (docs/benchmarks.md, 2026-12-01), with the wgmma kernel taking M >= 33: it beats dequantize + cuBLAS at M <= 256
-// on the Llama 8B gate+up/down and 70B layers and loses at M = 1024 on every layer, so one threshold between the
-// two. (Before the wgmma kernel the crossover was 128; on a GPU without it, set 128.)
+// Where dequantize + cuBLAS starts to beat the Marlin-class kernel (0 = never; small weights: cublas_path_wanted).
+// Measured on the H200 (docs/benchmarks.md, 2026-12-01), with the wgmma kernel taking M >= 33: it beats dequantize +
+// cuBLAS at M <= 256 on the Llama 8B gate+up/down and 70B layers and loses at M = 1024 on every layer, so one
+// threshold between the two. (Before the wgmma kernel the crossover was 128; on a GPU without it, set 128.)
 constexpr int32_t kDefaultCublasMinM = 512;
 
 struct Settings {
@@ -391,8 +391,17 @@ namespace {
 // The dequantize + cuBLAS path's scratch sits after the Marlin-class kernel's zero-filled region.
 size_t cublas_scratch_bytes(const DeviceWeight &dw) { return static_cast<size_t>(dw.n) * dw.k * sizeof(uint16_t); }
 
+// A small weight (K·N ≤ 2^25: the 2B TinyLoop shape's layers, Llama-8B qkv) gives the Marlin-class kernels too few
+// 256-column tiles to fill the GPU at M >= 128, where dequantize + cuBLAS already beats them on every such layer
+// measured (docs/benchmarks.md, 2026-12-01); larger weights cross over near 512 rows.
+constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
+constexpr int32_t kSmallWeightCublasMinM = 128;
+
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
-    const int32_t min_m = get_dispatch(TL_DISPATCH_CUBLAS_MIN_M);
+    int32_t min_m = get_dispatch(TL_DISPATCH_CUBLAS_MIN_M);
+    if (min_m > 0 && static_cast<int64_t>(dw.k) * dw.n <= kSmallWeightElements) {
+        min_m = std::min(min_m, kSmallWeightCublasMinM);
+    }
     return dw.marlin_ok && min_m > 0 && m >= min_m;
 }
 

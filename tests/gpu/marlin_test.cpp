@@ -539,4 +539,72 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
     for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));
 }
 
+// The dispatcher's size rule: with TL_DISPATCH_CUBLAS_MIN_M = 512, a weight with K·N <= 2^25 takes dequantize +
+// cuBLAS from 128 rows, a larger one stays on the Marlin-class kernel until 512; 0 still means never.
+TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
+    int32_t saved[5];
+    for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
+    struct Case {
+        int k, n, m;
+        int32_t cublas_min_m;
+        bool cublas;  // expected path
+    };
+    // 1024 x 1536: 1.5M weights (small); 8192 x 4160: 34.1M > 2^25 = 33.6M (large).
+    const Case cases[] = {{1024, 1536, 128, 512, true},  {1024, 1536, 127, 512, false}, {1024, 1536, 128, 0, false},
+                          {1024, 1536, 100, 100, true},  {8192, 4160, 128, 512, false}, {8192, 4160, 512, 512, true}};
+    std::mt19937 rng(7);
+    for (const Case c : cases) {
+        SCOPED_TRACE("K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) + " M=" + std::to_string(c.m) +
+                     " CUBLAS_MIN_M=" + std::to_string(c.cublas_min_m));
+        const int group = 128, groups = c.k / group;
+        std::vector<uint8_t> codes(static_cast<size_t>(c.k) * c.n / 2);
+        for (uint8_t &b : codes) b = static_cast<uint8_t>(rng());
+        std::vector<uint16_t> scales(static_cast<size_t>(groups) * c.n, tl::float_to_half(0.01f));
+        std::vector<uint16_t> zeros(scales.size(), tl::float_to_half(-0.08f));
+        tl_weight_desc desc;
+        ASSERT_EQ(TL_OK, tl_weight_desc_init(&desc, sizeof desc));
+        desc.k = c.k;
+        desc.n = c.n;
+        desc.group_size = group;
+        desc.codes = codes.data();
+        desc.scales = scales.data();
+        desc.zeros = zeros.data();
+        tl_weight *weight = nullptr;
+        ASSERT_EQ(TL_OK, tl_weight_create(&desc, &weight)) << tl_last_error_message();
+        std::unique_ptr<tl_weight, void (*)(tl_weight *)> owner(weight, tl_weight_free);
+        tl_pack_options popts;
+        ASSERT_EQ(TL_OK, tl_pack_options_init(&popts, sizeof popts));
+        popts.forms = TL_FORM_MARLIN_FUSED;
+        ASSERT_EQ(TL_OK, tl_weight_pack_marlin(weight, &popts, nullptr)) << tl_last_error_message();
+
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, 0));
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, c.cublas_min_m));
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
+        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n);
+        ASSERT_TRUE(dx.ok() && dy.ok());
+        CUDA_OK(dx.upload(x));
+        size_t ws_bytes = 0;
+        ASSERT_EQ(TL_OK, tl_quant_gemm_workspace_size(weight, c.m, &ws_bytes));
+        DeviceBuffer<uint8_t> work(ws_bytes);
+        ASSERT_TRUE(work.ok());
+        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+        tl_dispatch_counts before, after;
+        for (tl_dispatch_counts *cnt : {&before, &after}) {
+            std::memset(cnt, 0, sizeof *cnt);
+            cnt->struct_size = sizeof *cnt;
+        }
+        ASSERT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &before));
+        ASSERT_EQ(TL_OK, tl_quant_gemm(weight, dx.get(), dy.get(), c.m, nullptr, work.get(), ws_bytes))
+            << tl_last_error_message();
+        CUDA_OK(cudaDeviceSynchronize());
+        ASSERT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &after));
+        EXPECT_EQ(after.dequant_cublas - before.dequant_cublas, c.cublas ? 1u : 0u);
+        EXPECT_EQ(after.marlin_fused - before.marlin_fused, c.cublas ? 0u : 1u);
+        EXPECT_EQ(after.fallbacks, before.fallbacks);
+    }
+    for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));
+}
+
 }  // namespace
