@@ -4,7 +4,8 @@ page holds what the benchmarks measured and nothing typed by hand.
 
   tools/bench_tables.py gemm BENCH_CSV [--cublas-min-m 512]
       issue 3's target table from tl_bench's CSV: per Llama/TinyLoop layer and M (group 128), SOL, what the
-      dispatcher runs by default (fused Marlin-class below --cublas-min-m rows, dequantize + cuBLAS from there),
+      dispatcher runs by default (fused Marlin-class below --cublas-min-m rows, dequantize + cuBLAS from there; from
+      128 rows for a weight with K·N <= 2^25),
       the best of our INT4 paths, dense cuBLAS FP16, the target and whether it is met.
   tools/bench_tables.py ab BENCH_CSV [BENCH_CSV ...] [--cublas-min-m 512]
       the kernel choices for 16 < M <= 1024 (group 128) from tl_bench's same-run A/B columns: the dispatcher's
@@ -47,10 +48,17 @@ def group128_cells(path):
             continue
         key = (r["layer"], int(r["M"]))
         if key not in cells:
-            cells[key] = {"sol": float(r["sol_us"])}
+            cells[key] = {"sol": float(r["sol_us"]), "kn": int(r["K"]) * int(r["N"])}
             order.append(key)
         cells[key][r["kernel"]] = float(r["us"])
     return cells, order
+
+
+def dispatcher_choice(c, m, cublas_min_m):
+    """What tl_quant_gemm runs (cpp/gpu_backend.cpp, cublas_path_wanted): dequantize + cuBLAS from cublas_min_m rows,
+    or from min(cublas_min_m, 128) for a weight with K·N <= 2^25; the fused Marlin-class kernel below."""
+    threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= 1 << 25 else cublas_min_m
+    return "deq_cublas" if threshold > 0 and m >= threshold else "marlin_fused"
 
 
 def gemm_table(path, cublas_min_m):
@@ -61,7 +69,7 @@ def gemm_table(path, cublas_min_m):
     for layer, m in order:
         c = cells[(layer, m)]
         sol = c["sol"]
-        choice = "deq_cublas" if cublas_min_m > 0 and m >= cublas_min_m else "marlin_fused"
+        choice = dispatcher_choice(c, m, cublas_min_m)
         ours = [(c[k], k) for k in OURS if k in c]
         if not ours or choice not in c:
             continue
@@ -95,7 +103,7 @@ def ab_table(paths, cublas_min_m):
         c = cells[(layer, m)]
         if m <= 16 or m > 1024 or "marlin_fused" not in c:
             continue
-        choice = "deq_cublas" if cublas_min_m > 0 and m >= cublas_min_m else "marlin_fused"
+        choice = dispatcher_choice(c, m, cublas_min_m)
         wgmma = "marlin_fused" if m >= WGMMA_MIN_M else "marlin_fused_wgmma"
         medium = "marlin_fused" if m < WGMMA_MIN_M else "marlin_fused_medium"
         fp16 = c.get("cublas_fp16")
