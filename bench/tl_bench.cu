@@ -493,24 +493,22 @@ int main(int argc, char **argv) {
                     r.t[5] = time_calls(stream, rot, fused);
                     tl::gpu::marlin_set_max_blocks_per_sm(2);
                 }
-                // The knobs are read when the graph is captured.
-                if (wanted(6) && m > 16 && m <= 256) {
-                    tl::gpu::marlin_set_medium_max_m(16);
-                    tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);
-                    r.t[6] = time_calls(stream, rot, fused);
+                // The fused call with the kernel-choice knobs set (read when the graph is captured), then reset.
+                auto fused_with = [&](int medium_max_m, int wgmma_min_m) {
+                    tl::gpu::marlin_set_medium_max_m(medium_max_m);
+                    tl::gpu::marlin_set_wgmma_min_m(wgmma_min_m);
+                    const Timing t = time_calls(stream, rot, fused);
                     tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
                     tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
+                    return t;
+                };
+                const bool wgmma = tl::gpu::marlin_wgmma_built();
+                if (wanted(6) && m > 16 && m <= 256) r.t[6] = fused_with(16, INT32_MAX);
+                if (wanted(7) && wgmma && m > 16 && m < tl::gpu::kMarlinWgmmaMinM) {
+                    r.t[7] = fused_with(tl::gpu::kMarlinMediumMaxM, 17);
                 }
-                if (wanted(7) && m > 16 && m < tl::gpu::kMarlinWgmmaMinM && tl::gpu::marlin_wgmma_built()) {
-                    tl::gpu::marlin_set_wgmma_min_m(17);
-                    r.t[7] = time_calls(stream, rot, fused);
-                    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
-                }
-                if (wanted(8) && m >= tl::gpu::kMarlinWgmmaMinM && m <= tl::gpu::kMarlinMediumMaxM &&
-                    tl::gpu::marlin_wgmma_built()) {
-                    tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);
-                    r.t[8] = time_calls(stream, rot, fused);
-                    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
+                if (wanted(8) && wgmma && m >= tl::gpu::kMarlinWgmmaMinM && m <= tl::gpu::kMarlinMediumMaxM) {
+                    r.t[8] = fused_with(tl::gpu::kMarlinMediumMaxM, INT32_MAX);
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
