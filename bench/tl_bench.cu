@@ -1,7 +1,7 @@
 // tl_bench: the INT4 x FP16 GEMM paths side by side on the layers and M values of shared/H200-NOTES.md.
 //
 //   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
-//            [--stream-loop] [--via-api]
+//            [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]
 //
 // The filters keep a subset (for profiling one kernel under ncu, or the rows another benchmark times): a layer is
 // kept when its name contains any of the substrings; kernel names as in the CSV. --stream-loop times the same calls
@@ -10,13 +10,17 @@
 // the public C API instead of calling the kernels: owned weights made from host arrays (random codes; scales and zeros
 // like a min-max quantization) and packed with every form, the path picked with tl_set_dispatch, tl_quant_gemm from a
 // host loop (implies --stream-loop): what an application, or the Rust crate's Criterion bench, measures.
+// --stream-slices N: at least N 128-deep slices per warp in the M <= 16 stream kernel for the whole run
+// (marlin_set_stream_slices_per_warp: 0 = every warp slot, the default; -1 = the skinny kernel instead).
+// --blocks-per-sm 1|2: resident blocks per SM for M <= 16 (marlin_set_max_blocks_per_sm; default 2).
+// --stream-stages S: the stream kernel's ring depth per warp (marlin_set_stream_stages; default: as deep as fits).
 //
 // Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
 // the calls per graph. Kernels: Marlin-class fused (q*s + z in the kernel), Marlin-class symmetric + the seed's
 // correction (memset, GEMM, a_group_sum, correction_accum), native INT4 (M <= 256 only: it reads all weights once
 // per row and takes seconds beyond that), dequantize + cuBLAS, cuBLAS FP16 on dense weights, and (M <= 16, group
-// 128) the Marlin-class fused kernel held to one resident block per SM instead of two (an A/B of that choice).
+// 128) the Marlin-class fused skinny kernel where the stream kernel is the default (an A/B of that choice).
 // SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes = K*N/2 + scales + zeros (FP16 [G][N] each) + 2MK + 2MN.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -297,12 +301,13 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     return t;
 }
 
-// Same-run A/B columns of the fused kernel choices: marlin_fused_1blk, one block per SM (M <= 16, group 128);
+// Same-run A/B columns of the fused kernel choices: marlin_fused_skinny, the skinny kernel (block barrier per slice)
+// where the stream kernel is the default (M <= 16, group 128);
 // marlin_fused_wide, the first-generation M > 16 kernel (16 < M <= 256); marlin_fused_medium, the medium kernel where
 // the wgmma kernel is the default (kMarlinWgmmaMinM <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound
 // (16 < M < kMarlinWgmmaMinM; from the bound marlin_fused is the wgmma kernel where it runs).
 const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native",            "deq_cublas", "cublas_fp16",
-                          "marlin_fused_1blk", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
+                          "marlin_fused_skinny", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
 constexpr int kNumKernels = 9;
 
 struct Row {
@@ -342,7 +347,7 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         std::fprintf(stderr,
                      "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|row] "
-                     "[--kernels a,b] [--stream-loop] [--via-api]\n",
+                     "[--kernels a,b] [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]\n",
                      argv[0]);
         return 2;
     }
@@ -350,6 +355,7 @@ int main(int argc, char **argv) {
     std::string only_group, only_kernels;
     std::vector<std::string> only_layers;
     std::vector<int> only_ms;
+    int stream_slices = 0;
     for (int i = 3; i < argc; ++i) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
@@ -367,12 +373,16 @@ int main(int argc, char **argv) {
             }
         }
         else if (arg == "--group" && has_value) only_group = argv[++i];
+        else if (arg == "--stream-slices" && has_value) stream_slices = std::atoi(argv[++i]);
+        else if (arg == "--stream-stages" && has_value) tl::gpu::marlin_set_stream_stages(std::atoi(argv[++i]));
+        else if (arg == "--blocks-per-sm" && has_value) tl::gpu::marlin_set_max_blocks_per_sm(std::atoi(argv[++i]));
         else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
         else {
             std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
             return 2;
         }
     }
+    tl::gpu::marlin_set_stream_slices_per_warp(stream_slices);
     auto wanted = [&](int kernel) {
         return only_kernels.empty() || only_kernels.find("," + std::string(kKernels[kernel]) + ",") != std::string::npos;
     };
@@ -489,9 +499,9 @@ int main(int argc, char **argv) {
                 };
                 if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
                 if (wanted(5) && group == 128 && m <= 16) {
-                    tl::gpu::marlin_set_max_blocks_per_sm(1);
+                    tl::gpu::marlin_set_stream_slices_per_warp(-1);
                     r.t[5] = time_calls(stream, rot, fused);
-                    tl::gpu::marlin_set_max_blocks_per_sm(2);
+                    tl::gpu::marlin_set_stream_slices_per_warp(stream_slices);
                 }
                 // The fused call with the kernel-choice knobs set (read when the graph is captured), then reset.
                 auto fused_with = [&](int medium_max_m, int wgmma_min_m) {
@@ -588,7 +598,7 @@ int main(int argc, char **argv) {
         std::fprintf(md, per_row ? "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction |\n"
                                    "|---|---|---|---|---|\n"
                                  : "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction | "
-                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, 1 block/SM | "
+                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, skinny kernel | "
                                    "fused, M > 16 kernel | fused, wgmma kernel | fused, medium kernel |\n"
                                    "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {

@@ -50,7 +50,9 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
 // kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop). Wgmma (M >= the wgmma bound,
 // default kMarlinWgmmaMinM, and M > 16) takes precedence where it runs: a library built for sm_90a on a device of
 // compute capability 9.0; elsewhere it refuses and the kernel for M above runs.
-enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3 };
+// Stream (M <= 16, K % 128 == 0, group size 32, 64 or a multiple of 128 / per column) takes precedence over Skinny
+// unless turned off with marlin_set_stream_slices_per_warp(-1).
+enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3, Stream = 4 };
 constexpr int kMarlinMediumMaxM = 64;
 constexpr int kMarlinWgmmaMinM = 33;
 MarlinKernel marlin_kernel_for(int m);
@@ -60,6 +62,13 @@ void marlin_set_medium_max_m(int m);
 // Tuning knob: the smallest M that tries the wgmma kernel, clamped to [17, 2^31 - 1] (the largest value: never).
 // Process-wide; results do not depend on it beyond FP32 summation order and FP16 rounding of the weights.
 void marlin_set_wgmma_min_m(int m);
+// Tuning knob: how the M <= 16 stream kernel spreads its 128-deep slices: 0 = over every warp slot of the GPU
+// (default), n >= 1 = at least n slices per warp (fewer warps), -1 = never use the stream kernel (the skinny kernel
+// runs). Process-wide; results do not depend on it beyond FP32 summation order.
+void marlin_set_stream_slices_per_warp(int slices);
+// Tuning knob: the stream kernel's ring depth per warp (stages of 128 k in flight + 1): 0 = as deep as shared memory
+// allows (default), n >= 2 = at most n. Process-wide; results do not depend on it.
+void marlin_set_stream_stages(int stages);
 // Whether the library holds the wgmma kernel (built for sm_90a); it runs only on compute capability 9.0.
 bool marlin_wgmma_built();
 // Successful marlin_gemm launches per kernel since the process started (tests: which kernel a path reached).

@@ -61,6 +61,8 @@ struct LaunchEnv {
     int max_smem_optin;
     int smem_per_sm;
     int max_blocks_per_sm;  // 1 or 2: residency wanted for M <= 16 (marlin_set_max_blocks_per_sm)
+    int stream_slices_per_warp;  // stream kernel: 0 = every warp slot, n = at least n slices per warp
+    int stream_stages;           // stream kernel: ring depth per warp, 0 = as deep as fits
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;
@@ -75,6 +77,11 @@ int launch(Params p, const LaunchEnv &env);
 // p.k_tiles counts slices of KS * 16.
 template <int NB, bool FUSED, int GPT, int KS>
 int launch_skinny(Params p, const LaunchEnv &env);
+// M <= 16 without block barriers (marlin_stream.cuh): NB as above, GPS = groups per 128-deep
+// stage (1: group size a multiple of 128 or per column, 2: 64, 4: 32). Requires K % 128 == 0 and M <= NB * 8, else
+// kRcUnsupported; kRcWorkspace if the per-strip partial sums (N / 64 x NB x 512 floats) do not fit.
+template <int NB, bool FUSED, int GPS>
+int launch_stream(Params p, const LaunchEnv &env);
 // 16 < M <= 64: tiles of WM * NB * 8 rows x 512 columns, blocks of WM * 8 warps; each warp multiplies one 64-column
 // strip by NB 8-row activation tiles (NB = 3, 4; WM = 1: 24 or 32 rows, WM = 2: 48 or 64 rows). Requires
 // M <= WM * NB * 8 (p.m_slices == 1), else kRcUnsupported.

@@ -23,7 +23,9 @@ namespace {
 std::atomic<int> g_max_blocks_per_sm{2};
 std::atomic<int> g_medium_max_m{kMarlinMediumMaxM};
 std::atomic<int> g_wgmma_min_m{kMarlinWgmmaMinM};
-std::atomic<uint64_t> g_launches[4];  // by MarlinKernel
+std::atomic<int> g_stream_slices_per_warp{0};
+std::atomic<int> g_stream_stages{0};
+std::atomic<uint64_t> g_launches[5];  // by MarlinKernel
 
 template <int MB, bool FUSED>
 int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
@@ -78,6 +80,21 @@ MediumVariant medium_variant() {
 }
 constexpr int kMediumSplitMaxM = 24;
 
+// The stream kernel for M <= 16 (NB = 1: M <= 8, 2: M <= 16); GPS from the group size (0: not one it takes).
+template <bool FUSED>
+int pick_stream(int m, int group_size, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    const int gps = group_size == 32 ? 4 : group_size == 64 ? 2 : group_size % 128 == 0 ? 1 : 0;
+    if (gps == 0) return kRcUnsupported;
+    if (m <= 8) {
+        return gps == 4 ? marlin::launch_stream<1, FUSED, 4>(p, env)
+               : gps == 2 ? marlin::launch_stream<1, FUSED, 2>(p, env)
+                          : marlin::launch_stream<1, FUSED, 1>(p, env);
+    }
+    return gps == 4 ? marlin::launch_stream<2, FUSED, 4>(p, env)
+           : gps == 2 ? marlin::launch_stream<2, FUSED, 2>(p, env)
+                      : marlin::launch_stream<2, FUSED, 1>(p, env);
+}
+
 // rows_per_tile: 8 or 16 (skinny kernel), 32 or 64; slice_k: 64, or 128 (8 rows, group size a multiple of 128).
 template <bool FUSED>
 int pick_rows(int rows_per_tile, int slice_k, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
@@ -99,6 +116,14 @@ void marlin_set_max_blocks_per_sm(int blocks) {
 
 void marlin_set_medium_max_m(int m) {
     g_medium_max_m.store(std::min(64, std::max(16, m)), std::memory_order_relaxed);
+}
+
+void marlin_set_stream_stages(int stages) {
+    g_stream_stages.store(stages <= 0 ? 0 : std::max(2, stages), std::memory_order_relaxed);
+}
+
+void marlin_set_stream_slices_per_warp(int slices) {
+    g_stream_slices_per_warp.store(std::max(-1, slices), std::memory_order_relaxed);
 }
 
 void marlin_set_wgmma_min_m(int m) { g_wgmma_min_m.store(std::max(17, m), std::memory_order_relaxed); }
@@ -141,6 +166,8 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     const marlin::LaunchEnv env{dev.device,        dev.sm_count,
                                 dev.max_smem_optin, dev.smem_per_sm,
                                 g_max_blocks_per_sm.load(std::memory_order_relaxed),
+                                g_stream_slices_per_warp.load(std::memory_order_relaxed),
+                                g_stream_stages.load(std::memory_order_relaxed),
                                 workspace,          workspace_bytes,
                                 stream};
     marlin::Params p{};
@@ -184,6 +211,11 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
             if (rc >= 0) return rc;
         }
         kernel = MarlinKernel::Wide;  // refused (shared memory): the M > 16 kernel takes any M
+    }
+    if (kernel == MarlinKernel::Skinny && env.stream_slices_per_warp >= 0) {
+        const int rc = fused ? pick_stream<true>(m, group_size, p, env) : pick_stream<false>(m, group_size, p, env);
+        if (rc == 0) g_launches[static_cast<int>(MarlinKernel::Stream)].fetch_add(1, std::memory_order_relaxed);
+        if (rc >= 0) return rc;  // refused (K, group size, shared memory, workspace): the skinny kernel runs
     }
     // Tile height: the smallest that covers M (8, 16, 32, 64 rows), lowered if even a 3-stage pipeline would not fit.
     int rows = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;

@@ -126,22 +126,33 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
     }
 
     std::vector<uint16_t> y;
-    for (const bool fused_mode : {true, false}) {
-        SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
-        CUDA_OK(dy.poison());
-        const int rc = fused_mode
-                           ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
-                                                  work.get(), ws_bytes, nullptr)
-                           : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(), dy.get(), m,
-                                                            n, k, gs, work.get(), ws_bytes, nullptr);
-        ASSERT_EQ(0, rc);
-        CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(dy.download(y));
-        EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
-        if (sh.layer) {
-            EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs native INT4";
+    // M <= 16: the stream kernel (the default where it applies) and the skinny kernel (stream knob -1).
+    const bool stream_applies = m <= 16 && k % 128 == 0 && (sh.group_size % 128 == 0 || sh.group_size == 32 ||
+                                                            sh.group_size == 64);
+    for (const int stream_knob : m <= 16 ? std::vector<int>{0, -1} : std::vector<int>{0}) {
+        SCOPED_TRACE(stream_knob == 0 ? "default kernel" : "skinny kernel");
+        tl::gpu::marlin_set_stream_slices_per_warp(stream_knob);
+        for (const bool fused_mode : {true, false}) {
+            SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
+            CUDA_OK(dy.poison());
+            const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
+            const int rc = fused_mode ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), m, n,
+                                                             k, gs, true, work.get(), ws_bytes, nullptr)
+                                      : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(),
+                                                                       dy.get(), m, n, k, gs, work.get(), ws_bytes,
+                                                                       nullptr);
+            ASSERT_EQ(0, rc);
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream),
+                      streams + (stream_applies && stream_knob == 0 ? 1 : 0));
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(dy.download(y));
+            EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
+            if (sh.layer) {
+                EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs native INT4";
+            }
         }
     }
+    tl::gpu::marlin_set_stream_slices_per_warp(0);
 
     // Every call leaves the stream-K workspace (counters and partial sums) zeroed for the next one.
     std::vector<uint8_t> ws_after;
@@ -151,6 +162,56 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MarlinGemm, ::testing::ValuesIn(gemm_shapes()), shape_name);
+
+// How the stream kernel spreads its slices over warps changes which warps add which partial sums, never the result:
+// at least 1, 2, 3, 7 slices per warp (strips cut at every position), and all of them on one warp (every strip stored
+// directly), against FP64, on partial tiles (N = 576, 1600, 4160), every group class (32, 64, 128, 256, per row) and
+// M = 1 - 16; the kernel ran each time and the workspace is left zeroed.
+TEST(MarlinStream, EverySpreadMatchesReference) {
+    struct Case {
+        int m, k, n, group_size;
+    };
+    for (const Case c : {Case{1, 4096, 1024, 128}, Case{8, 1024, 4160, 32}, Case{16, 2048, 1600, 64},
+                         Case{3, 1280, 576, 1280}, Case{12, 512, 192, 256}}) {
+        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) +
+                     " group " + std::to_string(c.group_size));
+        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
+        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
+        const tl::MarlinPacked p = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
+                                                   c.group_size, tl::MarlinMode::Fused);
+        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(p.scales.size()),
+            dz(p.zeros.size());
+        DeviceBuffer<uint32_t> dw(p.words.size());
+        const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
+        DeviceBuffer<uint8_t> work(ws_bytes);
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
+        CUDA_OK(dx.upload(x));
+        CUDA_OK(dw.upload(p.words));
+        CUDA_OK(ds.upload(p.scales));
+        CUDA_OK(dz.upload(p.zeros));
+        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+        for (const int per_warp : {1, 2, 3, 7, c.n / 64 * (c.k / 128)}) {
+            tl::gpu::marlin_set_stream_slices_per_warp(per_warp);
+            CUDA_OK(dy.poison());
+            const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
+            const int rc = tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), c.m, c.n, c.k,
+                                                tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
+                                                ws_bytes, nullptr);
+            tl::gpu::marlin_set_stream_slices_per_warp(0);
+            ASSERT_EQ(0, rc);
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream), streams + 1) << per_warp << " per warp";
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint16_t> y;
+            CUDA_OK(dy.download(y));
+            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << per_warp << " per warp";
+        }
+        std::vector<uint8_t> ws_after;
+        CUDA_OK(work.download(ws_after));
+        EXPECT_TRUE(std::all_of(ws_after.begin(), ws_after.end(), [](uint8_t b) { return b == 0; }))
+            << "workspace not clean after the calls";
+    }
+}
 
 // The same call twice gives the same output up to the FP32 summation order of cut tiles (<= 1 FP16 ulp apart).
 TEST(MarlinGemmRepeat, RepeatedCallsAgree) {

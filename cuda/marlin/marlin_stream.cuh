@@ -1,0 +1,347 @@
+// The Marlin-class INT4 x FP16 GEMM for M <= 16 without any block barrier ("stream" kernel, SM 8.0 - 9.0). Same
+// packed weights and the arithmetic of marlin_skinny.cuh (swapped operands: the packed words are mma A fragments;
+// nibbles unscaled, here with both halves left biased; scale and zero applied per group on the FP32 sums); what
+// differs is how work and data reach the warps.
+//
+// Why: the skinny kernel's warps meet at one block barrier per slice (a stage holds activations and scales that other
+// threads copied), so the slowest warp sets the pace and all warps issue their loads in bursts (gpu-notes.md, runs 7
+// and 8: barrier and data waits). Here every warp is independent. It streams its own share of the weights through a
+// private cp.async ring in shared memory; a stage holds the warp's 64-column strip x 128 k of packed words (each lane
+// copies exactly the 16-byte pieces it later reads), the strip's scales (and zeros) and the M activation rows of those
+// 128 k; the pieces that other lanes read are ordered by __syncwarp alone. Activations are re-read by every warp
+// (from L2; M x 256 bytes per 4 KB of weights).
+//
+// Work split: stream-K at warp granularity. The (strip, 128-deep slice) pairs, strip-major, are one sequence (the
+// packed words lie in memory in that order); warp i of W takes the contiguous share [i T / W, (i + 1) T / W), so every
+// warp of the grid streams the same number of slices within one. A strip cut between warps is added in an FP32
+// workspace (per-strip counter of slices; the warp that completes it writes Y and re-zeroes); a warp holding a whole
+// strip stores it directly.
+// Requires K % 128 == 0 and a group size of 32, 64 or a multiple of 128 (per column included); else the launcher
+// refuses and marlin_gemm runs the skinny kernel.
+#pragma once
+
+#include "marlin_skinny.cuh"
+
+namespace tl::gpu::marlin {
+
+constexpr int kStreamStageK = 128;                          // k per stage (8 k16 steps)
+constexpr int kStreamWeightBytes = kStreamStageK * 64 / 2;  // one warp's packed weights per stage: 4 KB
+constexpr int kStreamMaxStages = 8;                         // cp_async_wait_pending covers 6 pending stages
+
+// Bytes of one warp's stage: weights, then per group 8 pieces of scales (and 8 of zeros), then M activation rows of
+// 128 k; pieces of 16 bytes.
+constexpr int stream_stage_bytes(bool fused, int gps, int m) {
+    return kStreamWeightBytes + gps * (fused ? 16 : 8) * 16 + m * kStreamStageK * 2;
+}
+
+// One packed word -> the A fragment of its 16 x 16 weight tile, both row halves left biased: a0, a2 (rows L/4) hold
+// 1024 + q, a1, a3 (rows L/4 + 8) 1024 + 16q; 5 instructions per 8 weights (marlin_skinny.cuh's unpack_word spends
+// two more to remove the first bias). The fold removes both through the activation sums: y += s T + (z - 1024 s) X
+// on rows L/4. Precision: T carries 1024 X, so FP32 keeps ~2^-23 x 1024 |X| of absolute error per 128-k fold, about
+// 1e-5 of a typical sum; measured by MarlinPrecision.PerRowLongK.
+__device__ __forceinline__ void unpack_word_biased(uint32_t q, uint32_t (&a)[4]) {
+    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
+    a[0] = and_or(q, kLo, kMagic);
+    a[1] = and_or(q, kHi, kMagic);
+    q >>= 8;
+    a[2] = and_or(q, kLo, kMagic);
+    a[3] = and_or(q, kHi, kMagic);
+}
+
+// A warp's arrival at its strip's counter with `slices` more slices added to the workspace (the warp form of
+// arrive_last): true in every lane of the warp that completed the strip's `total`.
+__device__ __forceinline__ bool arrive_last_warp(int *counter, int slices, int total) {
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (threadIdx.x % 32 == 0) last = atomicAdd(counter, slices) + slices == total;
+    last = __shfl_sync(0xFFFFFFFFu, last, 0);
+    if (last) __threadfence();
+    return last != 0;
+}
+
+// GPS: groups per 128-deep stage (1: group size a multiple of 128 or per column; 2: 64; 4: 32).
+// NB = 2 runs one block per SM: its 16 activation rows need more than 128 registers without spills in the hot loop.
+template <int NB, bool FUSED, int GPS>
+__global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kernel(const Params p) {
+    constexpr int kSteps = kStreamStageK / 16;
+    constexpr int kPiecesPerGroup = FUSED ? 16 : 8;  // scales 0-7, zeros 8-15: piece j = columns 8j .. 8j + 7
+    constexpr int kPieces = GPS * kPiecesPerGroup;
+    constexpr int kXOffset = kStreamWeightBytes + kPieces * 16;
+    constexpr int kStepsPerGroup = kSteps / GPS;
+    extern __shared__ __align__(128) uint8_t smem[];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long warps = static_cast<long long>(gridDim.x) * kWarps, gw = blockIdx.x * kWarps + warp;
+    const long long begin = gw * p.total_iters / warps, end = (gw + 1) * p.total_iters / warps;
+    if (begin >= end) return;  // more warps than slices: nobody waits for an empty warp
+    const int slices = p.k_tiles, stages = p.stages;
+    const int stage_bytes = stream_stage_bytes(FUSED, GPS, p.m);
+
+    // Shared memory: [16 zero bytes per warp (ldmatrix rows past M) | this block's rings, warp-major].
+    const uint32_t smem_base = smem_addr(smem);
+    const uint32_t zero_piece = smem_base + 16 * warp, ring = smem_base + 128 + warp * stages * stage_bytes;
+    if (lane == 0) *reinterpret_cast<uint4 *>(smem + 16 * warp) = make_uint4(0u, 0u, 0u, 0u);  // 8 x 16 <= 128
+    __syncwarp();
+
+    // ---- Copy side: the (strip, slice) position of the next stage to fetch, and this lane's source offsets, stepped
+    // per stage by additions (no division in the loop: the copy bookkeeping shares the issue slots with the
+    // dequantization; a first version spent ~560 instructions per warp and stage, this one ~420, ncu).
+    long long f_it = begin;
+    int f_strip = 0, f_slice = 0;
+    uint32_t w_off = static_cast<uint32_t>(begin) * (kSteps * 32) + lane;  // uint4 units; strips are consecutive
+    // Activations: lane L copies pieces L + 32i = row L/16 + 2i, piece L%16 of the stage's 128 k.
+    const int x_c = lane % 16;
+    const uint16_t *x_lane = p.x + static_cast<size_t>(lane / 16) * p.k + x_c * 8;
+    int x_k0 = 0;
+    // Scales / zeros: lane L copies pieces L (and L + 32); sz_off = group row x N + strip x 64 of the next stage.
+    constexpr int kSzPerLane = (kPieces + 31) / 32;
+    const uint16_t *sz_src[kSzPerLane];
+    uint32_t sz_lane[kSzPerLane];
+#pragma unroll
+    for (int i = 0; i < kSzPerLane; ++i) {
+        const int piece = lane + 32 * i, group = piece / kPiecesPerGroup, j = piece % kPiecesPerGroup;
+        sz_src[i] = FUSED && j >= 8 ? p.zeros : p.scales;
+        sz_lane[i] = group * p.n + (j % 8) * 8;
+    }
+    const int group_slices = GPS == 1 ? p.group_size / kStreamStageK : 1;  // stages per group (GPS = 1)
+    uint32_t sz_off = 0;
+    int sz_left = 0;  // GPS = 1: stages left in the current group
+    auto locate = [&](long long it) {
+        f_strip = static_cast<int>(it / slices);
+        f_slice = static_cast<int>(it % slices);
+        x_k0 = f_slice * kStreamStageK;
+        sz_off = (GPS == 1 ? f_slice / group_slices : f_slice * GPS) * p.n + f_strip * 64;
+        sz_left = group_slices - f_slice % group_slices;
+    };
+    locate(begin);
+    auto load_stage = [&](int slot) {
+        const uint32_t dst = ring + slot * stage_bytes;
+        const uint4 *src = reinterpret_cast<const uint4 *>(p.words) + w_off;
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j) cp_async16(dst + j * 512 + lane * 16, src + 32 * j);
+#pragma unroll
+        for (int i = 0; i < kSzPerLane; ++i) {
+            if (lane + 32 * i < kPieces) {
+                cp_async16(dst + kStreamWeightBytes + (lane + 32 * i) * 16, sz_src[i] + sz_lane[i] + sz_off);
+            }
+        }
+        // Activation rows, pieces XOR-swizzled by row within the 256-byte row (conflict-free ldmatrix).
+#pragma unroll
+        for (int i = 0; i < NB * 4; ++i) {
+            const int row = lane / 16 + 2 * i;
+            if (row >= p.m) break;
+            cp_async16(dst + kXOffset + row * (kStreamStageK * 2) + ((x_c ^ (row % 8)) * 16),
+                       x_lane + static_cast<size_t>(2 * i) * p.k + x_k0);
+        }
+        w_off += kSteps * 32;
+        ++f_it;
+        if (++f_slice == slices) {
+            locate(f_it);  // the next strip (a division per strip, not per stage)
+        } else {
+            x_k0 += kStreamStageK;
+            if (GPS > 1) {
+                sz_off += GPS * p.n;
+            } else if (--sz_left == 0) {
+                sz_left = group_slices;
+                sz_off += p.n;
+            }
+        }
+    };
+    for (int s = 0; s < stages - 1; ++s) {
+        if (f_it < end) load_stage(s);
+        cp_async_commit();  // empty groups keep the group count uniform for wait_group
+    }
+
+    // ---- Compute side: t = unscaled sums of the current group, xs = activation sums, acc = folded output (as in
+    // marlin_skinny.cuh: lane L holds columns 16w + L/4, 16w + 8 + L/4 x activation rows nb*8 + 2(L%4) + {0, 1}).
+    const int g = lane / 4;
+    float acc[4][NB][4], t[4][NB][4], xs[NB][4];
+    constexpr uint32_t kOnes = 0x3C003C00u;
+    const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+    // ldmatrix: lane L addresses row nb*8 + L%8, piece 4p + L/8 of the k32 step p, swizzled as stored; rows past M
+    // read the zero piece.
+    auto x_addr = [&](uint32_t st, int nb, int k32) {
+        const int row = nb * 8 + lane % 8;
+        return row < p.m ? st + kXOffset + row * (kStreamStageK * 2) + (((4 * k32 + lane / 8) ^ (lane % 8)) * 16)
+                         : zero_piece;
+    };
+    auto fold = [&](uint32_t st, int group) {
+        const uint8_t *pieces = smem + (st - smem_base) + kStreamWeightBytes + group * kPiecesPerGroup * 16;
+        const uint4 sv = *reinterpret_cast<const uint4 *>(pieces + g * 16);
+        const uint32_t s_pairs[4] = {sv.x, sv.y, sv.z, sv.w};  // (column 16w + L/4, column 16w + 8 + L/4)
+        uint32_t z_pairs[4] = {0u, 0u, 0u, 0u};
+        if constexpr (FUSED) {
+            const uint4 zv = *reinterpret_cast<const uint4 *>(pieces + (8 + g) * 16);
+            z_pairs[0] = zv.x, z_pairs[1] = zv.y, z_pairs[2] = zv.z, z_pairs[3] = zv.w;
+        }
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float2 s = __half22float2(as_h2(s_pairs[w]));
+            const float s_lo = s.x, s_hi = s.y * 0.0625f;
+            float c_lo, c_hi;
+            if constexpr (FUSED) {
+                const float2 z = __half22float2(as_h2(z_pairs[w]));
+                c_lo = fmaf(-1024.0f, s.x, z.x);
+                c_hi = fmaf(-64.0f, s.y, z.y);
+            } else {
+                c_lo = -1032.0f * s.x;
+                c_hi = -72.0f * s.y;
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                float(&a)[4] = acc[w][nb];
+                float(&u)[4] = t[w][nb];
+                a[0] = fmaf(s_lo, u[0], fmaf(c_lo, xs[nb][0], a[0]));
+                a[1] = fmaf(s_lo, u[1], fmaf(c_lo, xs[nb][1], a[1]));
+                a[2] = fmaf(s_hi, u[2], fmaf(c_hi, xs[nb][0], a[2]));
+                a[3] = fmaf(s_hi, u[3], fmaf(c_hi, xs[nb][1], a[3]));
+            }
+        }
+    };
+
+    // Writes the finished strip, or adds it to the workspace (a strip cut between warps): `done` of its slices are
+    // this warp's. Workspace: [strip][nb][w][lane][4], the quad order of marlin_device.cuh.
+    auto finish_strip = [&](int strip, int done) {
+        const int row0 = 2 * (lane % 4);
+        uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + strip * 64 + g;
+        if (done == slices) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, acc[w][nb][0], acc[w][nb][2],
+                               acc[w][nb][1], acc[w][nb][3], quad_rows(row0 + nb * 8, p.m));
+                }
+            }
+            return;
+        }
+        float *part = p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
+                                 acc[w][nb][3], quad_rows(row0 + nb * 8, p.m));
+            }
+        }
+        if (!arrive_last_warp(p.counters + strip, done, slices)) return;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int rows = quad_rows(row0 + nb * 8, p.m);
+                const float4 v = take_partial_quad(part + (nb * 4 + w) * 128, rows);
+                store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w, rows);
+            }
+        }
+        if (lane == 0) p.counters[strip] = 0;
+    };
+
+    int slot = 0, load_slot = stages - 1;
+    // Outer loop: the strips of this warp's share; inner loop: their slices (the hot loop, free of the epilogue).
+    for (long long it = begin; it < end;) {
+        const int strip = static_cast<int>(it / slices), s_begin = static_cast<int>(it % slices);
+        const int s_end = static_cast<int>(std::min<long long>(slices, s_begin + (end - it)));
+#pragma unroll
+        for (int w = 0; w < 4; ++w) zero(acc[w]);
+#pragma unroll 1
+        for (int s = s_begin; s < s_end; ++s) {
+            cp_async_wait_pending(stages - 2);
+            __syncwarp();  // every lane's pieces of this stage landed; every lane is done with the slot refilled below
+            if (f_it < end) load_stage(load_slot);
+            cp_async_commit();
+            load_slot = load_slot == stages - 1 ? 0 : load_slot + 1;
+
+            const uint32_t st = ring + slot * stage_bytes;
+            uint32_t b[NB][4];
+#pragma unroll
+            for (int k16 = 0; k16 < kSteps; ++k16) {
+                if (k16 % 2 == 0) {
+#pragma unroll
+                    for (int nb = 0; nb < NB; ++nb) ldmatrix_x4(b[nb], x_addr(st, nb, k16 / 2));
+                }
+                const uint4 wq = *reinterpret_cast<const uint4 *>(smem + (st - smem_base) + k16 * 512 + lane * 16);
+                const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+                const int h = 2 * (k16 % 2);
+                const bool first = k16 % kStepsPerGroup == 0;  // the group's sums start from zero-input mma
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    uint32_t a[4];
+                    unpack_word_biased(words[w], a);
+#pragma unroll
+                    for (int nb = 0; nb < NB; ++nb) {
+                        if (first) {
+                            mma_16816_first(t[w][nb], a, b[nb][h], b[nb][h + 1]);
+                        } else {
+                            mma_16816(t[w][nb], a, b[nb][h], b[nb][h + 1]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    if (first) {
+                        mma_16816_first(xs[nb], ones, b[nb][h], b[nb][h + 1]);
+                    } else {
+                        mma_16816(xs[nb], ones, b[nb][h], b[nb][h + 1]);
+                    }
+                }
+                if (k16 % kStepsPerGroup == kStepsPerGroup - 1) fold(st, k16 / kStepsPerGroup);
+            }
+            slot = slot == stages - 1 ? 0 : slot + 1;
+        }
+        finish_strip(strip, s_end - s_begin);
+        it += s_end - s_begin;
+    }
+    cp_async_wait<0>();
+}
+
+// The launch shape: blocks per SM (NB = 1: env.max_blocks_per_sm, lowered to 1 when two blocks would get fewer than
+// three stages per warp, or than env.stream_stages when set; NB = 2: one), stages per warp ring (as many as fit, up to
+// kStreamMaxStages; env.stream_stages caps them), total warps (env.stream_slices_per_warp > 0: at least that many
+// slices per warp, so fewer warps; 0: every warp slot of the GPU). False if not even a 2-stage ring fits.
+inline bool stream_shape(const LaunchEnv &env, int nb, int stage_bytes, long long total, int &per_sm, int &stages,
+                         long long &grid) {
+    auto stages_for = [&](int blocks) {
+        const int budget = std::min(env.max_smem_optin, env.smem_per_sm / blocks - kPerBlockSystemSmem) - 128;
+        return std::min(kStreamMaxStages, budget / (kWarps * stage_bytes));
+    };
+    const int wanted = env.stream_stages > 0 ? std::min(env.stream_stages, kStreamMaxStages) : 3;
+    per_sm = nb == 1 && env.max_blocks_per_sm >= 2 && stages_for(2) >= wanted ? 2 : 1;
+    stages = std::min(stages_for(per_sm), env.stream_stages > 0 ? wanted : kStreamMaxStages);
+    if (stages < 2) return false;
+    long long warps = static_cast<long long>(env.sm_count) * per_sm * kWarps;
+    if (env.stream_slices_per_warp > 0) warps = std::min(warps, std::max(1LL, total / env.stream_slices_per_warp));
+    grid = (std::min(warps, total) + kWarps - 1) / kWarps;
+    return true;
+}
+
+template <int NB, bool FUSED, int GPS>
+int launch_stream(Params p, const LaunchEnv &env) {
+    if (p.k % kStreamStageK != 0 || p.m > NB * 8) return kRcUnsupported;
+    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    static std::atomic<int> attr_set[64];
+    const int stage_bytes = stream_stage_bytes(FUSED, GPS, p.m);
+    const int strips = p.n / 64;
+    p.k_tiles = p.k / kStreamStageK;
+    p.total_iters = static_cast<long long>(strips) * p.k_tiles;
+    int per_sm = 0;
+    long long grid = 0;
+    if (!stream_shape(env, NB, stage_bytes, p.total_iters, per_sm, p.stages, grid)) return kRcUnsupported;
+    const size_t counter_bytes = (static_cast<size_t>(strips) * sizeof(int) + 255) / 256 * 256;
+    if (counter_bytes + static_cast<size_t>(strips) * NB * 512 * sizeof(float) > env.workspace_bytes) {
+        return kRcWorkspace;
+    }
+    p.counters = static_cast<int *>(env.workspace);
+    p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
+    auto kernel = marlin_stream_kernel<NB, FUSED, GPS>;
+    if (attr_set[env.device].load(std::memory_order_relaxed) == 0) {
+        TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, env.max_smem_optin));
+        attr_set[env.device].store(1, std::memory_order_relaxed);
+    }
+    kernel<<<static_cast<unsigned>(grid), kThreads, 128 + kWarps * p.stages * stage_bytes, env.stream>>>(p);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+}  // namespace tl::gpu::marlin
