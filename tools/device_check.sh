@@ -47,9 +47,15 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
       # racecheck looks at shared memory, which only the kernels' own suites exercise in full.
       [ "$tool" = racecheck ] && [[ "$cmd" == *tl_gpu_api_tests* ]] && continue
       [ -n "${SANITIZE_ONLY:-}" ] && [[ "$cmd" != *"$SANITIZE_ONLY"* ]] && continue
+      # racecheck reports a hazard inside cuBLAS's own sm90 GEMM kernel (nvjet_*, NVIDIA's code, not inspectable) in
+      # the dequantize + cuBLAS dispatcher test (2026-12-01); that test stays under memcheck, our kernels under both.
+      filter=""
+      if [ "$tool" = racecheck ] && [[ "$cmd" == *tl_gpu_tests* ]]; then
+        filter="--gtest_filter=-MarlinLauncher.DispatcherSendsSmallWeightsToCublasFrom128Rows"
+      fi
       echo "---- compute-sanitizer --tool $tool $cmd" >>"$OUT/sanitizer.log"
       # shellcheck disable=SC2086
-      timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 99 $cmd \
+      timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 99 $cmd $filter \
         >>"$OUT/sanitizer.log" 2>&1
       rc=$?
       summary+=("sanitizer $tool $(basename "${cmd%% *}"): rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)")
