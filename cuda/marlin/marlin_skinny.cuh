@@ -48,12 +48,110 @@ __device__ __forceinline__ void unpack_word(uint32_t q, uint32_t (&a)[4]) {
     a[3] = and_or(q, kHi, kMagic);
 }
 
+// One packed word -> the A fragment of its 16 x 16 weight tile, both row halves left biased: a0, a2 (rows L/4) hold
+// 1024 + q, a1, a3 (rows L/4 + 8) 1024 + 16q; 5 instructions per 8 weights (unpack_word spends two more to remove the
+// first bias). The fold removes both through the activation sums: y += s T + (z - 1024 s) X
+// on rows L/4. Precision: T carries 1024 X, so FP32 keeps ~2^-23 x 1024 |X| of absolute error per 128-k fold, about
+// 1e-5 of a typical sum; measured by MarlinPrecision.PerRowLongK.
+__device__ __forceinline__ void unpack_word_biased(uint32_t q, uint32_t (&a)[4]) {
+    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
+    a[0] = and_or(q, kLo, kMagic);
+    a[1] = and_or(q, kHi, kMagic);
+    q >>= 8;
+    a[2] = and_or(q, kLo, kMagic);
+    a[3] = and_or(q, kHi, kMagic);
+}
+
 // mma_16816 with a zero accumulator input (the first k16 step of a fold period).
 __device__ __forceinline__ void mma_16816_first(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%10, %10, %10, %10};\n"
         : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// One k16 step of a warp's strip (shared with marlin_stream.cuh): the four packed words of the step against NB
+// activation tiles (b[nb][h], b[nb][h + 1] are b0, b1), into the unscaled sums t, and the activation sums xs (A =
+// ones). FIRST: the step opens a fold period (zero-input mma). BIASED: rows L/4 keep their 1024 bias
+// (unpack_word_biased, 5 instructions per word instead of 7; the fold removes it).
+template <int NB, bool BIASED>
+__device__ __forceinline__ void unscaled_k16_step(float (&t)[4][NB][4], float (&xs)[NB][4], uint4 wq,
+                                                  const uint32_t (&b)[NB][4], int h, bool first);
+
+// y += s T + (z - LO_BIAS s) X on rows L/4 and y += (s / 16) T + (z - 64 s) X on rows L/4 + 8, per column; symmetric
+// mode z = -8 s. `scales` / `zeros`: the lane's 8 FP16 values, (column 16w + L/4, column 16w + 8 + L/4) for w = 0..3.
+template <int NB, bool FUSED, int LO_BIAS>
+__device__ __forceinline__ void fold_sums(float (&acc)[4][NB][4], const float (&t)[4][NB][4], const float (&xs)[NB][4],
+                                          const uint8_t *scales, const uint8_t *zeros) {
+    const uint4 sv = *reinterpret_cast<const uint4 *>(scales);
+    const uint32_t s_pairs[4] = {sv.x, sv.y, sv.z, sv.w};
+    uint32_t z_pairs[4] = {0u, 0u, 0u, 0u};
+    if constexpr (FUSED) {
+        const uint4 zv = *reinterpret_cast<const uint4 *>(zeros);
+        z_pairs[0] = zv.x, z_pairs[1] = zv.y, z_pairs[2] = zv.z, z_pairs[3] = zv.w;
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const float2 s = __half22float2(as_h2(s_pairs[w]));
+        const float s_lo = s.x, s_hi = s.y * 0.0625f;
+        float c_lo, c_hi;
+        if constexpr (FUSED) {
+            const float2 z = __half22float2(as_h2(z_pairs[w]));
+            c_lo = LO_BIAS == 0 ? z.x : fmaf(-static_cast<float>(LO_BIAS), s.x, z.x);
+            c_hi = fmaf(-64.0f, s.y, z.y);
+        } else {
+            c_lo = -static_cast<float>(8 + LO_BIAS) * s.x;
+            c_hi = -72.0f * s.y;
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            float(&a)[4] = acc[w][nb];
+            const float(&u)[4] = t[w][nb];
+            a[0] = fmaf(s_lo, u[0], fmaf(c_lo, xs[nb][0], a[0]));
+            a[1] = fmaf(s_lo, u[1], fmaf(c_lo, xs[nb][1], a[1]));
+            a[2] = fmaf(s_hi, u[2], fmaf(c_hi, xs[nb][0], a[2]));
+            a[3] = fmaf(s_hi, u[3], fmaf(c_hi, xs[nb][1], a[3]));
+        }
+    }
+}
+
+// The epilogue of a warp's strip x NB activation tiles (shared with marlin_stream.cuh). y0 = &Y[row0][column 16w +
+// L/4 of w = 0], row0 = the lane's first activation row (2(L%4) in the tile); partial sums laid out [nb][w][lane][4]
+// from `part` = the strip's base + 4 L, in the quad order of marlin_device.cuh.
+template <int NB>
+__device__ __forceinline__ void store_strip(uint16_t *y0, int n, const float (&acc)[4][NB][4], int row0, int m) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            store_quad(y0 + static_cast<size_t>(nb * 8) * n + 16 * w, n, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
+                       acc[w][nb][3], quad_rows(row0 + nb * 8, m));
+        }
+    }
+}
+template <int NB>
+__device__ __forceinline__ void add_strip_partials(float *part, const float (&acc)[4][NB][4], int row0, int m) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1], acc[w][nb][3],
+                             quad_rows(row0 + nb * 8, m));
+        }
+    }
+}
+// The last contributor: the reduced sums to Y, the workspace re-zeroed.
+template <int NB>
+__device__ __forceinline__ void take_strip_partials(float *part, uint16_t *y0, int n, int row0, int m) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int rows = quad_rows(row0 + nb * 8, m);
+            const float4 v = take_partial_quad(part + (nb * 4 + w) * 128, rows);
+            store_quad(y0 + static_cast<size_t>(nb * 8) * n + 16 * w, n, v.x, v.y, v.z, v.w, rows);
+        }
+    }
 }
 
 template <int NB, bool FUSED, int GPT, int KS>
@@ -139,48 +237,19 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
         zero(t[w]);
     }
     zero(xs);
-    constexpr uint32_t kOnes = 0x3C003C00u;  // FP16 (1, 1)
-    const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
     // ldmatrix: lane L addresses row L%8 of matrix L/8, i.e. chunk 4p + L/8 for the k16 pair p, at the swizzled
     // offset ((4p + L/8) ^ L%8) * 16 = (((L/8) ^ L%8) * 16) ^ 64p.
     const uint32_t x_lane = (lane % 8) * L::kRow + (((lane / 8) ^ (lane % 8)) * 16);
 
     // y += s T + c X per column (see the top of the file), from the scale (and zero) row `row` of the stage.
     auto fold = [&](const uint8_t *st, int row) {
-        const uint16_t *src =
-            reinterpret_cast<const uint16_t *>(st + L::kB + L::kA) + row * kTileN + warp * 64 + g * 8;
-        const uint4 sv = *reinterpret_cast<const uint4 *>(src);
-        const uint32_t s_pairs[4] = {sv.x, sv.y, sv.z, sv.w};  // (column 16w + L/4, column 16w + 8 + L/4)
-        uint32_t z_pairs[4] = {0u, 0u, 0u, 0u};
-        if constexpr (FUSED) {
-            const uint4 zv = *reinterpret_cast<const uint4 *>(src + GPT * kTileN);
-            z_pairs[0] = zv.x, z_pairs[1] = zv.y, z_pairs[2] = zv.z, z_pairs[3] = zv.w;
-        }
+        const uint8_t *scales = st + L::kB + L::kA + (row * kTileN + warp * 64 + g * 8) * 2;
+        fold_sums<NB, FUSED, 0>(acc, t, xs, scales, scales + GPT * kTileN * 2);
+        if constexpr (!kFoldEverySlice) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const float2 s = __half22float2(as_h2(s_pairs[w]));
-            const float s_lo = s.x, s_hi = s.y * 0.0625f;
-            float c_lo, c_hi;
-            if constexpr (FUSED) {
-                const float2 z = __half22float2(as_h2(z_pairs[w]));
-                c_lo = z.x;
-                c_hi = fmaf(-64.0f, s.y, z.y);
-            } else {
-                c_lo = -8.0f * s.x;
-                c_hi = -72.0f * s.y;
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                float(&a)[4] = acc[w][nb];
-                float(&u)[4] = t[w][nb];
-                a[0] = fmaf(s_lo, u[0], fmaf(c_lo, xs[nb][0], a[0]));
-                a[1] = fmaf(s_lo, u[1], fmaf(c_lo, xs[nb][1], a[1]));
-                a[2] = fmaf(s_hi, u[2], fmaf(c_hi, xs[nb][0], a[2]));
-                a[3] = fmaf(s_hi, u[3], fmaf(c_hi, xs[nb][1], a[3]));
-            }
-            if constexpr (!kFoldEverySlice) zero(t[w]);
+            for (int w = 0; w < 4; ++w) zero(t[w]);
+            zero(xs);
         }
-        if constexpr (!kFoldEverySlice) zero(xs);
     };
 
     auto compute_stage = [&](int stage, bool fold_now) {
@@ -194,30 +263,7 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
 #pragma unroll
                 for (int nb = 0; nb < NB; ++nb) ldmatrix_x4(b[nb], x_base + nb * 8 * L::kRow + (x_lane ^ (32 * k16)));
             }
-            const uint4 wq = w_src[k16 * 32];
-            const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
-            const int h = 2 * (k16 % 2);  // b[nb][h], b[nb][h + 1]: b0, b1 of this k16 step
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                uint32_t a[4];
-                unpack_word(words[w], a);
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    if (kFoldEverySlice && k16 == 0) {
-                        mma_16816_first(t[w][nb], a, b[nb][h], b[nb][h + 1]);
-                    } else {
-                        mma_16816(t[w][nb], a, b[nb][h], b[nb][h + 1]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                if (kFoldEverySlice && k16 == 0) {
-                    mma_16816_first(xs[nb], ones, b[nb][h], b[nb][h + 1]);
-                } else {
-                    mma_16816(xs[nb], ones, b[nb][h], b[nb][h + 1]);
-                }
-            }
+            unscaled_k16_step<NB, false>(t, xs, w_src[k16 * 32], b, 2 * (k16 % 2), kFoldEverySlice && k16 == 0);
             if (GPT == 2 && k16 == KS / 2 - 1) fold(st, 0);  // group size 32: the first group ends here
         }
         if (fold_now) fold(st, GPT - 1);
@@ -232,46 +278,16 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
         const int row0 = m_slice * NB * 8 + 2 * (lane % 4);
         uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + n_tile * kTileN + warp * 64 + g;
         if (iters == p.k_tiles) {  // the whole tile is ours
-            if (!warp_active) return;
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                const int row = row0 + nb * 8;
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, acc[w][nb][0], acc[w][nb][2],
-                               acc[w][nb][1], acc[w][nb][3], quad_rows(row, p.m));
-                }
-            }
+            if (warp_active) store_strip<NB>(y0, p.n, acc, row0, p.m);
             return;
         }
         const long long first = static_cast<long long>(tile) * p.k_tiles;
         const int slot = static_cast<int>(((first + 1) * gridDim.x - 1) / p.total_iters);
         float *part = p.partials + static_cast<size_t>(slot) * (NB * kSkinnyPartialFloats) + warp * (NB * 512) +
                       lane * 4;
-        if (warp_active) {
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                const int row = row0 + nb * 8;
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
-                                     acc[w][nb][3], quad_rows(row, p.m));
-                }
-            }
-        }
+        if (warp_active) add_strip_partials<NB>(part, acc, row0, p.m);
         if (!arrive_last(p.counters + slot, iters, p.k_tiles, last_contributor)) return;
-        if (warp_active) {
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                const int row = row0 + nb * 8;
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    const int rows = quad_rows(row, p.m);
-                    const float4 v = take_partial_quad(part + (nb * 4 + w) * 128, rows);
-                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w, rows);
-                }
-            }
-        }
+        if (warp_active) take_strip_partials<NB>(part, y0, p.n, row0, p.m);
         if (tid == 0) p.counters[slot] = 0;
     };
 
@@ -319,6 +335,39 @@ __global__ void __launch_bounds__(kThreads, 2) marlin_skinny_kernel(const Params
         done += kt_end - kt_begin;
     }
     cp_async_wait<0>();
+}
+
+template <int NB, bool BIASED>
+__device__ __forceinline__ void unscaled_k16_step(float (&t)[4][NB][4], float (&xs)[NB][4], uint4 wq,
+                                                  const uint32_t (&b)[NB][4], int h, bool first) {
+    constexpr uint32_t kOnes = 0x3C003C00u;  // FP16 (1, 1)
+    const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+    const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        uint32_t a[4];
+        if constexpr (BIASED) {
+            unpack_word_biased(words[w], a);
+        } else {
+            unpack_word(words[w], a);
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            if (first) {
+                mma_16816_first(t[w][nb], a, b[nb][h], b[nb][h + 1]);
+            } else {
+                mma_16816(t[w][nb], a, b[nb][h], b[nb][h + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        if (first) {
+            mma_16816_first(xs[nb], ones, b[nb][h], b[nb][h + 1]);
+        } else {
+            mma_16816(xs[nb], ones, b[nb][h], b[nb][h + 1]);
+        }
+    }
 }
 
 template <int NB, bool FUSED, int GPT, int KS>

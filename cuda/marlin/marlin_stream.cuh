@@ -34,20 +34,6 @@ constexpr int stream_stage_bytes(bool fused, int gps, int m) {
     return kStreamWeightBytes + gps * (fused ? 16 : 8) * 16 + m * kStreamStageK * 2;
 }
 
-// One packed word -> the A fragment of its 16 x 16 weight tile, both row halves left biased: a0, a2 (rows L/4) hold
-// 1024 + q, a1, a3 (rows L/4 + 8) 1024 + 16q; 5 instructions per 8 weights (marlin_skinny.cuh's unpack_word spends
-// two more to remove the first bias). The fold removes both through the activation sums: y += s T + (z - 1024 s) X
-// on rows L/4. Precision: T carries 1024 X, so FP32 keeps ~2^-23 x 1024 |X| of absolute error per 128-k fold, about
-// 1e-5 of a typical sum; measured by MarlinPrecision.PerRowLongK.
-__device__ __forceinline__ void unpack_word_biased(uint32_t q, uint32_t (&a)[4]) {
-    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
-    a[0] = and_or(q, kLo, kMagic);
-    a[1] = and_or(q, kHi, kMagic);
-    q >>= 8;
-    a[2] = and_or(q, kLo, kMagic);
-    a[3] = and_or(q, kHi, kMagic);
-}
-
 // A warp's arrival at its strip's counter with `slices` more slices added to the workspace (the warp form of
 // arrive_last): true in every lane of the warp that completed the strip's `total`.
 __device__ __forceinline__ bool arrive_last_warp(int *counter, int slices, int total) {
@@ -157,8 +143,6 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     // marlin_skinny.cuh: lane L holds columns 16w + L/4, 16w + 8 + L/4 x activation rows nb*8 + 2(L%4) + {0, 1}).
     const int g = lane / 4;
     float acc[4][NB][4], t[4][NB][4], xs[NB][4];
-    constexpr uint32_t kOnes = 0x3C003C00u;
-    const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
     // ldmatrix: lane L addresses row nb*8 + L%8, piece 4p + L/8 of the k32 step p, swizzled as stored; rows past M
     // read the zero piece.
     auto x_addr = [&](uint32_t st, int nb, int k32) {
@@ -168,36 +152,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     };
     auto fold = [&](uint32_t st, int group) {
         const uint8_t *pieces = smem + (st - smem_base) + kStreamWeightBytes + group * kPiecesPerGroup * 16;
-        const uint4 sv = *reinterpret_cast<const uint4 *>(pieces + g * 16);
-        const uint32_t s_pairs[4] = {sv.x, sv.y, sv.z, sv.w};  // (column 16w + L/4, column 16w + 8 + L/4)
-        uint32_t z_pairs[4] = {0u, 0u, 0u, 0u};
-        if constexpr (FUSED) {
-            const uint4 zv = *reinterpret_cast<const uint4 *>(pieces + (8 + g) * 16);
-            z_pairs[0] = zv.x, z_pairs[1] = zv.y, z_pairs[2] = zv.z, z_pairs[3] = zv.w;
-        }
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const float2 s = __half22float2(as_h2(s_pairs[w]));
-            const float s_lo = s.x, s_hi = s.y * 0.0625f;
-            float c_lo, c_hi;
-            if constexpr (FUSED) {
-                const float2 z = __half22float2(as_h2(z_pairs[w]));
-                c_lo = fmaf(-1024.0f, s.x, z.x);
-                c_hi = fmaf(-64.0f, s.y, z.y);
-            } else {
-                c_lo = -1032.0f * s.x;
-                c_hi = -72.0f * s.y;
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                float(&a)[4] = acc[w][nb];
-                float(&u)[4] = t[w][nb];
-                a[0] = fmaf(s_lo, u[0], fmaf(c_lo, xs[nb][0], a[0]));
-                a[1] = fmaf(s_lo, u[1], fmaf(c_lo, xs[nb][1], a[1]));
-                a[2] = fmaf(s_hi, u[2], fmaf(c_hi, xs[nb][0], a[2]));
-                a[3] = fmaf(s_hi, u[3], fmaf(c_hi, xs[nb][1], a[3]));
-            }
-        }
+        fold_sums<NB, FUSED, 1024>(acc, t, xs, pieces + g * 16, pieces + (8 + g) * 16);
     };
 
     // Writes the finished strip, or adds it to the workspace (a strip cut between warps): `done` of its slices are
@@ -206,35 +161,13 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
         const int row0 = 2 * (lane % 4);
         uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + strip * 64 + g;
         if (done == slices) {
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, acc[w][nb][0], acc[w][nb][2],
-                               acc[w][nb][1], acc[w][nb][3], quad_rows(row0 + nb * 8, p.m));
-                }
-            }
+            store_strip<NB>(y0, p.n, acc, row0, p.m);
             return;
         }
         float *part = p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                add_partial_quad(part + (nb * 4 + w) * 128, acc[w][nb][0], acc[w][nb][2], acc[w][nb][1],
-                                 acc[w][nb][3], quad_rows(row0 + nb * 8, p.m));
-            }
-        }
+        add_strip_partials<NB>(part, acc, row0, p.m);
         if (!arrive_last_warp(p.counters + strip, done, slices)) return;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const int rows = quad_rows(row0 + nb * 8, p.m);
-                const float4 v = take_partial_quad(part + (nb * 4 + w) * 128, rows);
-                store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w, rows);
-            }
-        }
+        take_strip_partials<NB>(part, y0, p.n, row0, p.m);
         if (lane == 0) p.counters[strip] = 0;
     };
 
@@ -262,30 +195,8 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
                     for (int nb = 0; nb < NB; ++nb) ldmatrix_x4(b[nb], x_addr(st, nb, k16 / 2));
                 }
                 const uint4 wq = *reinterpret_cast<const uint4 *>(smem + (st - smem_base) + k16 * 512 + lane * 16);
-                const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
-                const int h = 2 * (k16 % 2);
-                const bool first = k16 % kStepsPerGroup == 0;  // the group's sums start from zero-input mma
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    uint32_t a[4];
-                    unpack_word_biased(words[w], a);
-#pragma unroll
-                    for (int nb = 0; nb < NB; ++nb) {
-                        if (first) {
-                            mma_16816_first(t[w][nb], a, b[nb][h], b[nb][h + 1]);
-                        } else {
-                            mma_16816(t[w][nb], a, b[nb][h], b[nb][h + 1]);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    if (first) {
-                        mma_16816_first(xs[nb], ones, b[nb][h], b[nb][h + 1]);
-                    } else {
-                        mma_16816(xs[nb], ones, b[nb][h], b[nb][h + 1]);
-                    }
-                }
+                // A group's sums start from zero-input mma at its first step.
+                unscaled_k16_step<NB, true>(t, xs, wq, b, 2 * (k16 % 2), k16 % kStepsPerGroup == 0);
                 if (k16 % kStepsPerGroup == kStepsPerGroup - 1) fold(st, k16 / kStepsPerGroup);
             }
             slot = slot == stages - 1 ? 0 : slot + 1;

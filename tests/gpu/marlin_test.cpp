@@ -24,6 +24,64 @@ namespace {
 
 using tlt::DeviceBuffer;
 
+// One fused-mode case on the device, for the tests that call marlin_gemm directly under different kernel knobs:
+// fresh random weights and activations, the packed weight uploaded, a zeroed workspace, the FP64 reference.
+struct FusedCase {
+    int m, k, n, gs;  // gs: the kernel's group size (-1 per row)
+    tlt::Int4Weight w;
+    std::vector<uint16_t> x;
+    tl::MarlinPacked packed;
+    size_t ws_bytes;
+    DeviceBuffer<uint16_t> dx, dy, ds, dz;
+    DeviceBuffer<uint32_t> dw;
+    DeviceBuffer<uint8_t> work;
+
+    FusedCase(int m_, int k_, int n_, int group_size)
+        : m(m_), k(k_), n(n_), gs(tl::marlin_kernel_group_size(k_, group_size)),
+          w(tlt::random_weight(k_, n_, group_size)), x(tlt::random_normal_half(static_cast<size_t>(m_) * k_)),
+          packed(tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k_, n_, group_size,
+                                 tl::MarlinMode::Fused)),
+          ws_bytes(tl::gpu::marlin_workspace_bytes(tlt::sm_count())), dx(x.size()),
+          dy(static_cast<size_t>(m_) * n_), ds(packed.scales.size()), dz(packed.zeros.size()),
+          dw(packed.words.size()), work(ws_bytes) {}
+    std::string name() const {
+        return "M=" + std::to_string(m) + " K=" + std::to_string(k) + " N=" + std::to_string(n) + " group " +
+               std::to_string(w.group_size);
+    }
+    // Allocations and uploads; call once under ASSERT_TRUE.
+    ::testing::AssertionResult upload() {
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) {
+            if (!ok) return ::testing::AssertionFailure() << "cudaMalloc failed";
+        }
+        for (cudaError_t rc : {dx.upload(x), dw.upload(packed.words), ds.upload(packed.scales),
+                               dz.upload(packed.zeros), cudaMemset(work.get(), 0, ws_bytes)}) {
+            if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
+        }
+        return ::testing::AssertionSuccess();
+    }
+    // marlin_gemm (fused) into the poisoned output: its rc (a poison failure is reported as that CUDA error).
+    int run() {
+        const cudaError_t poisoned = dy.poison();
+        if (poisoned != cudaSuccess) return static_cast<int>(poisoned);
+        return tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true, work.get(),
+                                    ws_bytes, nullptr);
+    }
+    // Waits for the call and fetches Y.
+    cudaError_t result(std::vector<uint16_t> &y) {
+        const cudaError_t rc = cudaDeviceSynchronize();
+        return rc != cudaSuccess ? rc : dy.download(y);
+    }
+    ::testing::AssertionResult workspace_clean() const {
+        std::vector<uint8_t> bytes;
+        const cudaError_t rc = work.download(bytes);
+        if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
+        if (!std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; })) {
+            return ::testing::AssertionFailure() << "workspace not clean after the calls";
+        }
+        return ::testing::AssertionSuccess();
+    }
+};
+
 struct GemmShape {
     int m, k, n, group_size;  // group_size == k: per row (kernel gs = -1)
     bool layer;               // a benchmark layer: too large for a full FP64 reference
@@ -168,113 +226,59 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MarlinGemm, ::testing::ValuesIn(gemm_shapes()),
 // directly), against FP64, on partial tiles (N = 576, 1600, 4160), every group class (32, 64, 128, 256, per row) and
 // M = 1 - 16; the kernel ran each time and the workspace is left zeroed.
 TEST(MarlinStream, EverySpreadMatchesReference) {
-    struct Case {
+    struct Shape {
         int m, k, n, group_size;
     };
-    for (const Case c : {Case{1, 4096, 1024, 128}, Case{8, 1024, 4160, 32}, Case{16, 2048, 1600, 64},
-                         Case{3, 1280, 576, 1280}, Case{12, 512, 192, 256}}) {
-        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) +
-                     " group " + std::to_string(c.group_size));
-        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
-        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
-        const tl::MarlinPacked p = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
-                                                   c.group_size, tl::MarlinMode::Fused);
-        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(p.scales.size()),
-            dz(p.zeros.size());
-        DeviceBuffer<uint32_t> dw(p.words.size());
-        const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-        DeviceBuffer<uint8_t> work(ws_bytes);
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
-        CUDA_OK(dx.upload(x));
-        CUDA_OK(dw.upload(p.words));
-        CUDA_OK(ds.upload(p.scales));
-        CUDA_OK(dz.upload(p.zeros));
-        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
-        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+    for (const Shape sh : {Shape{1, 4096, 1024, 128}, Shape{8, 1024, 4160, 32}, Shape{16, 2048, 1600, 64},
+                           Shape{3, 1280, 576, 1280}, Shape{12, 512, 192, 256}}) {
+        FusedCase c(sh.m, sh.k, sh.n, sh.group_size);
+        SCOPED_TRACE(c.name());
+        ASSERT_TRUE(c.upload());
+        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         for (const int per_warp : {1, 2, 3, 7, c.n / 64 * (c.k / 128)}) {
             tl::gpu::marlin_set_stream_slices_per_warp(per_warp);
-            CUDA_OK(dy.poison());
             const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
-            const int rc = tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), c.m, c.n, c.k,
-                                                tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
-                                                ws_bytes, nullptr);
+            const int rc = c.run();
             tl::gpu::marlin_set_stream_slices_per_warp(0);
             ASSERT_EQ(0, rc);
             EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream), streams + 1) << per_warp << " per warp";
-            CUDA_OK(cudaDeviceSynchronize());
             std::vector<uint16_t> y;
-            CUDA_OK(dy.download(y));
+            CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << per_warp << " per warp";
         }
-        std::vector<uint8_t> ws_after;
-        CUDA_OK(work.download(ws_after));
-        EXPECT_TRUE(std::all_of(ws_after.begin(), ws_after.end(), [](uint8_t b) { return b == 0; }))
-            << "workspace not clean after the calls";
+        EXPECT_TRUE(c.workspace_clean());
     }
 }
 
 // The same call twice gives the same output up to the FP32 summation order of cut tiles (<= 1 FP16 ulp apart).
 TEST(MarlinGemmRepeat, RepeatedCallsAgree) {
-    const int m = 16, k = 4096, n = 1024, gs = 128;
-    const tlt::Int4Weight w = tlt::random_weight(k, n, gs);
-    const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
-    const tl::MarlinPacked p =
-        tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, gs, tl::MarlinMode::Fused);
-    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n), ds(p.scales.size()), dz(p.zeros.size());
-    DeviceBuffer<uint32_t> dw(p.words.size());
-    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-    DeviceBuffer<uint8_t> work(ws_bytes);
-    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
-    CUDA_OK(dx.upload(x));
-    CUDA_OK(dw.upload(p.words));
-    CUDA_OK(ds.upload(p.scales));
-    CUDA_OK(dz.upload(p.zeros));
-    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    FusedCase c(16, 4096, 1024, 128);
+    ASSERT_TRUE(c.upload());
     std::vector<uint16_t> first, again;
     for (int rep = 0; rep < 2; ++rep) {
-        CUDA_OK(dy.poison());
-        ASSERT_EQ(0, tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
-                                          work.get(), ws_bytes, nullptr));
-        CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(dy.download(rep == 0 ? first : again));
+        ASSERT_EQ(0, c.run());
+        CUDA_OK(c.result(rep == 0 ? first : again));
     }
-    EXPECT_TRUE(tlt::matches_half(again, first, m, n, 1e-3));
+    EXPECT_TRUE(tlt::matches_half(again, first, c.m, c.n, 1e-3));
 }
 
 // The residency knob (one or two blocks per SM for M <= 16) changes the grid and the pipeline depth, never the result.
 TEST(MarlinGemmResidency, OneAndTwoBlocksPerSmMatchReference) {
-    struct Case {
+    struct Shape {
         int m, k, n, group_size;
     };
-    for (const Case c : {Case{16, 4096, 1024, 128}, Case{1, 8192, 2048, 8192}, Case{5, 1024, 4160, 32}}) {
-        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
-        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
-        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
-        const tl::MarlinPacked p = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
-                                                   c.group_size, tl::MarlinMode::Fused);
-        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(p.scales.size()),
-            dz(p.zeros.size());
-        DeviceBuffer<uint32_t> dw(p.words.size());
-        const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-        DeviceBuffer<uint8_t> work(ws_bytes);
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
-        CUDA_OK(dx.upload(x));
-        CUDA_OK(dw.upload(p.words));
-        CUDA_OK(ds.upload(p.scales));
-        CUDA_OK(dz.upload(p.zeros));
-        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
-        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+    for (const Shape sh : {Shape{16, 4096, 1024, 128}, Shape{1, 8192, 2048, 8192}, Shape{5, 1024, 4160, 32}}) {
+        FusedCase c(sh.m, sh.k, sh.n, sh.group_size);
+        SCOPED_TRACE(c.name());
+        ASSERT_TRUE(c.upload());
+        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         for (const int blocks : {1, 2}) {
             tl::gpu::marlin_set_max_blocks_per_sm(blocks);
-            CUDA_OK(dy.poison());
-            const int rc = tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), c.m, c.n, c.k,
-                                                tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
-                                                ws_bytes, nullptr);
+            const int rc = c.run();
             tl::gpu::marlin_set_max_blocks_per_sm(2);
             ASSERT_EQ(0, rc);
-            CUDA_OK(cudaDeviceSynchronize());
             std::vector<uint16_t> y;
-            CUDA_OK(dy.download(y));
+            CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << blocks << " block(s) per SM";
         }
     }
@@ -379,27 +383,14 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
 // The medium kernel's bound (16 < M <= bound) changes which kernel runs, never the result: the medium and the M > 16
 // kernels agree on the same inputs (fused mode), and the launch counters say which one ran.
 TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
-    struct Case {
+    struct Shape {
         int m, k, n, group_size;
     };
-    for (const Case c : {Case{17, 1024, 1088, 32}, Case{40, 2048, 576, 2048}, Case{64, 1536, 1024, 128}}) {
-        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
-        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
-        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
-        const tl::MarlinPacked p = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
-                                                   c.group_size, tl::MarlinMode::Fused);
-        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(p.scales.size()),
-            dz(p.zeros.size());
-        DeviceBuffer<uint32_t> dw(p.words.size());
-        const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-        DeviceBuffer<uint8_t> work(ws_bytes);
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) ASSERT_TRUE(ok);
-        CUDA_OK(dx.upload(x));
-        CUDA_OK(dw.upload(p.words));
-        CUDA_OK(ds.upload(p.scales));
-        CUDA_OK(dz.upload(p.zeros));
-        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
-        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+    for (const Shape sh : {Shape{17, 1024, 1088, 32}, Shape{40, 2048, 576, 2048}, Shape{64, 1536, 1024, 128}}) {
+        FusedCase c(sh.m, sh.k, sh.n, sh.group_size);
+        SCOPED_TRACE(c.name());
+        ASSERT_TRUE(c.upload());
+        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         std::vector<uint16_t> y[2];
         tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);  // this test is about the two kernels below it
         for (const int bound : {tl::gpu::kMarlinMediumMaxM, 16}) {
@@ -407,17 +398,13 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
             const tl::gpu::MarlinKernel expected =
                 bound == 16 ? tl::gpu::MarlinKernel::Wide : tl::gpu::MarlinKernel::Medium;
             const uint64_t before = tl::gpu::marlin_launch_count(expected);
-            CUDA_OK(dy.poison());
-            const int rc = tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), c.m, c.n, c.k,
-                                                tl::marlin_kernel_group_size(c.k, c.group_size), true, work.get(),
-                                                ws_bytes, nullptr);
+            const int rc = c.run();
             tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
             if (rc != 0) tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
             ASSERT_EQ(0, rc);
             EXPECT_EQ(tl::gpu::marlin_launch_count(expected), before + 1) << "bound " << bound;
-            CUDA_OK(cudaDeviceSynchronize());
             std::vector<uint16_t> &out = y[bound == 16 ? 1 : 0];
-            CUDA_OK(dy.download(out));
+            CUDA_OK(c.result(out));
             EXPECT_TRUE(tlt::matches(out, c.m, c.n, ref, {}, 2e-3)) << "bound " << bound;
         }
         tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
