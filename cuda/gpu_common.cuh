@@ -28,6 +28,7 @@ struct DeviceInfo {
     int sm_count = 0;
     int max_smem_optin = 0;  // bytes of dynamic shared memory one block may opt in to
     int smem_per_sm = 0;     // bytes of shared memory per SM
+    int compute_capability = 0;  // major * 10 + minor
 };
 
 // Facts of the current device; rc 0 or a cudaError_t. Cached: the attributes never change for a device.
@@ -36,12 +37,18 @@ inline int current_device_info(DeviceInfo &info) {
     static std::atomic<int> sm_cache[kMaxDevices];
     static std::atomic<int> smem_cache[kMaxDevices];
     static std::atomic<int> smem_sm_cache[kMaxDevices];
+    static std::atomic<int> cc_cache[kMaxDevices];
     TL_GPU_CHECK(cudaGetDevice(&info.device));
     if (info.device < 0 || info.device >= kMaxDevices) return static_cast<int>(cudaErrorInvalidDevice);
     info.sm_count = sm_cache[info.device].load(std::memory_order_relaxed);
     info.max_smem_optin = smem_cache[info.device].load(std::memory_order_relaxed);
     info.smem_per_sm = smem_sm_cache[info.device].load(std::memory_order_relaxed);
-    if (info.sm_count == 0 || info.max_smem_optin == 0 || info.smem_per_sm == 0) {
+    info.compute_capability = cc_cache[info.device].load(std::memory_order_relaxed);
+    if (info.sm_count == 0 || info.max_smem_optin == 0 || info.smem_per_sm == 0 || info.compute_capability == 0) {
+        int major = 0, minor = 0;
+        TL_GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info.device));
+        TL_GPU_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, info.device));
+        info.compute_capability = major * 10 + minor;
         TL_GPU_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, info.device));
         TL_GPU_CHECK(cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device));
         TL_GPU_CHECK(
@@ -49,6 +56,7 @@ inline int current_device_info(DeviceInfo &info) {
         sm_cache[info.device].store(info.sm_count, std::memory_order_relaxed);
         smem_sm_cache[info.device].store(info.smem_per_sm, std::memory_order_relaxed);
         smem_cache[info.device].store(info.max_smem_optin, std::memory_order_relaxed);
+        cc_cache[info.device].store(info.compute_capability, std::memory_order_relaxed);
     }
     return 0;
 }

@@ -57,6 +57,7 @@ struct Params {
 
 struct LaunchEnv {
     int device;
+    int compute_capability;  // major * 10 + minor
     int sm_count;
     int max_smem_optin;
     int smem_per_sm;
@@ -90,7 +91,7 @@ int launch_medium(Params p, const LaunchEnv &env);
 
 // M > 16 on compute capability 9.0 (marlin_wgmma.cu, built for sm_90a): wgmma with the weights dequantized in
 // registers; tiles of 256 columns x 64 rows (M <= 64, two blocks per SM) or 128 rows (one block of two warpgroups).
-// Sets p.m_slices, k_tiles, total_iters and stages itself. kRcUnsupported where the library was built without
+// Sets p.m_slices, k_tiles and total_iters itself (its pipeline depth is a compile-time constant). kRcUnsupported where the library was built without
 // sm_90a or the device is not 9.0.
 int launch_wgmma(Params p, const LaunchEnv &env, bool fused, int gpt);
 

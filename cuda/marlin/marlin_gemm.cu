@@ -163,13 +163,18 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     if (const int rc = current_device_info(dev)) return rc;
     const int gpt = group_size == 32 ? 2 : 1;
     MarlinKernel kernel = marlin_kernel_for(m);
-    const marlin::LaunchEnv env{dev.device,        dev.sm_count,
-                                dev.max_smem_optin, dev.smem_per_sm,
-                                g_max_blocks_per_sm.load(std::memory_order_relaxed),
-                                g_stream_slices_per_warp.load(std::memory_order_relaxed),
-                                g_stream_stages.load(std::memory_order_relaxed),
-                                workspace,          workspace_bytes,
-                                stream};
+    marlin::LaunchEnv env{};
+    env.device = dev.device;
+    env.compute_capability = dev.compute_capability;
+    env.sm_count = dev.sm_count;
+    env.max_smem_optin = dev.max_smem_optin;
+    env.smem_per_sm = dev.smem_per_sm;
+    env.max_blocks_per_sm = g_max_blocks_per_sm.load(std::memory_order_relaxed);
+    env.stream_slices_per_warp = g_stream_slices_per_warp.load(std::memory_order_relaxed);
+    env.stream_stages = g_stream_stages.load(std::memory_order_relaxed);
+    env.workspace = workspace;
+    env.workspace_bytes = workspace_bytes;
+    env.stream = stream;
     marlin::Params p{};
     p.x = x;
     p.words = words;

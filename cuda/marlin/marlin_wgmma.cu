@@ -407,7 +407,6 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     if (static_cast<long long>(p.m) * p.k >= (1LL << 31) || static_cast<long long>(p.n) * p.k >= (1LL << 35)) {
         return kRcUnsupported;
     }
-    p.stages = L::kStages;
     const int n_tiles = (p.n + kWgTileN - 1) / kWgTileN;
     p.m_slices = (p.m + L::kRows - 1) / L::kRows;
     p.k_tiles = p.k / kTileK;
@@ -422,8 +421,13 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     long long grid = std::max(1LL, std::min(slots, p.total_iters / min_iters));
     const size_t partial_bytes = static_cast<size_t>(L::kPartialFloats) * sizeof(float);
     auto counter_bytes = [](long long blocks) { return (static_cast<size_t>(blocks) * sizeof(int) + 255) / 256 * 256; };
-    while (grid > 1 && counter_bytes(grid) + static_cast<size_t>(grid) * partial_bytes > env.workspace_bytes) --grid;
-    if (counter_bytes(grid) + static_cast<size_t>(grid) * partial_bytes > env.workspace_bytes) return kRcWorkspace;
+    // As many blocks as the workspace holds (counters rounded up to 256 bytes: at most 256 more than 4 per block).
+    if (env.workspace_bytes > 256) {
+        grid = std::min(grid, static_cast<long long>((env.workspace_bytes - 256) / (sizeof(int) + partial_bytes)));
+    }
+    if (grid < 1 || counter_bytes(grid) + static_cast<size_t>(grid) * partial_bytes > env.workspace_bytes) {
+        return kRcWorkspace;
+    }
     p.counters = static_cast<int *>(env.workspace);
     p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes(grid));
     kernel<<<static_cast<unsigned>(grid), L::kThreads, kSmem, env.stream>>>(p);
@@ -432,20 +436,6 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
 }
 
 // Whether `device` is compute capability 9.0, the only one that runs sm_90a code (cached per device).
-int require_sm90(int device) {
-    static std::atomic<int> cache[64];  // 0 = unknown, 1 = yes, -1 = no
-    if (device < 0 || device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
-    int known = cache[device].load(std::memory_order_relaxed);
-    if (known == 0) {
-        int major = 0, minor = 0;
-        TL_GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        TL_GPU_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-        known = major == 9 && minor == 0 ? 1 : -1;
-        cache[device].store(known, std::memory_order_relaxed);
-    }
-    return known == 1 ? 0 : kRcUnsupported;
-}
-
 template <bool FUSED>
 int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
     if (p.m <= 64) {
@@ -457,7 +447,7 @@ int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
 }  // namespace
 
 int launch_wgmma(Params p, const LaunchEnv &env, bool fused, int gpt) {
-    if (const int rc = require_sm90(env.device)) return rc;
+    if (env.compute_capability != 90) return kRcUnsupported;  // sm_90a code runs on 9.0 alone
     return fused ? pick_wgmma<true>(p, env, gpt) : pick_wgmma<false>(p, env, gpt);
 }
 
