@@ -91,8 +91,8 @@ int launch_medium(Params p, const LaunchEnv &env);
 
 // M > 16 on compute capability 9.0 (marlin_wgmma.cu, built for sm_90a): wgmma with the weights dequantized in
 // registers; tiles of 256 columns x 64 rows (M <= 64, two blocks per SM) or 128 rows (one block of two warpgroups).
-// Sets p.m_slices, k_tiles and total_iters itself (its pipeline depth is a compile-time constant). kRcUnsupported where the library was built without
-// sm_90a or the device is not 9.0.
+// Sets p.m_slices, k_tiles and total_iters itself (its pipeline depth is a compile-time constant). kRcUnsupported
+// where the library was built without sm_90a or the device is not 9.0.
 int launch_wgmma(Params p, const LaunchEnv &env, bool fused, int gpt);
 
 }  // namespace tl::gpu::marlin
