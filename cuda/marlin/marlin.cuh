@@ -1,7 +1,7 @@
 // Declarations shared by the Marlin-class kernels' translation units: tile constants, kernel parameters and the
-// per-instantiation launch functions (defined in marlin_skinny.cuh for M <= 16, marlin_medium.cuh for 16 < M <= 64
-// and marlin_kernel.cuh above, instantiated in marlin_{,skinny_,medium_}{fused,symmetric}.cu so that they compile in
-// parallel).
+// per-instantiation launch functions (defined in marlin_stream.cuh and marlin_skinny.cuh for M <= 16,
+// marlin_medium.cuh for 16 < M <= 64 and marlin_kernel.cuh above, instantiated in
+// marlin_{,skinny_,stream_,medium_}{fused,symmetric}.cu so that they compile in parallel; marlin_wgmma.cu on Hopper).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -78,9 +78,9 @@ int launch(Params p, const LaunchEnv &env);
 // p.k_tiles counts slices of KS * 16.
 template <int NB, bool FUSED, int GPT, int KS>
 int launch_skinny(Params p, const LaunchEnv &env);
-// M <= 16 without block barriers (marlin_stream.cuh): NB as above, GPS = groups per 128-deep
-// stage (1: group size a multiple of 128 or per column, 2: 64, 4: 32). Requires K % 128 == 0 and M <= NB * 8, else
-// kRcUnsupported; kRcWorkspace if the per-strip partial sums (N / 64 x NB x 512 floats) do not fit.
+// M <= 16 without block barriers (marlin_stream.cuh): NB as above, GPS = groups per 128-deep stage (1: group size a
+// multiple of 128 or per column, 2: 64, 4: 32). Requires K % 128 == 0 and M <= NB * 8, else kRcUnsupported;
+// kRcWorkspace if the per-strip counters and partial sums (N / 64 x (1 int + NB x 512 floats)) do not fit.
 template <int NB, bool FUSED, int GPS>
 int launch_stream(Params p, const LaunchEnv &env);
 // 16 < M <= 64: tiles of WM * NB * 8 rows x 512 columns, blocks of WM * 8 warps; each warp multiplies one 64-column

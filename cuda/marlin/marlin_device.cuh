@@ -1,5 +1,6 @@
-// Device helpers shared by the Marlin-class kernels (marlin_skinny.cuh for M <= 16, marlin_medium.cuh for
-// 16 < M <= 64, marlin_kernel.cuh above) and their common host launch routine.
+// Device helpers shared by the Marlin-class kernels (marlin_stream.cuh and marlin_skinny.cuh for M <= 16,
+// marlin_medium.cuh for 16 < M <= 64, marlin_kernel.cuh above, marlin_wgmma.cu on Hopper) and their common host
+// launch routine.
 #pragma once
 
 #include <cuda_fp16.h>
