@@ -41,8 +41,9 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 // The workspace (marlin_workspace_bytes) must be zeroed once (cudaMemsetAsync) before first use; every call leaves
 // it zeroed again. One workspace must not be used by two launches that can run at the same time.
 size_t marlin_workspace_bytes(int sm_count);
-// Tuning knob (benchmarks, A/B tests): resident blocks per SM for M <= 16, 2 (default) or 1 (then a deeper ring).
-// Process-wide; results do not depend on it.
+// Tuning knob (benchmarks, A/B tests): resident blocks per SM for M <= 16, 2 (default) or 1 (then a deeper ring);
+// the stream kernel honours it for M <= 8 and runs 9 <= M <= 16 at one block per SM. Process-wide; results do not
+// depend on it.
 void marlin_set_max_blocks_per_sm(int blocks);
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
                 int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
