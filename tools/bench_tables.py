@@ -11,6 +11,9 @@ page holds what the benchmarks measured and nothing typed by hand.
       the kernel choices for 16 < M <= 1024 (group 128) from tl_bench's same-run A/B columns: the dispatcher's
       choice, the wgmma kernel (forced below its bound), the medium kernel (forced above 32 rows), the
       first-generation M > 16 kernel, dequantize + cuBLAS and dense cuBLAS FP16.
+  tools/bench_tables.py small BENCH_CSV
+      M <= 16 (group 128): the stream kernel (the dispatcher's M <= 16 kernel, column marlin_fused) against the skinny
+      kernel it replaced (marlin_fused_skinny, same run) and dense cuBLAS FP16.
   tools/bench_tables.py score SCORE_CSV
       issue 4's scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
       configuration, graphs off and on, device memory, fallbacks.
@@ -113,6 +116,24 @@ def ab_table(paths, cublas_min_m):
               f"{cell(c, 'cublas_fp16')} |")
 
 
+def small_m_table(path):
+    cells, order = group128_cells(path)
+    order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[1]))
+    shapes = {}
+    for r in csv.DictReader(open(path)):
+        shapes[r["layer"]] = f"{r['K']}×{r['N']}"
+    print("| layer (K×N) | M | stream µs (SOL) | skinny µs (SOL) | speed-up | cuBLAS FP16 (dense) µs |")
+    print("|---|---|---|---|---|---|")
+    for layer, m in order:
+        c = cells[(layer, m)]
+        if m > 16 or "marlin_fused" not in c or "marlin_fused_skinny" not in c:
+            continue
+        stream, skinny, sol = c["marlin_fused"], c["marlin_fused_skinny"], c["sol"]
+        fp16 = f"{c['cublas_fp16']:.1f}" if "cublas_fp16" in c else "–"
+        print(f"| {layer} ({shapes[layer]}) | {m} | {stream:.1f} ({sol / stream:.2f}) | {skinny:.1f} "
+              f"({sol / skinny:.2f}) | {skinny / stream:.2f}× | {fp16} |")
+
+
 def score_table(path):
     rows = list(csv.DictReader(open(path)))
     table, order = {}, []
@@ -149,12 +170,15 @@ def main():
     a = sub.add_parser("ab")
     a.add_argument("csv", nargs="+")
     a.add_argument("--cublas-min-m", type=int, default=512)
+    sub.add_parser("small").add_argument("csv")
     sub.add_parser("score").add_argument("csv")
     args = p.parse_args()
     if args.what == "gemm":
         gemm_table(args.csv, args.cublas_min_m)
     elif args.what == "ab":
         ab_table(args.csv, args.cublas_min_m)
+    elif args.what == "small":
+        small_m_table(args.csv)
     else:
         score_table(args.csv)
 
