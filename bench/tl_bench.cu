@@ -258,54 +258,47 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     calls = std::min(calls, std::max(rotation, 2000));
     calls = (calls + rotation - 1) / rotation * rotation;
 
-    if (g_stream_loop) {
+    // The median over kReplays passes of pass(), timed with events on the stream.
+    auto median_pass_ms = [&](auto pass) {
         std::vector<float> pass_ms;
         for (int r = 0; r < kReplays; ++r) {
             CHECK_CUDA(cudaEventRecord(start, stream));
-            for (int i = 0; i < calls; ++i) run(i);
+            pass();
             CHECK_CUDA(cudaEventRecord(stop, stream));
             CHECK_CUDA(cudaEventSynchronize(stop));
             CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
             pass_ms.push_back(ms);
         }
         std::sort(pass_ms.begin(), pass_ms.end());
-        t.us = 1000.0 * pass_ms[kReplays / 2] / calls;
-        t.calls = calls;
-        CHECK_CUDA(cudaEventDestroy(start));
-        CHECK_CUDA(cudaEventDestroy(stop));
-        return t;
-    }
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) run(i);
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm replay
-    std::vector<float> replay_ms;
-    for (int r = 0; r < kReplays; ++r) {
-        CHECK_CUDA(cudaEventRecord(start, stream));
-        CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        CHECK_CUDA(cudaEventRecord(stop, stream));
-        CHECK_CUDA(cudaEventSynchronize(stop));
-        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        replay_ms.push_back(ms);
-    }
-    std::sort(replay_ms.begin(), replay_ms.end());
-    t.us = 1000.0 * replay_ms[kReplays / 2] / calls;
+        return pass_ms[kReplays / 2];
+    };
     t.calls = calls;
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
+    if (g_stream_loop) {
+        t.us = 1000.0 * median_pass_ms([&] {
+            for (int i = 0; i < calls; ++i) run(i);
+        }) / calls;
+    } else {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < calls; ++i) run(i);
+        CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm replay
+        t.us = 1000.0 * median_pass_ms([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }) / calls;
+        CHECK_CUDA(cudaGraphExecDestroy(exec));
+        CHECK_CUDA(cudaGraphDestroy(graph));
+    }
     CHECK_CUDA(cudaEventDestroy(start));
     CHECK_CUDA(cudaEventDestroy(stop));
     return t;
 }
 
 // Same-run A/B columns of the fused kernel choices: marlin_fused_skinny, the skinny kernel (block barrier per slice)
-// where the stream kernel is the default (M <= 16, group 128);
-// marlin_fused_wide, the first-generation M > 16 kernel (16 < M <= 256); marlin_fused_medium, the medium kernel where
-// the wgmma kernel is the default (kMarlinWgmmaMinM <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound
-// (16 < M < kMarlinWgmmaMinM; from the bound marlin_fused is the wgmma kernel where it runs).
+// where the stream kernel is the default (M <= 16, group 128); marlin_fused_wide, the first-generation M > 16 kernel
+// (16 < M <= 256); marlin_fused_medium, the medium kernel where the wgmma kernel is the default (kMarlinWgmmaMinM <=
+// M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound (16 < M < kMarlinWgmmaMinM; from the bound
+// marlin_fused is the wgmma kernel where it runs).
 const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native",            "deq_cublas", "cublas_fp16",
                           "marlin_fused_skinny", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
 constexpr int kNumKernels = 9;
