@@ -51,7 +51,7 @@ def group128_cells(path):
             continue
         key = (r["layer"], int(r["M"]))
         if key not in cells:
-            cells[key] = {"sol": float(r["sol_us"]), "kn": int(r["K"]) * int(r["N"])}
+            cells[key] = {"sol": float(r["sol_us"]), "kn": int(r["K"]) * int(r["N"]), "shape": f"{r['K']}×{r['N']}"}
             order.append(key)
         cells[key][r["kernel"]] = float(r["us"])
     return cells, order
@@ -119,9 +119,6 @@ def ab_table(paths, cublas_min_m):
 def small_m_table(path):
     cells, order = group128_cells(path)
     order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[1]))
-    shapes = {}
-    for r in csv.DictReader(open(path)):
-        shapes[r["layer"]] = f"{r['K']}×{r['N']}"
     print("| layer (K×N) | M | stream µs (SOL) | skinny µs (SOL) | speed-up | cuBLAS FP16 (dense) µs |")
     print("|---|---|---|---|---|---|")
     for layer, m in order:
@@ -130,7 +127,7 @@ def small_m_table(path):
             continue
         stream, skinny, sol = c["marlin_fused"], c["marlin_fused_skinny"], c["sol"]
         fp16 = f"{c['cublas_fp16']:.1f}" if "cublas_fp16" in c else "–"
-        print(f"| {layer} ({shapes[layer]}) | {m} | {stream:.1f} ({sol / stream:.2f}) | {skinny:.1f} "
+        print(f"| {layer} ({c['shape']}) | {m} | {stream:.1f} ({sol / stream:.2f}) | {skinny:.1f} "
               f"({sol / skinny:.2f}) | {skinny / stream:.2f}× | {fp16} |")
 
 
