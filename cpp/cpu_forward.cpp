@@ -286,28 +286,12 @@ void attention(Context &ctx, const float *qkv, float *out, int32_t T, int32_t n_
 
 // ---- The model ----
 
-void check_linear(const Linear &w, const std::string &name, int32_t k, int32_t n) {
-    if (w.k != k || w.n != n) {
-        fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " is [K=" + std::to_string(w.k) + ", N=" +
-                                          std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
-                                          ", N=" + std::to_string(n) + "]");
-    }
+// What the CPU backend needs of a linear's storage: complete quantized arrays (K even, whole groups) or dense values.
+void check_cpu_storage(const Linear &w, const std::string &name) {
     const bool complete = w.quantized ? (w.codes && w.scales && w.zeros && w.group_size > 0 &&
                                          w.k % w.group_size == 0 && w.k % 2 == 0)
                                       : w.dense != nullptr;
     if (!complete) fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has missing or inconsistent storage");
-}
-
-void check_block(const ModelConfig &c, const Block &b, const std::string &prefix) {
-    const int32_t D = c.d_model, A = c.attn_dim(), F = c.ffn;
-    if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
-        fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
-    }
-    check_linear(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
-    check_linear(b.attn_out, prefix + ".attn_out", A, D);
-    check_linear(b.mlp_gate, prefix + ".mlp_gate", D, F);
-    check_linear(b.mlp_up, prefix + ".mlp_up", D, F);
-    check_linear(b.mlp_down, prefix + ".mlp_down", F, D);
 }
 
 // A Model may be assembled by hand, so its shapes are checked before any pointer is followed.
@@ -317,13 +301,7 @@ void check_model(const Model &model) {
         fail(TL_ERR_INVALID_ARGUMENT, "model: config has a non-positive dimension");
     }
     check_head_dim(c.n_heads, c.head_dim);
-    if (model.embed == nullptr || model.final_norm.size() != static_cast<size_t>(c.d_model) ||
-        model.pre.size() != static_cast<size_t>(c.pre)) {
-        fail(TL_ERR_INVALID_ARGUMENT, "model: embedding, final norm or pre blocks do not match the config");
-    }
-    for (size_t i = 0; i < model.pre.size(); ++i) check_block(c, model.pre[i], "pre." + std::to_string(i));
-    check_block(c, model.loop, "loop");
-    check_linear(model.head, "head", c.d_model, c.vocab);
+    check_model_shapes(model, check_cpu_storage);
 }
 
 // Activations of one window, allocated once per call for the longest window.
@@ -413,6 +391,36 @@ void score_window(Context &ctx, const Model &model, const std::vector<Block> &lo
 }
 
 }  // namespace
+
+void check_model_shapes(const Model &model, void (*check_storage)(const Linear &w, const std::string &name)) {
+    const ModelConfig &c = model.config;
+    if (model.embed == nullptr || model.final_norm.size() != static_cast<size_t>(c.d_model) ||
+        model.pre.size() != static_cast<size_t>(c.pre)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: embedding, final norm or pre blocks do not match the config");
+    }
+    const int32_t D = c.d_model, A = c.attn_dim(), F = c.ffn;
+    auto check_linear = [&](const Linear &w, const std::string &name, int32_t k, int32_t n) {
+        if (w.k != k || w.n != n) {
+            fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " is [K=" + std::to_string(w.k) + ", N=" +
+                                              std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
+                                              ", N=" + std::to_string(n) + "]");
+        }
+        check_storage(w, name);
+    };
+    auto check_block = [&](const Block &b, const std::string &prefix) {
+        if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
+            fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
+        }
+        check_linear(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
+        check_linear(b.attn_out, prefix + ".attn_out", A, D);
+        check_linear(b.mlp_gate, prefix + ".mlp_gate", D, F);
+        check_linear(b.mlp_up, prefix + ".mlp_up", D, F);
+        check_linear(b.mlp_down, prefix + ".mlp_down", F, D);
+    };
+    for (size_t i = 0; i < model.pre.size(); ++i) check_block(model.pre[i], "pre." + std::to_string(i));
+    check_block(model.loop, "loop");
+    check_linear(model.head, "head", D, c.vocab);
+}
 
 ScorePlan plan_score(const ModelConfig &c, const int32_t *tokens, size_t n_tokens, int32_t window) {
     if (tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "tokens is NULL");

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "model.hpp"
 
@@ -39,6 +40,14 @@ struct ScorePlan {
     size_t n_windows;  // windows of L tokens overlapping by one
 };
 ScorePlan plan_score(const ModelConfig &config, const int32_t *tokens, size_t n_tokens, int32_t window);
+
+// The shape checks of a Model shared by the CPU and GPU backends, run before any pointer is followed (a Model may
+// be assembled by hand); the caller checks the config's own dimensions first. TL_ERR_INVALID_ARGUMENT when the
+// embedding is NULL or the final norm or the number of pre blocks does not match the config, when a block's norm
+// gains are not [d_model], or when a linear is not [K, N] ("model: loop.mlp_up is [K=.., N=..], expected [...]").
+// Each linear that has its shape is then passed to `check_storage` with its name ("pre.0.attn_qkv", "loop.mlp_up",
+// "head"), which fails when the backend cannot use its storage.
+void check_model_shapes(const Model &model, void (*check_storage)(const Linear &w, const std::string &name));
 
 // Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);

@@ -314,12 +314,8 @@ namespace {
 
 // ---- Building the device model ----
 
-void check_linear_shape(const Linear &w, const std::string &name, int32_t k, int32_t n) {
-    if (w.k != k || w.n != n) {
-        fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " is [K=" + std::to_string(w.k) + ", N=" +
-                                          std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
-                                          ", N=" + std::to_string(n) + "]");
-    }
+// What the GPU backend needs of a linear's storage: a complete INT4 weight, or dense values.
+void check_gpu_storage(const Linear &w, const std::string &name) {
     if (w.quantized) {
         require_int4(w, ("model: " + name).c_str());
     } else if (w.dense == nullptr) {
@@ -337,24 +333,7 @@ void check_model(const Model &model) {
         fail(TL_ERR_UNSUPPORTED, "model: head_dim = " + std::to_string(c.head_dim) + " exceeds the GPU attention's " +
                                      std::to_string(gpu::kAttentionMaxHeadDim));
     }
-    if (model.embed == nullptr || model.final_norm.size() != static_cast<size_t>(c.d_model) ||
-        model.pre.size() != static_cast<size_t>(c.pre)) {
-        fail(TL_ERR_INVALID_ARGUMENT, "model: embedding, final norm or pre blocks do not match the config");
-    }
-    const int32_t D = c.d_model, A = c.attn_dim(), F = c.ffn;
-    auto check_block = [&](const Block &b, const std::string &prefix) {
-        if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
-            fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
-        }
-        check_linear_shape(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
-        check_linear_shape(b.attn_out, prefix + ".attn_out", A, D);
-        check_linear_shape(b.mlp_gate, prefix + ".mlp_gate", D, F);
-        check_linear_shape(b.mlp_up, prefix + ".mlp_up", D, F);
-        check_linear_shape(b.mlp_down, prefix + ".mlp_down", F, D);
-    };
-    for (size_t i = 0; i < model.pre.size(); ++i) check_block(model.pre[i], "pre." + std::to_string(i));
-    check_block(model.loop, "loop");
-    check_linear_shape(model.head, "head", D, c.vocab);
+    check_model_shapes(model, check_gpu_storage);
 }
 
 gpu::TableType table_type(DType dtype) {
