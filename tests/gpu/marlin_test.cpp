@@ -24,47 +24,79 @@ namespace {
 
 using tlt::DeviceBuffer;
 
-// One fused-mode case on the device, for the tests that call marlin_gemm directly under different kernel knobs:
-// fresh random weights and activations, the packed weight uploaded, a zeroed workspace, the FP64 reference.
+// Which packings a FusedCase uploads: the fused one (W = q*s + z) only, or also the symmetric one with its
+// correction (W = (q - 8)*s + delta, marlin_gemm_corrected).
+enum class Modes { Fused, Both };
+
+// One case on the device, for the tests that call marlin_gemm (and marlin_gemm_corrected) directly under different
+// kernel knobs: fresh random weights and activations, the packed weight uploaded (fused; with Modes::Both also the
+// symmetric packing and its delta), a zeroed workspace, the FP64 reference.
 struct FusedCase {
     int m, k, n, gs;  // gs: the kernel's group size (-1 per row)
+    bool both;        // the symmetric packing is there too
     tlt::Int4Weight w;
     std::vector<uint16_t> x;
-    tl::MarlinPacked packed;
+    tl::MarlinPacked packed, sym;  // fused; symmetric (empty unless Modes::Both)
     size_t ws_bytes;
-    DeviceBuffer<uint16_t> dx, dy, ds, dz;
-    DeviceBuffer<uint32_t> dw;
+    DeviceBuffer<uint16_t> dx, dy, ds, dz, dss;
+    DeviceBuffer<uint32_t> dw, dws;
+    DeviceBuffer<float> ddelta;
     DeviceBuffer<uint8_t> work;
 
-    FusedCase(int m_, int k_, int n_, int group_size)
-        : m(m_), k(k_), n(n_), gs(tl::marlin_kernel_group_size(k_, group_size)),
+    FusedCase(int m_, int k_, int n_, int group_size, Modes modes = Modes::Fused)
+        : m(m_), k(k_), n(n_), gs(tl::marlin_kernel_group_size(k_, group_size)), both(modes == Modes::Both),
           w(tlt::random_weight(k_, n_, group_size)), x(tlt::random_normal_half(static_cast<size_t>(m_) * k_)),
           packed(tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k_, n_, group_size,
                                  tl::MarlinMode::Fused)),
+          sym(both ? tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k_, n_, group_size,
+                                     tl::MarlinMode::Symmetric)
+                   : tl::MarlinPacked{}),
           ws_bytes(tl::gpu::marlin_workspace_bytes(tlt::sm_count())), dx(x.size()),
           dy(static_cast<size_t>(m_) * n_), ds(packed.scales.size()), dz(packed.zeros.size()),
-          dw(packed.words.size()), work(ws_bytes) {}
+          dss(sym.scales.size()), dw(packed.words.size()), dws(sym.words.size()), ddelta(sym.delta.size()),
+          work(ws_bytes) {}
     std::string name() const {
         return "M=" + std::to_string(m) + " K=" + std::to_string(k) + " N=" + std::to_string(n) + " group " +
                std::to_string(w.group_size);
     }
     // Allocations and uploads; call once under ASSERT_TRUE.
     ::testing::AssertionResult upload() {
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), work.ok()}) {
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dw.ok(), dws.ok(), ddelta.ok(), work.ok()}) {
             if (!ok) return ::testing::AssertionFailure() << "cudaMalloc failed";
         }
         for (cudaError_t rc : {dx.upload(x), dw.upload(packed.words), ds.upload(packed.scales),
                                dz.upload(packed.zeros), cudaMemset(work.get(), 0, ws_bytes)}) {
             if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
         }
+        if (both) {
+            for (cudaError_t rc : {dws.upload(sym.words), dss.upload(sym.scales), ddelta.upload(sym.delta)}) {
+                if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
+            }
+        }
         return ::testing::AssertionSuccess();
     }
-    // marlin_gemm (fused) into the poisoned output: its rc (a poison failure is reported as that CUDA error).
-    int run() {
+    // Fresh activations of `rows` rows (at most the M the case was built with), uploaded; M becomes `rows`. Y keeps
+    // the size it was built with (poisoned and fetched whole).
+    ::testing::AssertionResult new_activations(int rows) {
+        if (rows < 1 || static_cast<size_t>(rows) * k > dx.count()) {
+            return ::testing::AssertionFailure() << rows << " rows do not fit";
+        }
+        m = rows;
+        x = tlt::random_normal_half(static_cast<size_t>(rows) * k);
+        const cudaError_t rc = dx.upload(x);
+        if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
+        return ::testing::AssertionSuccess();
+    }
+    // marlin_gemm (fused) or marlin_gemm_corrected (symmetric + correction; Modes::Both only) into the poisoned
+    // output: its rc (a poison failure is reported as that CUDA error).
+    int run(bool fused_mode = true) {
+        if (!fused_mode && !both) return tl::gpu::kRcBadArgument;  // nothing packed for it
         const cudaError_t poisoned = dy.poison();
         if (poisoned != cudaSuccess) return static_cast<int>(poisoned);
-        return tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true, work.get(),
-                                    ws_bytes, nullptr);
+        return fused_mode ? tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
+                                                 work.get(), ws_bytes, nullptr)
+                          : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(), dy.get(), m,
+                                                           n, k, gs, work.get(), ws_bytes, nullptr);
     }
     // Waits for the call and fetches Y.
     cudaError_t result(std::vector<uint16_t> &y) {
@@ -139,34 +171,15 @@ class MarlinGemm : public ::testing::TestWithParam<GemmShape> {};
 TEST_P(MarlinGemm, BothModesMatchReference) {
     const GemmShape sh = GetParam();
     if (tlt::g_quick && (sh.layer || static_cast<double>(sh.m) * sh.n * sh.k > 6e7)) GTEST_SKIP() << "quick mode";
-    const int m = sh.m, k = sh.k, n = sh.n, gs = tl::marlin_kernel_group_size(k, sh.group_size);
-    const tlt::Int4Weight w = tlt::random_weight(k, n, sh.group_size);
-    const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
-    const tl::MarlinPacked fused =
-        tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, sh.group_size, tl::MarlinMode::Fused);
-    const tl::MarlinPacked sym = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, sh.group_size,
-                                                 tl::MarlinMode::Symmetric);
-
-    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n), ds(fused.scales.size()), dz(fused.zeros.size()),
-        dss(sym.scales.size());
-    DeviceBuffer<uint32_t> dwf(fused.words.size()), dws(sym.words.size());
-    DeviceBuffer<float> ddelta(sym.delta.size());
-    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-    DeviceBuffer<uint8_t> work(ws_bytes);
-    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dwf.ok(), dws.ok(), ddelta.ok(), work.ok()}) ASSERT_TRUE(ok);
-    CUDA_OK(dx.upload(x));
-    CUDA_OK(dwf.upload(fused.words));
-    CUDA_OK(ds.upload(fused.scales));
-    CUDA_OK(dz.upload(fused.zeros));
-    CUDA_OK(dws.upload(sym.words));
-    CUDA_OK(dss.upload(sym.scales));
-    CUDA_OK(ddelta.upload(sym.delta));
-    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    FusedCase c(sh.m, sh.k, sh.n, sh.group_size, Modes::Both);
+    ASSERT_TRUE(c.upload());
+    const int m = c.m, k = c.k, n = c.n;
+    const tlt::Int4Weight &w = c.w;
 
     // The reference: FP64 on every column for small shapes; for layers, FP64 on sampled columns plus the native
     // kernel (itself tested against FP64 in native_test.cpp) on every element.
     const std::vector<int> cols = sh.layer ? tlt::sample_columns(n, 96) : std::vector<int>{};
-    const std::vector<double> ref = tlt::reference_gemm(x, m, w, cols);
+    const std::vector<double> ref = tlt::reference_gemm(c.x, m, w, cols);
     std::vector<uint16_t> native;
     if (sh.layer) {
         DeviceBuffer<uint8_t> dcodes(w.codes.size());
@@ -176,8 +189,8 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
         CUDA_OK(dscales.upload(w.scales));
         CUDA_OK(dzeros.upload(w.zeros));
         CUDA_OK(dyn.poison());
-        ASSERT_EQ(0, tl::gpu::native_int4_gemm(dx.get(), dcodes.get(), dscales.get(), dzeros.get(), dyn.get(), m, n, k,
-                                               sh.group_size, nullptr));
+        ASSERT_EQ(0, tl::gpu::native_int4_gemm(c.dx.get(), dcodes.get(), dscales.get(), dzeros.get(), dyn.get(), m, n,
+                                               k, sh.group_size, nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(dyn.download(native));
         EXPECT_TRUE(tlt::matches(native, m, n, ref, cols, 2e-3)) << "native INT4 (the second reference)";
@@ -192,18 +205,11 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
         tl::gpu::marlin_set_stream_slices_per_warp(stream_knob);
         for (const bool fused_mode : {true, false}) {
             SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
-            CUDA_OK(dy.poison());
             const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
-            const int rc = fused_mode ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), m, n,
-                                                             k, gs, true, work.get(), ws_bytes, nullptr)
-                                      : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(),
-                                                                       dy.get(), m, n, k, gs, work.get(), ws_bytes,
-                                                                       nullptr);
-            ASSERT_EQ(0, rc);
+            ASSERT_EQ(0, c.run(fused_mode));
             EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream),
                       streams + (stream_applies && stream_knob == 0 ? 1 : 0));
-            CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(dy.download(y));
+            CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
             if (sh.layer) {
                 EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs native INT4";
@@ -213,10 +219,7 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
     tl::gpu::marlin_set_stream_slices_per_warp(0);
 
     // Every call leaves the stream-K workspace (counters and partial sums) zeroed for the next one.
-    std::vector<uint8_t> ws_after;
-    CUDA_OK(work.download(ws_after));
-    EXPECT_TRUE(std::all_of(ws_after.begin(), ws_after.end(), [](uint8_t b) { return b == 0; }))
-        << "workspace not clean after the calls";
+    EXPECT_TRUE(c.workspace_clean());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MarlinGemm, ::testing::ValuesIn(gemm_shapes()), shape_name);
@@ -289,40 +292,15 @@ TEST(MarlinGemmResidency, OneAndTwoBlocksPerSmMatchReference) {
 TEST(MarlinPrecision, PerRowLongK) {
     if (tlt::g_quick) GTEST_SKIP() << "quick mode";
     const int k = 28672, n = 1024;
-    const tlt::Int4Weight w = tlt::random_weight(k, n, k);
-    const tl::MarlinPacked fused = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, k,
-                                                   tl::MarlinMode::Fused);
-    const tl::MarlinPacked sym = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k, n, k,
-                                                 tl::MarlinMode::Symmetric);
-    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-    DeviceBuffer<uint16_t> dx(static_cast<size_t>(16) * k), dy(static_cast<size_t>(16) * n), ds(fused.scales.size()),
-        dz(fused.zeros.size()), dss(sym.scales.size());
-    DeviceBuffer<uint32_t> dwf(fused.words.size()), dws(sym.words.size());
-    DeviceBuffer<float> ddelta(sym.delta.size());
-    DeviceBuffer<uint8_t> work(ws_bytes);
-    for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dwf.ok(), dws.ok(), ddelta.ok(), work.ok()}) ASSERT_TRUE(ok);
-    CUDA_OK(dwf.upload(fused.words));
-    CUDA_OK(ds.upload(fused.scales));
-    CUDA_OK(dz.upload(fused.zeros));
-    CUDA_OK(dws.upload(sym.words));
-    CUDA_OK(dss.upload(sym.scales));
-    CUDA_OK(ddelta.upload(sym.delta));
-    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+    FusedCase c(16, k, n, k, Modes::Both);  // Y [16][n]; M = 1 and 8 use its first rows
+    ASSERT_TRUE(c.upload());
     for (const int m : {1, 8, 16}) {
-        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
-        CUDA_OK(cudaMemcpy(dx.get(), x.data(), x.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-        const std::vector<double> ref = tlt::reference_gemm(x, m, w, {});
+        ASSERT_TRUE(c.new_activations(m));
+        const std::vector<double> ref = tlt::reference_gemm(c.x, m, c.w, {});
         for (const bool fused_mode : {true, false}) {
-            CUDA_OK(dy.poison());
-            const int rc = fused_mode ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), m, n, k,
-                                                             -1, true, work.get(), ws_bytes, nullptr)
-                                      : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(),
-                                                                       dy.get(), m, n, k, -1, work.get(), ws_bytes,
-                                                                       nullptr);
-            ASSERT_EQ(0, rc);
-            CUDA_OK(cudaDeviceSynchronize());
+            ASSERT_EQ(0, c.run(fused_mode));
             std::vector<uint16_t> y;
-            CUDA_OK(dy.download(y));
+            CUDA_OK(c.result(y));
             y.resize(static_cast<size_t>(m) * n);
             const ::testing::AssertionResult r = tlt::matches(y, m, n, ref, {}, 2e-3);
             std::printf("[precision] per row, K = %d, N = %d, M = %2d, %s: %s\n", k, n, m,
@@ -433,56 +411,25 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
                           {300, 1024, 832, 128}, {517, 256, 2112, 32},  {96, 8192, 256, 128},  {200, 64, 448, 64},
                           // 576 tiles of 128 rows: whole-tile scheduling (>= 4 tiles per resident block)
                           {1100, 64, 16384, 64}};
-    const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(tlt::sm_count());
-    DeviceBuffer<uint8_t> work(ws_bytes);
-    ASSERT_TRUE(work.ok());
-    CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
     tl::gpu::marlin_set_wgmma_min_m(17);
-    for (const Case c : cases) {
-        SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) +
-                     " group " + std::to_string(c.group_size));
-        const int gs = tl::marlin_kernel_group_size(c.k, c.group_size);
-        const tlt::Int4Weight w = tlt::random_weight(c.k, c.n, c.group_size);
-        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(c.m) * c.k);
-        const tl::MarlinPacked fused = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
-                                                       c.group_size, tl::MarlinMode::Fused);
-        const tl::MarlinPacked sym = tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), c.k, c.n,
-                                                     c.group_size, tl::MarlinMode::Symmetric);
-        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(c.m) * c.n), ds(fused.scales.size()),
-            dz(fused.zeros.size()), dss(sym.scales.size());
-        DeviceBuffer<uint32_t> dwf(fused.words.size()), dws(sym.words.size());
-        DeviceBuffer<float> ddelta(sym.delta.size());
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dwf.ok(), dws.ok(), ddelta.ok()}) ASSERT_TRUE(ok);
-        CUDA_OK(dx.upload(x));
-        CUDA_OK(dwf.upload(fused.words));
-        CUDA_OK(ds.upload(fused.scales));
-        CUDA_OK(dz.upload(fused.zeros));
-        CUDA_OK(dws.upload(sym.words));
-        CUDA_OK(dss.upload(sym.scales));
-        CUDA_OK(ddelta.upload(sym.delta));
-        const std::vector<double> ref = tlt::reference_gemm(x, c.m, w, {});
+    for (const Case sh : cases) {
+        FusedCase c(sh.m, sh.k, sh.n, sh.group_size, Modes::Both);
+        SCOPED_TRACE(c.name());
+        ASSERT_TRUE(c.upload());
+        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         for (const bool fused_mode : {true, false}) {
             SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
             const uint64_t before = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma);
-            CUDA_OK(dy.poison());
-            const int rc = fused_mode ? tl::gpu::marlin_gemm(dx.get(), dwf.get(), ds.get(), dz.get(), dy.get(), c.m,
-                                                             c.n, c.k, gs, true, work.get(), ws_bytes, nullptr)
-                                      : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(),
-                                                                       dy.get(), c.m, c.n, c.k, gs, work.get(),
-                                                                       ws_bytes, nullptr);
-            EXPECT_EQ(0, rc);
+            EXPECT_EQ(0, c.run(fused_mode));
             EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
-            CUDA_OK(cudaDeviceSynchronize());
             std::vector<uint16_t> y;
-            CUDA_OK(dy.download(y));
+            CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
         }
+        // Every call leaves the workspace zeroed.
+        EXPECT_TRUE(c.workspace_clean());
     }
     tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
-    std::vector<uint8_t> ws_after;
-    CUDA_OK(work.download(ws_after));
-    EXPECT_TRUE(std::all_of(ws_after.begin(), ws_after.end(), [](uint8_t b) { return b == 0; }))
-        << "workspace not clean after the calls";
 }
 
 // The C API's dispatcher (tl_quant_gemm) sends 16 < M < kMarlinWgmmaMinM to the medium kernel and larger M to the
