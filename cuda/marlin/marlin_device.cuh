@@ -138,9 +138,12 @@ __device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&
     }
 }
 
+// Partial sums into the FP32 workspace as reductions without a result (red): the vector atomicAdd overloads compile
+// to ATOMG, whose destination registers stay reserved until the round trip (~1-2 us under load) ends. (Timing of the
+// stream kernel unchanged by it, gpu-notes.md sixth shift.)
 __device__ __forceinline__ void add_partial(float *dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(a, b));  // one vector RED on Hopper
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 #else
     atomicAdd(dst, a);
     atomicAdd(dst + 1, b);
@@ -153,7 +156,9 @@ __device__ __forceinline__ void store_half2(uint16_t *y, float a, float b) {
 
 __device__ __forceinline__ void add_partial4(float *dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float4 *>(dst), make_float4(a, b, c, d));  // one vector RED on Hopper
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b), "f"(c),
+                 "f"(d)
+                 : "memory");
 #else
     add_partial(dst, a, b);
     add_partial(dst + 2, c, d);
