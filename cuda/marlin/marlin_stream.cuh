@@ -211,14 +211,13 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
 // three stages per warp, or than env.stream_stages when set; NB = 2: one), stages per warp ring (as many as fit, up to
 // kStreamMaxStages; env.stream_stages caps them), total warps (env.stream_slices_per_warp > 0: at least that many
 // slices per warp, so fewer warps; 0: every warp slot of the GPU). False if not even a 2-stage ring fits.
-inline bool stream_shape(const LaunchEnv &env, int nb, int stage_bytes, long long total, int &per_sm, int &stages,
-                         long long &grid) {
+inline bool stream_shape(const LaunchEnv &env, int nb, int stage_bytes, long long total, int &stages, long long &grid) {
     auto stages_for = [&](int blocks) {
         const int budget = std::min(env.max_smem_optin, env.smem_per_sm / blocks - kPerBlockSystemSmem) - 128;
         return std::min(kStreamMaxStages, budget / (kWarps * stage_bytes));
     };
     const int wanted = env.stream_stages > 0 ? std::min(env.stream_stages, kStreamMaxStages) : 3;
-    per_sm = nb == 1 && env.max_blocks_per_sm >= 2 && stages_for(2) >= wanted ? 2 : 1;
+    const int per_sm = nb == 1 && env.max_blocks_per_sm >= 2 && stages_for(2) >= wanted ? 2 : 1;
     stages = std::min(stages_for(per_sm), env.stream_stages > 0 ? wanted : kStreamMaxStages);
     if (stages < 2) return false;
     long long warps = static_cast<long long>(env.sm_count) * per_sm * kWarps;
@@ -236,9 +235,8 @@ int launch_stream(Params p, const LaunchEnv &env) {
     const int strips = p.n / 64;
     p.k_tiles = p.k / kStreamStageK;
     p.total_iters = static_cast<long long>(strips) * p.k_tiles;
-    int per_sm = 0;
     long long grid = 0;
-    if (!stream_shape(env, NB, stage_bytes, p.total_iters, per_sm, p.stages, grid)) return kRcUnsupported;
+    if (!stream_shape(env, NB, stage_bytes, p.total_iters, p.stages, grid)) return kRcUnsupported;
     const size_t counter_bytes = (static_cast<size_t>(strips) * sizeof(int) + 255) / 256 * 256;
     if (counter_bytes + static_cast<size_t>(strips) * NB * 512 * sizeof(float) > env.workspace_bytes) {
         return kRcWorkspace;
