@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "check_cuda.hpp"
 #include "marlin/marlin_device.cuh"
 
 namespace {
@@ -38,15 +39,6 @@ constexpr int kUnitBytes = 4096;
 constexpr int kCopies = 4;
 constexpr int kLaunches = 20;
 constexpr int kPasses = 5;
-
-#define CHECK_CUDA(call)                                                                              \
-    do {                                                                                              \
-        const cudaError_t e = (call);                                                                 \
-        if (e != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
-            std::exit(1);                                                                             \
-        }                                                                                             \
-    } while (0)
 
 __global__ void fill(uint32_t *p, size_t words) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "check_cuda.hpp"
 #include "gpu_kernels.hpp"
 #include "half.hpp"
 #include "tinyloop.h"
@@ -47,15 +48,6 @@ constexpr double kPeakFlops = 790e12;
 constexpr size_t kRotationBytes = 256ull << 20;  // > 4 x 60 MB L2
 constexpr int kReplays = 7;
 constexpr int kNativeMaxM = 256;
-
-#define CHECK_CUDA(call)                                                                              \
-    do {                                                                                              \
-        const cudaError_t e = (call);                                                                 \
-        if (e != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
-            std::exit(1);                                                                             \
-        }                                                                                             \
-    } while (0)
 
 __device__ uint32_t hash32(uint64_t i, uint32_t seed) {
     uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
