@@ -14,6 +14,9 @@ page holds what the benchmarks measured and nothing typed by hand.
   tools/bench_tables.py small BENCH_CSV
       M <= 16 (group 128): the stream kernel (the dispatcher's M <= 16 kernel, column marlin_fused) against the skinny
       kernel it replaced (marlin_fused_skinny, same run) and dense cuBLAS FP16.
+  tools/bench_tables.py probe PROBE_CSV
+      tl_read_probe's read bandwidth per access pattern, ring depth and residency, without and with the stand-in
+      arithmetic (one row per configuration, the two delays side by side).
   tools/bench_tables.py score SCORE_CSV
       issue 4's scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
       configuration, graphs off and on, device memory, fallbacks.
@@ -131,6 +134,23 @@ def small_m_table(path):
               f"({sol / skinny:.2f}) | {skinny / stream:.2f}× | {fp16} |")
 
 
+def probe_table(path):
+    cells, order = {}, []
+    for r in csv.DictReader(open(path)):
+        key = (r["pattern"], r["depth"], r["warps_per_block"], r["blocks_per_sm"])
+        if key not in cells:
+            cells[key] = {}
+            order.append(key)
+        cells[key][int(r["delay"])] = f"{float(r['us']):.1f} ({float(r['tb_per_s']):.2f})"
+    delays = sorted({d for c in cells.values() for d in c})
+    print("| pattern | depth | warps × blocks per SM | "
+          + " | ".join(f"delay {d}: µs (TB/s)" for d in delays) + " |")
+    print("|---|---|---|" + "---|" * len(delays))
+    for key in order:
+        print(f"| {key[0]} | {key[1]} | {key[2]} × {key[3]} | "
+              + " | ".join(cells[key].get(d, "–") for d in delays) + " |")
+
+
 def score_table(path):
     rows = list(csv.DictReader(open(path)))
     table, order = {}, []
@@ -168,6 +188,7 @@ def main():
     a.add_argument("csv", nargs="+")
     a.add_argument("--cublas-min-m", type=int, default=512)
     sub.add_parser("small").add_argument("csv")
+    sub.add_parser("probe").add_argument("csv")
     sub.add_parser("score").add_argument("csv")
     args = p.parse_args()
     if args.what == "gemm":
@@ -176,6 +197,8 @@ def main():
         ab_table(args.csv, args.cublas_min_m)
     elif args.what == "small":
         small_m_table(args.csv)
+    elif args.what == "probe":
+        probe_table(args.csv)
     else:
         score_table(args.csv)
 
