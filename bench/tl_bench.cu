@@ -2,6 +2,7 @@
 //
 //   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
 //            [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]
+//            [--wgmma-split-max-kn KN]
 //
 // The filters keep a subset (for profiling one kernel under ncu, or the rows another benchmark times): a layer is
 // kept when its name contains any of the substrings; kernel names as in the CSV. --stream-loop times the same calls
@@ -14,6 +15,8 @@
 // (marlin_set_stream_slices_per_warp: 0 = every warp slot, the default; -1 = the skinny kernel instead).
 // --blocks-per-sm 1|2: resident blocks per SM for M <= 16 (marlin_set_max_blocks_per_sm; default 2).
 // --stream-stages S: the stream kernel's ring depth per warp (marlin_set_stream_stages; default: as deep as fits).
+// --wgmma-split-max-kn KN: up to M = 64, weights of at most KN elements on two warpgroups per tile
+// (marlin_set_wgmma_split_max_kn; default 2^26; 0 = never).
 //
 // Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
@@ -332,7 +335,8 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         std::fprintf(stderr,
                      "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|row] "
-                     "[--kernels a,b] [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]\n",
+                     "[--kernels a,b] [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S] "
+                     "[--wgmma-split-max-kn KN]\n",
                      argv[0]);
         return 2;
     }
@@ -360,6 +364,9 @@ int main(int argc, char **argv) {
         else if (arg == "--group" && has_value) only_group = argv[++i];
         else if (arg == "--stream-slices" && has_value) stream_slices = std::atoi(argv[++i]);
         else if (arg == "--stream-stages" && has_value) tl::gpu::marlin_set_stream_stages(std::atoi(argv[++i]));
+        else if (arg == "--wgmma-split-max-kn" && has_value) {
+            tl::gpu::marlin_set_wgmma_split_max_kn(std::atoll(argv[++i]));
+        }
         else if (arg == "--blocks-per-sm" && has_value) tl::gpu::marlin_set_max_blocks_per_sm(std::atoi(argv[++i]));
         else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
         else {

@@ -63,6 +63,11 @@ void marlin_set_medium_max_m(int m);
 // Tuning knob: the smallest M that tries the wgmma kernel, clamped to [17, 2^31 - 1] (the largest value: never).
 // Process-wide; results do not depend on it beyond FP32 summation order and FP16 rounding of the weights.
 void marlin_set_wgmma_min_m(int m);
+// Tuning knob: up to M = 64 the wgmma kernel runs a weight of at most this many elements (K * N) on two warpgroups
+// per 64-row tile (one block per SM), larger ones on one warpgroup (two blocks per SM); 0 = never split. Process-wide;
+// results do not depend on it beyond FP32 summation order.
+void marlin_set_wgmma_split_max_kn(long long kn);
+constexpr long long kMarlinWgmmaSplitMaxKN = 1LL << 26;  // the default: up to the Llama-8B down layer (58.7M)
 // Tuning knob: how the M <= 16 stream kernel spreads its 128-deep slices: 0 = over every warp slot of the GPU
 // (default), n >= 1 = at least n slices per warp (fewer warps), -1 = never use the stream kernel (the skinny kernel
 // runs). Process-wide; results do not depend on it beyond FP32 summation order.

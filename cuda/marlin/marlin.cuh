@@ -64,6 +64,7 @@ struct LaunchEnv {
     int max_blocks_per_sm;  // 1 or 2: residency wanted for M <= 16 (marlin_set_max_blocks_per_sm)
     int stream_slices_per_warp;  // stream kernel: 0 = every warp slot, n = at least n slices per warp
     int stream_stages;           // stream kernel: ring depth per warp, 0 = as deep as fits
+    long long wgmma_split_max_kn;  // wgmma kernel, M <= 64: the largest K * N on two warpgroups per 64-row tile
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;

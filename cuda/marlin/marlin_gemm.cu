@@ -25,6 +25,7 @@ std::atomic<int> g_medium_max_m{kMarlinMediumMaxM};
 std::atomic<int> g_wgmma_min_m{kMarlinWgmmaMinM};
 std::atomic<int> g_stream_slices_per_warp{0};
 std::atomic<int> g_stream_stages{0};
+std::atomic<long long> g_wgmma_split_max_kn{kMarlinWgmmaSplitMaxKN};
 std::atomic<uint64_t> g_launches[5];  // by MarlinKernel
 
 template <int MB, bool FUSED>
@@ -126,6 +127,10 @@ void marlin_set_stream_slices_per_warp(int slices) {
     g_stream_slices_per_warp.store(std::max(-1, slices), std::memory_order_relaxed);
 }
 
+void marlin_set_wgmma_split_max_kn(long long kn) {
+    g_wgmma_split_max_kn.store(std::max(0LL, kn), std::memory_order_relaxed);
+}
+
 void marlin_set_wgmma_min_m(int m) { g_wgmma_min_m.store(std::max(17, m), std::memory_order_relaxed); }
 
 MarlinKernel marlin_kernel_for(int m) {
@@ -174,6 +179,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     env.max_blocks_per_sm = g_max_blocks_per_sm.load(std::memory_order_relaxed);
     env.stream_slices_per_warp = g_stream_slices_per_warp.load(std::memory_order_relaxed);
     env.stream_stages = g_stream_stages.load(std::memory_order_relaxed);
+    env.wgmma_split_max_kn = g_wgmma_split_max_kn.load(std::memory_order_relaxed);
     env.workspace = workspace;
     env.workspace_bytes = workspace_bytes;
     env.stream = stream;

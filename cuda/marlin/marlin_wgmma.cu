@@ -30,16 +30,16 @@ namespace {
 constexpr int kWgTileN = 256;  // columns per block tile: one 64-column strip per warp of a warpgroup
 constexpr int kWholeTileWaves = 4;  // tiles per resident block from which whole-tile scheduling is used
 
-template <int WGS, bool FUSED, int GPT>
+template <int WGS, int ROWS, bool FUSED, int GPT>
 struct WgmmaLayout {
     static constexpr int kThreads = 128 * WGS;
-    static constexpr int kRows = 64 * WGS;            // activation rows per tile
+    static constexpr int kRows = ROWS;                // activation rows per tile (64 or 128)
     static constexpr int kX = kRows * 128;            // activations first: 1024-aligned
     static constexpr int kW = kTileK * kWgTileN / 2;  // weights: [strip][k16][lane][16 B], as in global memory
     static constexpr int kS = GPT * kWgTileN * 2;     // scales [GPT][256] (permuted as in global), then zeros
     static constexpr int kStage = (kX + kW + kS * (FUSED ? 2 : 1) + 1023) / 1024 * 1024;
     // Pipeline depth: what Hopper's 227 KB per block / 228 KB per SM hold at the residency below (checked at launch).
-    static constexpr int kStages = WGS == 1 ? 6 : 8;
+    static constexpr int kStages = WGS == 1 ? 6 : ROWS == 128 ? 8 : 10;
     static constexpr int kWords = 4 / WGS;  // words (16-column tiles of a strip) per warp
     static constexpr int kNB = kRows / 8;   // 8-row blocks of the accumulator (wgmma N / 8)
     // A-fragment buffers = wgmma groups (k16 steps) in flight + 1: as many as the registers allow (4 divides the
@@ -129,10 +129,10 @@ __device__ __forceinline__ void wgmma_64xRx16(float (&d)[64], const uint32_t (&a
     wgmma_64x128x16(d, a, desc);
 }
 
-template <int WGS, bool FUSED, int GPT>
+template <int WGS, int ROWS, bool FUSED, int GPT>
 __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = WgmmaLayout<WGS, FUSED, GPT>;
+    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
     extern __shared__ uint8_t smem_raw[];
     __shared__ int last_contributor;
     const uint32_t raw_base = smem_addr(smem_raw);
@@ -382,15 +382,15 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
 #endif
 }
 
-template <int WGS, bool FUSED, int GPT>
+template <int WGS, int ROWS, bool FUSED, int GPT>
 int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
-    using L = WgmmaLayout<WGS, FUSED, GPT>;
+    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
     // One warpgroup per block: two blocks per SM wanted (their wgmma interleave); two warpgroups: one block.
     constexpr int kPerSm = WGS == 1 ? 2 : 1;
     // Resident blocks per SM (registers and shared memory), cached per device: 0 = not set up, -1 = none fits.
     static std::atomic<int> resident_cache[64];
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
-    auto kernel = marlin_wgmma_kernel<WGS, FUSED, GPT>;
+    auto kernel = marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT>;
     constexpr int kSmem = L::kStages * L::kStage + 1024;  // + the slack that aligns the ring to 1024 bytes
     int resident = resident_cache[env.device].load(std::memory_order_relaxed);
     if (resident == 0) {
@@ -439,9 +439,17 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
 template <bool FUSED>
 int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
     if (p.m <= 64) {
-        return gpt == 2 ? launch_wgmma_kernel<1, FUSED, 2>(p, env) : launch_wgmma_kernel<1, FUSED, 1>(p, env);
+        // Up to 64 rows: one warpgroup per block, two blocks per SM; or, for a weight of at most
+        // env.wgmma_split_max_kn elements, two warpgroups per block splitting the tile's words (each weight still
+        // dequantized once), one block per SM. Measured on the H200 (gpu-notes.md, sixth shift) at M = 33-64: the
+        // split is 5-18% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
+        // slower on 8B gate+up and the 70B layers, where two independent blocks per SM keep more in flight.
+        if (static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn) {
+            return gpt == 2 ? launch_wgmma_kernel<2, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<2, 64, FUSED, 1>(p, env);
+        }
+        return gpt == 2 ? launch_wgmma_kernel<1, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<1, 64, FUSED, 1>(p, env);
     }
-    return gpt == 2 ? launch_wgmma_kernel<2, FUSED, 2>(p, env) : launch_wgmma_kernel<2, FUSED, 1>(p, env);
+    return gpt == 2 ? launch_wgmma_kernel<2, 128, FUSED, 2>(p, env) : launch_wgmma_kernel<2, 128, FUSED, 1>(p, env);
 }
 
 }  // namespace

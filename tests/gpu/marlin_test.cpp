@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -391,8 +392,9 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
 }
 
 // The wgmma kernel (compute capability 9.0, library built for sm_90a), forced from M = 17: 64- and 128-row tiles,
-// full and partial, N with partial 256-column tiles, group 32 / 64 / 128 and per row, both modes, stream-K and
-// whole-tile scheduling; against FP64, and
+// full and partial (64-row tiles on one warpgroup and on two: the split bound set to never and to always), N with
+// partial 256-column tiles, group 32 / 64 / 128 and per row, both modes, stream-K and whole-tile scheduling; against
+// FP64, and
 // the workspace is left zeroed. Where the kernel cannot run the launcher falls through, and the results must still
 // match (the launch counter then stays put).
 TEST(MarlinWgmma, MatchesReferenceFromM17) {
@@ -417,15 +419,21 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
         SCOPED_TRACE(c.name());
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        for (const bool fused_mode : {true, false}) {
-            SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
-            const uint64_t before = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma);
-            EXPECT_EQ(0, c.run(fused_mode));
-            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
-            std::vector<uint16_t> y;
-            CUDA_OK(c.result(y));
-            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
+        for (const long long split_max_kn : {0LL, LLONG_MAX}) {
+            SCOPED_TRACE(split_max_kn == 0 ? "64-row tiles on one warpgroup" : "64-row tiles on two warpgroups");
+            tl::gpu::marlin_set_wgmma_split_max_kn(split_max_kn);
+            for (const bool fused_mode : {true, false}) {
+                SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
+                const uint64_t before = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma);
+                EXPECT_EQ(0, c.run(fused_mode));
+                EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
+                std::vector<uint16_t> y;
+                CUDA_OK(c.result(y));
+                EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
+            }
+            if (sh.m > 64) break;  // 128-row tiles: the bound does not apply
         }
+        tl::gpu::marlin_set_wgmma_split_max_kn(tl::gpu::kMarlinWgmmaSplitMaxKN);
         // Every call leaves the workspace zeroed.
         EXPECT_TRUE(c.workspace_clean());
     }
