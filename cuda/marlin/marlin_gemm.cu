@@ -145,7 +145,7 @@ uint64_t marlin_launch_count(MarlinKernel kernel) {
 size_t marlin_workspace_bytes(int sm_count) {
     // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
     // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64; the wgmma kernel: two blocks of
-    // 64 rows x 256 columns or one of 128 rows); counters for up to two blocks per SM. The stream kernel lays its
+    // 64 rows x 256 columns, or one of 64 or 128 rows); counters for up to two blocks per SM. The stream kernel lays its
     // per-strip counters and sums over the same bytes (N / 64 x 4 KB at most: N up to ~270K columns on 132 SMs;
     // beyond, it refuses and the skinny kernel runs).
     const size_t counters = (static_cast<size_t>(2 * sm_count) * sizeof(int) + 255) / 256 * 256;

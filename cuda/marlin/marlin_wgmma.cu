@@ -3,7 +3,8 @@
 // kernels (cpp/marlin_pack.hpp); used from M > 64 on the H200 (the dispatcher's bound, marlin_set_wgmma_min_m).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips,
-// one per warp of a warpgroup) x R rows of X (R = 64 with one warpgroup, 128 with two). Per k16 step, warp j of a
+// one per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on
+// two). Per k16 step, warp j of a
 // warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile of columns
 // 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to FP16
 // in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma
