@@ -1,6 +1,6 @@
 // The Marlin-class INT4 x FP16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
-// kernels (cpp/marlin_pack.hpp); used from M > 64 on the H200 (the dispatcher's bound, marlin_set_wgmma_min_m).
+// kernels (cpp/marlin_pack.hpp); used from kMarlinWgmmaMinM = 33 rows on the H200 (marlin_set_wgmma_min_m).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips,
 // one per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on
