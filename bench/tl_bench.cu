@@ -291,9 +291,9 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
 
 // Same-run A/B columns of the fused kernel choices: marlin_fused_skinny, the skinny kernel (block barrier per slice)
 // where the stream kernel is the default (M <= 16, group 128); marlin_fused_wide, the first-generation M > 16 kernel
-// (16 < M <= 256); marlin_fused_medium, the medium kernel where the wgmma kernel is the default (kMarlinWgmmaMinM <=
-// M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound (16 < M < kMarlinWgmmaMinM; from the bound
-// marlin_fused is the wgmma kernel where it runs).
+// (16 < M <= 256); marlin_fused_medium, the medium kernel where the wgmma kernel is the default (its bound for the
+// weight, marlin_wgmma_min_m_for, <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound (16 < M <
+// the bound; from the bound marlin_fused is the wgmma kernel where it runs).
 const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native",            "deq_cublas", "cublas_fp16",
                           "marlin_fused_skinny", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
 constexpr int kNumKernels = 9;
@@ -506,10 +506,11 @@ int main(int argc, char **argv) {
                 };
                 const bool wgmma = tl::gpu::marlin_wgmma_built();
                 if (wanted(6) && m > 16 && m <= 256) r.t[6] = fused_with(16, INT32_MAX);
-                if (wanted(7) && wgmma && m > 16 && m < tl::gpu::kMarlinWgmmaMinM) {
+                const int wgmma_from = tl::gpu::marlin_wgmma_min_m_for(k, n);
+                if (wanted(7) && wgmma && m > 16 && m < wgmma_from) {
                     r.t[7] = fused_with(tl::gpu::kMarlinMediumMaxM, 17);
                 }
-                if (wanted(8) && wgmma && m >= tl::gpu::kMarlinWgmmaMinM && m <= tl::gpu::kMarlinMediumMaxM) {
+                if (wanted(8) && wgmma && m > 16 && m >= wgmma_from && m <= tl::gpu::kMarlinMediumMaxM) {
                     r.t[8] = fused_with(tl::gpu::kMarlinMediumMaxM, INT32_MAX);
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {

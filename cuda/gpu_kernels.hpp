@@ -48,15 +48,22 @@ void marlin_set_max_blocks_per_sm(int blocks);
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
                 int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
 // Which kernel marlin_gemm runs for M rows: Skinny (M <= 16), Medium (16 < M <= the medium bound, default
-// kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop). Wgmma (M >= the wgmma bound,
-// default kMarlinWgmmaMinM, and M > 16) takes precedence where it runs: a library built for sm_90a on a device of
-// compute capability 9.0; elsewhere it refuses and the kernel for M above runs.
+// kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop). Wgmma (M >= the wgmma bound of
+// the weight, marlin_wgmma_min_m_for, and M > 16) takes precedence where it runs: a library built for sm_90a on a
+// device of compute capability 9.0; elsewhere it refuses and the kernel for M above runs.
 // Stream (M <= 16, K % 128 == 0, group size 32, 64 or a multiple of 128 / per column) takes precedence over Skinny
 // unless turned off with marlin_set_stream_slices_per_warp(-1).
 enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3, Stream = 4 };
 constexpr int kMarlinMediumMaxM = 64;
 constexpr int kMarlinWgmmaMinM = 33;
+// Weights of at most this many elements (K * N: Llama-8B qkv and every layer of the 2B model) take the wgmma kernel
+// from 17 rows: there it beats the medium kernel by 6-17% at M = 17-32 (its 64-row tile on two warpgroups), while
+// on larger weights the medium kernel wins below 33 rows (benchmarks.md).
+constexpr long long kMarlinWgmmaSmallKN = 1LL << 25;
 MarlinKernel marlin_kernel_for(int m);
+// The smallest M that tries the wgmma kernel for a K x N weight: the bound of marlin_set_wgmma_min_m, lowered to 17
+// for a weight of at most kMarlinWgmmaSmallKN elements unless the bound is 2^31 - 1 (never).
+int marlin_wgmma_min_m_for(int k, int n);
 // Tuning knob (benchmarks, A/B tests): the largest M that runs the medium kernel, clamped to [16, 64] (16: never).
 // Process-wide; results do not depend on it beyond FP32 summation order.
 void marlin_set_medium_max_m(int m);

@@ -1,7 +1,8 @@
 // The public launcher of the Marlin-class GEMM: argument and shape checks, kernel and tile-height choice, dispatch
 // to the instantiation. The kernels: marlin_stream.cuh (M <= 16, where it applies; else marlin_skinny.cuh),
 // marlin_medium.cuh (16 < M <= 64, see marlin_set_medium_max_m), marlin_kernel.cuh (above); on compute capability
-// 9.0, marlin_wgmma.cu from marlin_set_wgmma_min_m rows.
+// 9.0, marlin_wgmma.cu from marlin_wgmma_min_m_for(K, N) rows.
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -133,6 +134,12 @@ void marlin_set_wgmma_split_max_kn(long long kn) {
 
 void marlin_set_wgmma_min_m(int m) { g_wgmma_min_m.store(std::max(17, m), std::memory_order_relaxed); }
 
+int marlin_wgmma_min_m_for(int k, int n) {
+    const int bound = g_wgmma_min_m.load(std::memory_order_relaxed);
+    const bool small = static_cast<long long>(k) * n <= kMarlinWgmmaSmallKN;
+    return small && bound != INT_MAX ? std::min(bound, 17) : bound;
+}
+
 MarlinKernel marlin_kernel_for(int m) {
     if (m <= 16) return MarlinKernel::Skinny;
     return m <= g_medium_max_m.load(std::memory_order_relaxed) ? MarlinKernel::Medium : MarlinKernel::Wide;
@@ -145,8 +152,8 @@ uint64_t marlin_launch_count(MarlinKernel kernel) {
 size_t marlin_workspace_bytes(int sm_count) {
     // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
     // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64; the wgmma kernel: two blocks of
-    // 64 rows x 256 columns, or one of 64 or 128 rows); counters for up to two blocks per SM. The stream kernel lays its
-    // per-strip counters and sums over the same bytes (N / 64 x 4 KB at most: N up to ~270K columns on 132 SMs;
+    // 64 rows x 256 columns, or one of 64 or 128 rows); counters for up to two blocks per SM. The stream kernel lays
+    // its per-strip counters and sums over the same bytes (N / 64 x 4 KB at most: N up to ~270K columns on 132 SMs;
     // beyond, it refuses and the skinny kernel runs).
     const size_t counters = (static_cast<size_t>(2 * sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
@@ -193,7 +200,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.n = n;
     p.k = k;
     p.group_size = group_size;
-    if (m >= g_wgmma_min_m.load(std::memory_order_relaxed)) {
+    if (m > 16 && m >= marlin_wgmma_min_m_for(k, n)) {
         const int rc = marlin::launch_wgmma(p, env, fused, gpt);
         if (rc == 0) g_launches[static_cast<int>(MarlinKernel::Wgmma)].fetch_add(1, std::memory_order_relaxed);
         if (rc >= 0) return rc;  // refused (not sm_90a, shared memory, workspace): the kernel for M below runs

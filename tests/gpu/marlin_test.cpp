@@ -440,103 +440,116 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
     tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
 }
 
-// The C API's dispatcher (tl_quant_gemm) sends 16 < M < kMarlinWgmmaMinM to the medium kernel and larger M to the
-// wgmma kernel where it runs (else: the medium kernel up to 64 rows, the M > 16 kernel above), on both Marlin-class
+// The C API's dispatcher (tl_quant_gemm) sends 16 < M < marlin_wgmma_min_m_for(K, N) (17 for a small weight, else
+// kMarlinWgmmaMinM) to the medium kernel and larger M to the wgmma kernel where it runs (else: the medium kernel up to
+// 64 rows, the M > 16 kernel above), for a small and a larger weight, on both Marlin-class
 // paths (fused and symmetric + correction): the weight's path counter and the kernel's launch counter each move by
 // one, nothing falls back, and the output matches the native INT4 fallback (USE_MARLIN = 0) and the FP64 reference.
 TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
-    const int k = 1024, n = 1536, group_size = 128;
+    const int group_size = 128;
     int32_t saved[5];
     for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
-    // Random FP32 weights [n][k] (a Linear's layout), quantized by the library; the reference multiplies by what
-    // tl_weight_dequantize returns, so the test checks the GEMM, not the quantizer.
-    std::vector<float> wf(static_cast<size_t>(k) * n);
-    std::normal_distribution<float> normal(0.0f, 0.03f);
-    for (float &v : wf) v = normal(tlt::rng());
-    tl_quantize_options qopts;
-    ASSERT_EQ(TL_OK, tl_quantize_options_init(&qopts, sizeof qopts));
-    qopts.group_size = group_size;
-    tl_weight *weight = nullptr;
-    ASSERT_EQ(TL_OK, tl_weight_quantize(wf.data(), k, n, &qopts, &weight)) << tl_last_error_message();
-    std::unique_ptr<tl_weight, void (*)(tl_weight *)> owner(weight, tl_weight_free);
-    tl_pack_options popts;
-    ASSERT_EQ(TL_OK, tl_pack_options_init(&popts, sizeof popts));
-    popts.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
-    tl_pack_report report;
-    ASSERT_EQ(TL_OK, tl_pack_report_init(&report, sizeof report));
-    ASSERT_EQ(TL_OK, tl_weight_pack_marlin(weight, &popts, &report)) << tl_last_error_message();
-    std::vector<float> wt(static_cast<size_t>(k) * n);  // [n][k], what the library multiplies by
-    ASSERT_EQ(TL_OK, tl_weight_dequantize(weight, wt.data(), wt.size()));
+    struct WeightCase {
+        int k, n;
+        std::vector<int> ms;
+    };
+    // A small weight (wgmma from 17 rows where it runs) and one just above kMarlinWgmmaSmallKN (medium below 33).
+    for (const WeightCase &wc : {WeightCase{1024, 1536, {17, 32, 33, 64, 100}}, WeightCase{2048, 16448, {17, 32}}}) {
+        const int k = wc.k, n = wc.n;
+        SCOPED_TRACE("K = " + std::to_string(k) + ", N = " + std::to_string(n));
+        // Random FP32 weights [n][k] (a Linear's layout), quantized by the library; the reference multiplies by what
+        // tl_weight_dequantize returns, so the test checks the GEMM, not the quantizer.
+        std::vector<float> wf(static_cast<size_t>(k) * n);
+        std::normal_distribution<float> normal(0.0f, 0.03f);
+        for (float &v : wf) v = normal(tlt::rng());
+        tl_quantize_options qopts;
+        ASSERT_EQ(TL_OK, tl_quantize_options_init(&qopts, sizeof qopts));
+        qopts.group_size = group_size;
+        tl_weight *weight = nullptr;
+        ASSERT_EQ(TL_OK, tl_weight_quantize(wf.data(), k, n, &qopts, &weight)) << tl_last_error_message();
+        std::unique_ptr<tl_weight, void (*)(tl_weight *)> owner(weight, tl_weight_free);
+        tl_pack_options popts;
+        ASSERT_EQ(TL_OK, tl_pack_options_init(&popts, sizeof popts));
+        popts.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+        tl_pack_report report;
+        ASSERT_EQ(TL_OK, tl_pack_report_init(&report, sizeof report));
+        ASSERT_EQ(TL_OK, tl_weight_pack_marlin(weight, &popts, &report)) << tl_last_error_message();
+        std::vector<float> wt(static_cast<size_t>(k) * n);  // [n][k], what the library multiplies by
+        ASSERT_EQ(TL_OK, tl_weight_dequantize(weight, wt.data(), wt.size()));
 
-    auto counts = [&]() {
-        tl_dispatch_counts c;
-        std::memset(&c, 0, sizeof c);
-        c.struct_size = sizeof c;
-        EXPECT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &c)) << tl_last_error_message();
-        return c;
-    };
-    auto run = [&](const DeviceBuffer<uint16_t> &dx, DeviceBuffer<uint16_t> &dy, int m, std::vector<uint16_t> &out) {
-        size_t ws_bytes = 0;
-        ASSERT_EQ(TL_OK, tl_quant_gemm_workspace_size(weight, m, &ws_bytes));
-        DeviceBuffer<uint8_t> work(ws_bytes);
-        ASSERT_TRUE(work.ok());
-        CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
-        CUDA_OK(dy.poison());
-        ASSERT_EQ(TL_OK, tl_quant_gemm(weight, dx.get(), dy.get(), m, nullptr, work.get(), ws_bytes))
-            << tl_last_error_message();
-        CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(dy.download(out));
-    };
-    int device = 0, major = 0, minor = 0;
-    CUDA_OK(cudaGetDevice(&device));
-    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
-    auto kernel_for = [&](int m) {
-        if (m < tl::gpu::kMarlinWgmmaMinM || !wgmma_runs) return tl::gpu::marlin_kernel_for(m);
-        return tl::gpu::MarlinKernel::Wgmma;
-    };
-    ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
-    ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
-    for (const int m : {17, 32, 33, 64, 100}) {
-        SCOPED_TRACE("M = " + std::to_string(m));
-        const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
-        DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n);
-        ASSERT_TRUE(dx.ok() && dy.ok());
-        CUDA_OK(dx.upload(x));
-        std::vector<double> ref(static_cast<size_t>(m) * n, 0.0);
-        for (int i = 0; i < m; ++i)
-            for (int j = 0; j < n; ++j) {
-                double acc = 0;
-                for (int kk = 0; kk < k; ++kk)
-                    acc += tl::half_to_float(x[static_cast<size_t>(i) * k + kk]) * static_cast<double>(wt[static_cast<size_t>(j) * k + kk]);
-                ref[static_cast<size_t>(i) * n + j] = acc;
+        auto counts = [&]() {
+            tl_dispatch_counts c;
+            std::memset(&c, 0, sizeof c);
+            c.struct_size = sizeof c;
+            EXPECT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &c)) << tl_last_error_message();
+            return c;
+        };
+        auto run = [&](const DeviceBuffer<uint16_t> &dx, DeviceBuffer<uint16_t> &dy, int m,
+                       std::vector<uint16_t> &out) {
+            size_t ws_bytes = 0;
+            ASSERT_EQ(TL_OK, tl_quant_gemm_workspace_size(weight, m, &ws_bytes));
+            DeviceBuffer<uint8_t> work(ws_bytes);
+            ASSERT_TRUE(work.ok());
+            CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
+            CUDA_OK(dy.poison());
+            ASSERT_EQ(TL_OK, tl_quant_gemm(weight, dx.get(), dy.get(), m, nullptr, work.get(), ws_bytes))
+                << tl_last_error_message();
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(dy.download(out));
+        };
+        int device = 0, major = 0, minor = 0;
+        CUDA_OK(cudaGetDevice(&device));
+        CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
+        auto kernel_for = [&](int m) {
+            if (m < tl::gpu::marlin_wgmma_min_m_for(k, n) || !wgmma_runs) return tl::gpu::marlin_kernel_for(m);
+            return tl::gpu::MarlinKernel::Wgmma;
+        };
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
+        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
+        for (const int m : wc.ms) {
+            SCOPED_TRACE("M = " + std::to_string(m));
+            const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
+            DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n);
+            ASSERT_TRUE(dx.ok() && dy.ok());
+            CUDA_OK(dx.upload(x));
+            std::vector<double> ref(static_cast<size_t>(m) * n, 0.0);
+            for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j) {
+                    double acc = 0;
+                    for (int kk = 0; kk < k; ++kk)
+                        acc += tl::half_to_float(x[static_cast<size_t>(i) * k + kk]) *
+                               static_cast<double>(wt[static_cast<size_t>(j) * k + kk]);
+                    ref[static_cast<size_t>(i) * n + j] = acc;
+                }
+
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 0));
+            std::vector<uint16_t> native;
+            const tl_dispatch_counts before_native = counts();
+            run(dx, dy, m, native);
+            EXPECT_EQ(counts().native, before_native.native + 1);
+            EXPECT_TRUE(tlt::matches(native, m, n, ref, {}, 2e-3)) << "native";
+
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
+            for (const int mode : {1, 2}) {  // 1: fused only, 2: correction only
+                SCOPED_TRACE(mode == 1 ? "fused" : "correction");
+                ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, mode));
+                const tl_dispatch_counts before = counts();
+                const tl::gpu::MarlinKernel expected = kernel_for(m);
+                const uint64_t launches = tl::gpu::marlin_launch_count(expected);
+                std::vector<uint16_t> y;
+                run(dx, dy, m, y);
+                const tl_dispatch_counts after = counts();
+                EXPECT_EQ(tl::gpu::marlin_launch_count(expected), launches + 1)
+                    << "kernel " << static_cast<int>(expected);
+                EXPECT_EQ(mode == 1 ? after.marlin_fused : after.marlin_correction,
+                          (mode == 1 ? before.marlin_fused : before.marlin_correction) + 1);
+                EXPECT_EQ(after.fallbacks, before.fallbacks);
+                EXPECT_EQ(after.native, before.native);
+                EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs the native fallback";
+                EXPECT_TRUE(tlt::matches(y, m, n, ref, {}, 2e-3)) << "vs FP64";
             }
-
-        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 0));
-        std::vector<uint16_t> native;
-        const tl_dispatch_counts before_native = counts();
-        run(dx, dy, m, native);
-        EXPECT_EQ(counts().native, before_native.native + 1);
-        EXPECT_TRUE(tlt::matches(native, m, n, ref, {}, 2e-3)) << "native";
-
-        ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
-        for (const int mode : {1, 2}) {  // 1: fused only, 2: correction only
-            SCOPED_TRACE(mode == 1 ? "fused" : "correction");
-            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, mode));
-            const tl_dispatch_counts before = counts();
-            const tl::gpu::MarlinKernel expected = kernel_for(m);
-            const uint64_t launches = tl::gpu::marlin_launch_count(expected);
-            std::vector<uint16_t> y;
-            run(dx, dy, m, y);
-            const tl_dispatch_counts after = counts();
-            EXPECT_EQ(tl::gpu::marlin_launch_count(expected), launches + 1) << "kernel " << static_cast<int>(expected);
-            EXPECT_EQ(mode == 1 ? after.marlin_fused : after.marlin_correction,
-                      (mode == 1 ? before.marlin_fused : before.marlin_correction) + 1);
-            EXPECT_EQ(after.fallbacks, before.fallbacks);
-            EXPECT_EQ(after.native, before.native);
-            EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs the native fallback";
-            EXPECT_TRUE(tlt::matches(y, m, n, ref, {}, 2e-3)) << "vs FP64";
         }
     }
     for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));
