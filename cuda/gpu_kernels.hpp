@@ -57,8 +57,9 @@ enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3, Str
 constexpr int kMarlinMediumMaxM = 64;
 constexpr int kMarlinWgmmaMinM = 33;
 // Weights of at most this many elements (K * N: Llama-8B qkv and every layer of the 2B model) take the wgmma kernel
-// from 17 rows: there it beats the medium kernel by 6-17% at M = 17-32 (its 64-row tile on two warpgroups), while
-// on larger weights the medium kernel wins below 33 rows (benchmarks.md).
+// from 17 rows: there (its 64-row tile on two warpgroups) it beat the medium kernel by 7-19% at M = 17-32 on four of
+// those five layers and lost 4-5% on the fifth at 17-24 rows, while on larger weights the medium kernel wins below
+// 33 rows (benchmarks.md).
 constexpr long long kMarlinWgmmaSmallKN = 1LL << 25;
 MarlinKernel marlin_kernel_for(int m);
 // The smallest M that tries the wgmma kernel for a K x N weight: the bound of marlin_set_wgmma_min_m, lowered to 17

@@ -4,9 +4,8 @@
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips,
 // one per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on
-// two). Per k16 step, warp j of a
-// warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile of columns
-// 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to FP16
+// two). Per k16 step, warp j of a warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of
+// the 16 x 16 tile of columns 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to FP16
 // in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma
 // m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
 // descriptor; each word has its own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4;
@@ -443,7 +442,7 @@ int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
         // Up to 64 rows: one warpgroup per block, two blocks per SM; or, for a weight of at most
         // env.wgmma_split_max_kn elements, two warpgroups per block splitting the tile's words (each weight still
         // dequantized once), one block per SM. Measured on the H200 (gpu-notes.md, sixth shift) at M = 33-64: the
-        // split is 5-18% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
+        // split is 6-22% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
         // slower on 8B gate+up and the 70B layers, where two independent blocks per SM keep more in flight.
         if (static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn) {
             return gpt == 2 ? launch_wgmma_kernel<2, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<2, 64, FUSED, 1>(p, env);
