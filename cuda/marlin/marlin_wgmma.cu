@@ -2,17 +2,18 @@
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
 // kernels (cpp/marlin_pack.hpp); used from kMarlinWgmmaMinM = 33 rows on the H200 (marlin_set_wgmma_min_m).
 //
-// Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips,
-// one per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on
-// two). Per k16 step, warp j of a warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of
-// the 16 x 16 tile of columns 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to FP16
-// in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma
-// m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
+// Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
+// per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on two). Per
+// k16 step, warp j of a warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile
+// of columns 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups)
+// to FP16 in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one
+// wgmma m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
 // descriptor; each word has its own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4;
-// columns: activation rows, as in the skinny kernel's swapped mma): 128 registers a thread either way. Splitting
-// the words between warpgroups (rather than the rows) dequantizes each weight once per tile and issues half as
-// many, twice as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the tensor cores work on
-// steps i, i - 1, ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
+// columns: activation rows, as in the skinny kernel's swapped mma): 128 registers a thread (64 for the 64-row tile on
+// two warpgroups). Splitting the
+// words between warpgroups (rather than the rows) dequantizes each weight once per tile and issues half as many, twice
+// as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the tensor cores work on steps i, i - 1,
+// ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
 //
 // X in shared memory: [row][64 k] FP16, 128-byte rows whose 16-byte chunks are XOR-swizzled by row % 8, which is
 // the hardware's 128-byte swizzle for K-major operands (descriptor mode 1): the cp.async copies and the tensor
@@ -445,7 +446,8 @@ int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
         // split is 6-22% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
         // slower on 8B gate+up and the 70B layers, where two independent blocks per SM keep more in flight.
         if (static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn) {
-            return gpt == 2 ? launch_wgmma_kernel<2, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<2, 64, FUSED, 1>(p, env);
+            return gpt == 2 ? launch_wgmma_kernel<2, 64, FUSED, 2>(p, env)
+                            : launch_wgmma_kernel<2, 64, FUSED, 1>(p, env);
         }
         return gpt == 2 ? launch_wgmma_kernel<1, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<1, 64, FUSED, 1>(p, env);
     }
