@@ -31,6 +31,8 @@ OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
 # weight of at most kMarlinWgmmaSmallKN elements (marlin_wgmma_min_m_for).
 WGMMA_MIN_M = 33
 WGMMA_SMALL_KN = 1 << 25
+# cpp/gpu_backend.cpp: a weight of at most this many elements switches to dequantize + cuBLAS from min(setting, 128).
+CUBLAS_SMALL_KN = 1 << 25
 LAYER_ORDER = {name: i for i, name in enumerate(
     ("TinyLoop qkv", "TinyLoop out", "TinyLoop gate+up", "TinyLoop down", "TinyLoop head", "Llama-8B qkv",
      "Llama-8B gate+up", "Llama-8B down", "Llama-70B gate+up", "Llama-70B down"))}
@@ -65,14 +67,13 @@ def group128_cells(path):
 def dispatcher_choice(c, m, cublas_min_m):
     """What tl_quant_gemm runs (cpp/gpu_backend.cpp, cublas_path_wanted): dequantize + cuBLAS from cublas_min_m rows,
     or from min(cublas_min_m, 128) for a weight with K·N <= 2^25; the fused Marlin-class kernel below."""
-    threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= 1 << 25 else cublas_min_m
-    if threshold > 0 and m >= threshold:
-        return "deq_cublas"
-    # A CSV measured before the small-weight wgmma bound holds that kernel as the forced column at 17-32 rows: the
-    # kernel the dispatcher runs there now.
-    if 16 < m < WGMMA_MIN_M and c["kn"] <= WGMMA_SMALL_KN and "marlin_fused_wgmma" in c:
-        return "marlin_fused_wgmma"
-    return "marlin_fused"
+    threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= CUBLAS_SMALL_KN else cublas_min_m
+    return "deq_cublas" if threshold > 0 and m >= threshold else "marlin_fused"
+
+
+def wgmma_from(c):
+    """The wgmma kernel's bound for the cell's weight (cuda/gpu_kernels.hpp, marlin_wgmma_min_m_for)."""
+    return 17 if c["kn"] <= WGMMA_SMALL_KN else WGMMA_MIN_M
 
 
 def gemm_table(path, cublas_min_m):
@@ -117,10 +118,13 @@ def ab_table(paths, cublas_min_m):
         c = cells[(layer, m)]
         if m <= 16 or m > 1024 or "marlin_fused" not in c:
             continue
-        choice = dispatcher_choice(c, m, cublas_min_m)
-        # A kernel forced in the A/B columns was not the default of the run that measured it.
+        # A kernel forced in the A/B columns was not the default of the run that measured it (a CSV from before the
+        # small-weight bound holds the wgmma kernel at 17-32 rows as the forced column).
         wgmma = "marlin_fused_wgmma" if "marlin_fused_wgmma" in c else "marlin_fused"
         medium = "marlin_fused_medium" if "marlin_fused_medium" in c else "marlin_fused"
+        choice = dispatcher_choice(c, m, cublas_min_m)
+        if choice == "marlin_fused":  # the Marlin-class kernel the dispatcher picks today for this M and weight
+            choice = wgmma if m >= wgmma_from(c) else medium
         fp16 = c.get("cublas_fp16")
         mark = "" if fp16 is None or choice not in c else (" ✓" if c[choice] < fp16 else "")
         print(f"| {layer} | {m} | {c['sol']:.1f} | {cell(c, choice)}{mark} | {cell(c, wgmma)} | "
