@@ -510,7 +510,7 @@ int main(int argc, char **argv) {
                 if (wanted(7) && wgmma && m > 16 && m < wgmma_from) {
                     r.t[7] = fused_with(tl::gpu::kMarlinMediumMaxM, 17);
                 }
-                if (wanted(8) && wgmma && m > 16 && m >= wgmma_from && m <= tl::gpu::kMarlinMediumMaxM) {
+                if (wanted(8) && wgmma && m >= wgmma_from && m <= tl::gpu::kMarlinMediumMaxM) {  // wgmma_from >= 17
                     r.t[8] = fused_with(tl::gpu::kMarlinMediumMaxM, INT32_MAX);
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {

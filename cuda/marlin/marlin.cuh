@@ -81,7 +81,8 @@ template <int NB, bool FUSED, int GPT, int KS>
 int launch_skinny(Params p, const LaunchEnv &env);
 // M <= 16 without block barriers (marlin_stream.cuh): NB as above, GPS = groups per 128-deep stage (1: group size a
 // multiple of 128 or per column, 2: 64, 4: 32). Requires K % 128 == 0 and M <= NB * 8, else kRcUnsupported;
-// kRcWorkspace if the per-strip counters and partial sums (N / 64 x (1 int + NB x 512 floats)) do not fit.
+// kRcWorkspace if the per-strip partial sums (N / 64 x NB x 512 floats) do not fit. Two launches: the main kernel and
+// the fix-up of the strips cut between warps (a programmatic dependent launch on compute capability 9.0).
 template <int NB, bool FUSED, int GPS>
 int launch_stream(Params p, const LaunchEnv &env);
 // 16 < M <= 64: tiles of WM * NB * 8 rows x 512 columns, blocks of WM * 8 warps; each warp multiplies one 64-column

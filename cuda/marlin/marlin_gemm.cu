@@ -153,7 +153,7 @@ size_t marlin_workspace_bytes(int sm_count) {
     // Partial sums: at most 4 * SMs x 16-row blocks (two blocks per SM of <= 16 rows for M <= 16, one block of 32
     // or 64 rows above; the medium kernel: two blocks of <= 32 rows or one of <= 64; the wgmma kernel: two blocks of
     // 64 rows x 256 columns, or one of 64 or 128 rows); counters for up to two blocks per SM. The stream kernel lays
-    // its per-strip counters and sums over the same bytes (N / 64 x 4 KB at most: N up to ~270K columns on 132 SMs;
+    // its per-strip sums over the same bytes (N / 64 x 2 KB, or 4 KB for M > 8: N up to ~270K columns on 132 SMs;
     // beyond, it refuses and the skinny kernel runs).
     const size_t counters = (static_cast<size_t>(2 * sm_count) * sizeof(int) + 255) / 256 * 256;
     return counters + static_cast<size_t>(4 * sm_count) * marlin::kPartialFloats * sizeof(float);
@@ -200,7 +200,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.n = n;
     p.k = k;
     p.group_size = group_size;
-    if (m > 16 && m >= marlin_wgmma_min_m_for(k, n)) {
+    if (m >= marlin_wgmma_min_m_for(k, n)) {  // the bound is at least 17
         const int rc = marlin::launch_wgmma(p, env, fused, gpt);
         if (rc == 0) g_launches[static_cast<int>(MarlinKernel::Wgmma)].fetch_add(1, std::memory_order_relaxed);
         if (rc >= 0) return rc;  // refused (not sm_90a, shared memory, workspace): the kernel for M below runs

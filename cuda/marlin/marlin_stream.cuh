@@ -13,9 +13,14 @@
 //
 // Work split: stream-K at warp granularity. The (strip, 128-deep slice) pairs, strip-major, are one sequence (the
 // packed words lie in memory in that order); warp i of W takes the contiguous share [i T / W, (i + 1) T / W), so every
-// warp of the grid streams the same number of slices within one. A strip cut between warps is added in an FP32
-// workspace (per-strip counter of slices; the warp that completes it writes Y and re-zeroes); a warp holding a whole
-// strip stores it directly.
+// warp of the grid streams the same number of slices within one. A warp holding a whole strip stores it directly; a
+// strip cut between warps (only a warp's first and last strip can be) is added into an FP32 workspace by reductions
+// without a result (`red`), and a second, small kernel (marlin_stream_fixup_kernel) writes each cut strip's sums to Y
+// and re-zeroes them. Why not the usual stream-K arrival counter, the last arriving warp writing Y: while the grid
+// streams, an L2 round trip waits behind the DRAM traffic for microseconds, and the counter costs three in a row
+// (fence, atomic, read-back) at the end of each cut strip, mid-stream for every warp that crosses a strip. Per-warp
+// timelines on the H200 put ~7 us on each such warp and ~10 us on the kernel (gpu-notes.md, seventh shift); the
+// kernel boundary orders the reductions before the fix-up's reads for free.
 // Requires K % 128 == 0 and a group size of 32, 64 or a multiple of 128 (per column included); else the launcher
 // refuses and marlin_gemm runs the skinny kernel.
 #pragma once
@@ -34,18 +39,24 @@ constexpr int stream_stage_bytes(bool fused, int gps, int m) {
     return kStreamWeightBytes + gps * (fused ? 16 : 8) * 16 + m * kStreamStageK * 2;
 }
 
-// A warp's arrival at its strip's counter with `slices` more slices added to the workspace (the warp form of
-// arrive_last): true in every lane of the warp that completed the strip's `total`.
-__device__ __forceinline__ bool arrive_last_warp(int *counter, int slices, int total) {
-    __threadfence();
-    __syncwarp();
-    int last = 0;
-    if (threadIdx.x % 32 == 0) last = atomicAdd(counter, slices) + slices == total;
-    last = __shfl_sync(0xFFFFFFFFu, last, 0);
-    if (last) __threadfence();
-    return last != 0;
+// Hopper's programmatic dependent launch (PTX griddepcontrol, sm_90): the main kernel lets the fix-up grid launch at
+// once; the fix-up waits for the main grid to complete and flush its memory before it reads the sums. Elsewhere the
+// fix-up is an ordinary launch and both are no-ops.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
+// The warp of `warps` whose share [w T / warps, (w + 1) T / warps) holds slice sequence position u.
+__host__ __device__ __forceinline__ long long stream_owner(long long u, long long warps, long long total) {
+    return ((u + 1) * warps - 1) / total;
+}
 // GPS: groups per 128-deep stage (1: group size a multiple of 128 or per column; 2: 64; 4: 32).
 // NB = 2 runs one block per SM: its 16 activation rows need more than 128 registers without spills in the hot loop.
 template <int NB, bool FUSED, int GPS>
@@ -59,8 +70,9 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long warps = static_cast<long long>(gridDim.x) * kWarps, gw = blockIdx.x * kWarps + warp;
+    launch_dependents();
     const long long begin = gw * p.total_iters / warps, end = (gw + 1) * p.total_iters / warps;
-    if (begin >= end) return;  // more warps than slices: nobody waits for an empty warp
+    if (begin >= end) return;  // more warps than slices: the fix-up knows (stream_owner) that it holds no strip
     const int slices = p.k_tiles, stages = p.stages;
     const int stage_bytes = stream_stage_bytes(FUSED, GPS, p.m);
 
@@ -74,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     // per stage by additions (no division in the loop: the copy bookkeeping shares the issue slots with the
     // dequantization; a first version spent ~560 instructions per warp and stage, this one ~420, ncu).
     long long f_it = begin;
-    int f_strip = 0, f_slice = 0;
+    int f_slice = 0;
     uint32_t w_off = static_cast<uint32_t>(begin) * (kSteps * 32) + lane;  // uint4 units; strips are consecutive
     // Activations: lane L copies pieces L + 32i = row L/16 + 2i, piece L%16 of the stage's 128 k.
     const int x_c = lane % 16;
@@ -94,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     uint32_t sz_off = 0;
     int sz_left = 0;  // GPS = 1: stages left in the current group
     auto locate = [&](long long it) {
-        f_strip = static_cast<int>(it / slices);
+        const int f_strip = static_cast<int>(it / slices);
         f_slice = static_cast<int>(it % slices);
         x_k0 = f_slice * kStreamStageK;
         sz_off = (GPS == 1 ? f_slice / group_slices : f_slice * GPS) * p.n + f_strip * 64;
@@ -155,20 +167,15 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
         fold_sums<NB, FUSED, 1024>(acc, t, xs, pieces + g * 16, pieces + (8 + g) * 16);
     };
 
-    // Writes the finished strip, or adds it to the workspace (a strip cut between warps): `done` of its slices are
-    // this warp's. Workspace: [strip][nb][w][lane][4], the quad order of marlin_device.cuh.
+    // Writes the finished strip, or adds it to the workspace (a strip cut between warps; the fix-up writes it): `done`
+    // of its slices are this warp's. Workspace: [strip][nb][w][lane][4], the quad order of marlin_device.cuh.
     auto finish_strip = [&](int strip, int done) {
         const int row0 = 2 * (lane % 4);
-        uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + strip * 64 + g;
         if (done == slices) {
-            store_strip<NB>(y0, p.n, acc, row0, p.m);
-            return;
+            store_strip<NB>(p.y + static_cast<size_t>(row0) * p.n + strip * 64 + g, p.n, acc, row0, p.m);
+        } else {
+            add_strip_partials<NB>(p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4, acc, row0, p.m);
         }
-        float *part = p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4;
-        add_strip_partials<NB>(part, acc, row0, p.m);
-        if (!arrive_last_warp(p.counters + strip, done, slices)) return;
-        take_strip_partials<NB>(part, y0, p.n, row0, p.m);
-        if (lane == 0) p.counters[strip] = 0;
     };
 
     int slot = 0, load_slot = stages - 1;
@@ -207,6 +214,46 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     cp_async_wait<0>();
 }
 
+// The fix-up of the strips cut between warps: one warp per strip writes the strip's sums to Y and re-zeroes them.
+// `warps`: the main grid's warps (which strips were cut follows from the shares, stream_owner).
+constexpr int kStreamFixupWarps = 4;
+template <int NB>
+__global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_kernel(const Params p, long long warps) {
+    wait_for_primary();
+    const int lane = threadIdx.x % 32, strip = blockIdx.x * kStreamFixupWarps + threadIdx.x / 32;
+    if (strip >= p.n / 64) return;
+    const long long first_u = static_cast<long long>(strip) * p.k_tiles;
+    if (stream_owner(first_u, warps, p.total_iters) == stream_owner(first_u + p.k_tiles - 1, warps, p.total_iters)) {
+        return;  // one warp held the whole strip and stored it
+    }
+    // All of the strip's sums are loaded first, then re-zeroed, then written to Y, each lane always a whole quad
+    // (sums of rows outside M are zero: nobody adds to them). Loading, zeroing and storing quad by quad, each lane
+    // only the rows inside M (take_strip_partials), made this kernel take 11-13 us instead of ~1 on Llama-70B
+    // gate+up at M = 1 (gpu-notes.md, seventh shift).
+    float *part = p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4;
+    float4 sums[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) sums[nb][w] = __ldcg(reinterpret_cast<const float4 *>(part + (nb * 4 + w) * 128));
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            __stcg(reinterpret_cast<float4 *>(part + (nb * 4 + w) * 128), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        }
+    const int row0 = 2 * (lane % 4);
+    uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + strip * 64 + lane / 4;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float4 v = sums[nb][w];
+            store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w,
+                       quad_rows(row0 + nb * 8, p.m));
+        }
+}
+
 // The launch shape: blocks per SM (NB = 1: env.max_blocks_per_sm, lowered to 1 when two blocks would get fewer than
 // three stages per warp, or than env.stream_stages when set; NB = 2: one), stages per warp ring (as many as fit, up to
 // kStreamMaxStages; env.stream_stages caps them), total warps (env.stream_slices_per_warp > 0: at least that many
@@ -237,12 +284,8 @@ int launch_stream(Params p, const LaunchEnv &env) {
     p.total_iters = static_cast<long long>(strips) * p.k_tiles;
     long long grid = 0;
     if (!stream_shape(env, NB, stage_bytes, p.total_iters, p.stages, grid)) return kRcUnsupported;
-    const size_t counter_bytes = (static_cast<size_t>(strips) * sizeof(int) + 255) / 256 * 256;
-    if (counter_bytes + static_cast<size_t>(strips) * NB * 512 * sizeof(float) > env.workspace_bytes) {
-        return kRcWorkspace;
-    }
-    p.counters = static_cast<int *>(env.workspace);
-    p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
+    if (static_cast<size_t>(strips) * NB * 512 * sizeof(float) > env.workspace_bytes) return kRcWorkspace;
+    p.partials = static_cast<float *>(env.workspace);
     auto kernel = marlin_stream_kernel<NB, FUSED, GPS>;
     if (attr_set[env.device].load(std::memory_order_relaxed) == 0) {
         TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, env.max_smem_optin));
@@ -250,6 +293,22 @@ int launch_stream(Params p, const LaunchEnv &env) {
     }
     kernel<<<static_cast<unsigned>(grid), kThreads, 128 + kWarps * p.stages * stage_bytes, env.stream>>>(p);
     TL_GPU_CHECK_LAUNCH();
+    cudaLaunchConfig_t fixup{};
+    fixup.gridDim = dim3(static_cast<unsigned>((strips + kStreamFixupWarps - 1) / kStreamFixupWarps));
+    fixup.blockDim = dim3(kStreamFixupWarps * 32);
+    fixup.stream = env.stream;
+    cudaLaunchAttribute early[1];
+    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early[0].val.programmaticStreamSerializationAllowed = 1;
+    fixup.attrs = early;
+    fixup.numAttrs = env.compute_capability >= 90 ? 1 : 0;
+    const cudaError_t fixup_rc = cudaLaunchKernelEx(&fixup, marlin_stream_fixup_kernel<NB>, p, grid * kWarps);
+    if (fixup_rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        // The workspace holds this call's sums: leave it zeroed for the kernel the caller falls back to.
+        (void)cudaMemsetAsync(env.workspace, 0, static_cast<size_t>(strips) * NB * 512 * sizeof(float), env.stream);
+        return static_cast<int>(fixup_rc);
+    }
     return 0;
 }
 
