@@ -14,6 +14,10 @@ page holds what the benchmarks measured and nothing typed by hand.
   tools/bench_tables.py small BENCH_CSV
       M <= 16 (group 128): the stream kernel (the dispatcher's M <= 16 kernel, column marlin_fused) against the skinny
       kernel it replaced (marlin_fused_skinny, same run) and dense cuBLAS FP16.
+  tools/bench_tables.py builds CSV NEW_BUILD OLD_BUILD
+      one kernel column of tl_bench measured with two builds in one call (a CSV of tl_bench rows with `build` and
+      `pass` columns, e.g. docs/benchmarks-stream-fixup.csv): per layer, M and group, the median over the passes of
+      each build, the speed-up and the SOL fraction.
   tools/bench_tables.py probe PROBE_CSV
       tl_read_probe's read bandwidth per access pattern, ring depth and residency, without and with the stand-in
       arithmetic (one row per configuration, the two delays side by side).
@@ -24,6 +28,7 @@ page holds what the benchmarks measured and nothing typed by hand.
 
 import argparse
 import csv
+import statistics
 import sys
 
 OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
@@ -147,6 +152,29 @@ def small_m_table(path):
               f"({sol / skinny:.2f}) | {skinny / stream:.2f}× | {fp16} |")
 
 
+def builds_table(path, new_build, old_build):
+    times, order = {}, []
+    for r in csv.DictReader(open(path)):
+        if r["rc"] != "0" or float(r["us"]) <= 0:
+            continue
+        key = (r["layer"], int(r["M"]), r["group"], r["kernel"])
+        if key not in times:
+            times[key] = {"sol": float(r["sol_us"]), new_build: [], old_build: []}
+            order.append(key)
+        if r["build"] in (new_build, old_build):
+            times[key][r["build"]].append(float(r["us"]))
+    order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[2] != "128", k[1], k[3]))
+    print(f"| layer | M | group | {new_build} µs (SOL) | {old_build} µs (SOL) | speed-up | passes |")
+    print("|---|---|---|---|---|---|---|")
+    for key in order:
+        t = times[key]
+        if not t[new_build] or not t[old_build]:
+            continue
+        new, old = statistics.median(t[new_build]), statistics.median(t[old_build])
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {new:.1f} ({t['sol'] / new:.2f}) | {old:.1f} ({t['sol'] / old:.2f}) "
+              f"| {old / new:.2f}× | {len(t[new_build])} |")
+
+
 def probe_table(path):
     cells, order = {}, []
     for r in csv.DictReader(open(path)):
@@ -201,6 +229,10 @@ def main():
     a.add_argument("csv", nargs="+")
     a.add_argument("--cublas-min-m", type=int, default=512)
     sub.add_parser("small").add_argument("csv")
+    b = sub.add_parser("builds")
+    b.add_argument("csv")
+    b.add_argument("new_build")
+    b.add_argument("old_build")
     sub.add_parser("probe").add_argument("csv")
     sub.add_parser("score").add_argument("csv")
     args = p.parse_args()
@@ -210,6 +242,8 @@ def main():
         ab_table(args.csv, args.cublas_min_m)
     elif args.what == "small":
         small_m_table(args.csv)
+    elif args.what == "builds":
+        builds_table(args.csv, args.new_build, args.old_build)
     elif args.what == "probe":
         probe_table(args.csv)
     else:
