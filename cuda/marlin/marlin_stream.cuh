@@ -18,9 +18,9 @@
 // without a result (`red`), and a second, small kernel (marlin_stream_fixup_kernel) writes each cut strip's sums to Y
 // and re-zeroes them. Why not the usual stream-K arrival counter, the last arriving warp writing Y: while the grid
 // streams, an L2 round trip waits behind the DRAM traffic for microseconds, and the counter costs three in a row
-// (fence, atomic, read-back) at the end of each cut strip, mid-stream for every warp that crosses a strip. Per-warp
-// timelines on the H200 put ~7 us on each such warp and ~10 us on the kernel (gpu-notes.md, seventh shift); the
-// kernel boundary orders the reductions before the fix-up's reads for free.
+// (fence, atomic, read-back) at the end of each cut strip, mid-stream for every warp that crosses a strip: on the
+// H200 ~7 us on each such warp (per-warp timelines) and ~11 us on the kernel (ablation; gpu-notes.md, seventh
+// shift). The kernel boundary orders the reductions before the fix-up's reads for free.
 // Requires K % 128 == 0 and a group size of 32, 64 or a multiple of 128 (per column included); else the launcher
 // refuses and marlin_gemm runs the skinny kernel.
 #pragma once
