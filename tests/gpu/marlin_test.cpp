@@ -289,6 +289,7 @@ TEST(MarlinStream, GraphReplaysMatchReference) {
         CUDA_OK(cudaGraphInstantiate(&g.exec, g.graph, 0));
         for (int replay = 0; replay < 2; ++replay) {
             CUDA_OK(c.dy.poison());
+            CUDA_OK(cudaDeviceSynchronize());  // the poison (legacy stream) lands before the graph's stream starts
             CUDA_OK(cudaGraphLaunch(g.exec, g.stream));
             CUDA_OK(cudaStreamSynchronize(g.stream));
             std::vector<uint16_t> y;
