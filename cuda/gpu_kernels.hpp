@@ -49,7 +49,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
                 int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
 // Which kernel marlin_gemm runs for M rows: Skinny (M <= 16), Medium (16 < M <= the medium bound, default
 // kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop). Wgmma (M >= the wgmma bound of
-// the weight, marlin_wgmma_min_m_for, and M > 16) takes precedence where it runs: a library built for sm_90a on a
+// the weight, marlin_wgmma_min_m_for, at least 17) takes precedence where it runs: a library built for sm_90a on a
 // device of compute capability 9.0; elsewhere it refuses and the kernel for M above runs.
 // Stream (M <= 16, K % 128 == 0, group size 32, 64 or a multiple of 128 / per column) takes precedence over Skinny
 // unless turned off with marlin_set_stream_slices_per_warp(-1).

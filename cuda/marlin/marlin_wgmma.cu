@@ -1,6 +1,6 @@
 // The Marlin-class INT4 x FP16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
-// kernels (cpp/marlin_pack.hpp); used from kMarlinWgmmaMinM = 33 rows on the H200 (marlin_set_wgmma_min_m).
+// kernels (cpp/marlin_pack.hpp); used on the H200 from 33 rows, or 17 for small weights (marlin_wgmma_min_m_for).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
 // per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on two). Per
@@ -10,10 +10,9 @@
 // wgmma m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
 // descriptor; each word has its own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4;
 // columns: activation rows, as in the skinny kernel's swapped mma): 128 registers a thread (64 for the 64-row tile on
-// two warpgroups). Splitting the
-// words between warpgroups (rather than the rows) dequantizes each weight once per tile and issues half as many, twice
-// as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the tensor cores work on steps i, i - 1,
-// ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
+// two warpgroups). Splitting the words between warpgroups (rather than the rows) dequantizes each weight once per
+// tile and issues half as many, twice as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the
+// tensor cores work on steps i, i - 1, ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
 //
 // X in shared memory: [row][64 k] FP16, 128-byte rows whose 16-byte chunks are XOR-swizzled by row % 8, which is
 // the hardware's 128-byte swizzle for K-major operands (descriptor mode 1): the cp.async copies and the tensor
