@@ -2,7 +2,7 @@
 //
 //   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
 //            [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]
-//            [--wgmma-split-max-kn KN]
+//            [--wgmma-split-max-kn KN] [--wgmma-producer 0|1]
 //
 // The filters keep a subset (for profiling one kernel under ncu, or the rows another benchmark times): a layer is
 // kept when its name contains any of the substrings; kernel names as in the CSV. --stream-loop times the same calls
@@ -17,6 +17,8 @@
 // --stream-stages S: the stream kernel's ring depth per warp (marlin_set_stream_stages; default: as deep as fits).
 // --wgmma-split-max-kn KN: up to M = 64, weights of at most KN elements on two warpgroups per tile
 // (marlin_set_wgmma_split_max_kn; default 2^26; 0 = never).
+// --wgmma-producer 0|1: above 64 rows, the wgmma kernel with a copying warpgroup (1, the default) or without
+// (marlin_set_wgmma_producer).
 //
 // Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
@@ -336,7 +338,7 @@ int main(int argc, char **argv) {
         std::fprintf(stderr,
                      "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|row] "
                      "[--kernels a,b] [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S] "
-                     "[--wgmma-split-max-kn KN]\n",
+                     "[--wgmma-split-max-kn KN] [--wgmma-producer 0|1]\n",
                      argv[0]);
         return 2;
     }
@@ -367,6 +369,7 @@ int main(int argc, char **argv) {
         else if (arg == "--wgmma-split-max-kn" && has_value) {
             tl::gpu::marlin_set_wgmma_split_max_kn(std::atoll(argv[++i]));
         }
+        else if (arg == "--wgmma-producer" && has_value) tl::gpu::marlin_set_wgmma_producer(std::atoi(argv[++i]) != 0);
         else if (arg == "--blocks-per-sm" && has_value) tl::gpu::marlin_set_max_blocks_per_sm(std::atoi(argv[++i]));
         else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
         else {

@@ -76,6 +76,10 @@ void marlin_set_wgmma_min_m(int m);
 // results do not depend on it beyond FP32 summation order.
 void marlin_set_wgmma_split_max_kn(long long kn);
 constexpr long long kMarlinWgmmaSplitMaxKN = 1LL << 26;  // the default: up to the Llama-8B down layer (58.7M)
+// Tuning knob: above 64 rows the wgmma kernel runs warp-specialized (a third warpgroup copies, the tile's two only
+// compute; default), or with every warp copying and computing (false: the A/B form). Process-wide; results do not
+// depend on it.
+void marlin_set_wgmma_producer(bool on);
 // Tuning knob: how the M <= 16 stream kernel spreads its 128-deep slices: 0 = over every warp slot of the GPU
 // (default), n >= 1 = at least n slices per warp (fewer warps), -1 = never use the stream kernel (the skinny kernel
 // runs). Process-wide; results do not depend on it beyond FP32 summation order.

@@ -65,6 +65,7 @@ struct LaunchEnv {
     int stream_slices_per_warp;  // stream kernel: 0 = every warp slot, n = at least n slices per warp
     int stream_stages;           // stream kernel: ring depth per warp, 0 = as deep as fits
     long long wgmma_split_max_kn;  // wgmma kernel, M <= 64: the largest K * N on two warpgroups per 64-row tile
+    bool wgmma_producer;           // wgmma kernel, M > 64: the warp-specialized form (a copying warpgroup)
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;

@@ -19,14 +19,19 @@ namespace tl::gpu::marlin {
 // thread 0 adds this block's k slices to the tile's counter. Returns, in every thread, whether this block completed
 // the count (and so must read the sums back and write the tile); the fence after makes the other blocks' additions
 // visible to that read. `flag` is the caller's __shared__ int.
-__device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles, int &flag) {
+// `sync` is the barrier of the threads that hold the tile (the whole block, or a kernel's consumer warps alone).
+template <class Sync>
+__device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles, int &flag, Sync sync) {
     __threadfence();
-    __syncthreads();
+    sync();
     if (threadIdx.x == 0) flag = atomicAdd(counter, iters) + iters == k_tiles;
-    __syncthreads();
+    sync();
     if (!flag) return false;
     __threadfence();
     return true;
+}
+__device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles, int &flag) {
+    return arrive_last(counter, iters, k_tiles, flag, [] { __syncthreads(); });
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {

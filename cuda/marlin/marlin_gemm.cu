@@ -27,6 +27,7 @@ std::atomic<int> g_wgmma_min_m{kMarlinWgmmaMinM};
 std::atomic<int> g_stream_slices_per_warp{0};
 std::atomic<int> g_stream_stages{0};
 std::atomic<long long> g_wgmma_split_max_kn{kMarlinWgmmaSplitMaxKN};
+std::atomic<bool> g_wgmma_producer{true};
 std::atomic<uint64_t> g_launches[5];  // by MarlinKernel
 
 template <int MB, bool FUSED>
@@ -132,6 +133,8 @@ void marlin_set_wgmma_split_max_kn(long long kn) {
     g_wgmma_split_max_kn.store(std::max(0LL, kn), std::memory_order_relaxed);
 }
 
+void marlin_set_wgmma_producer(bool on) { g_wgmma_producer.store(on, std::memory_order_relaxed); }
+
 void marlin_set_wgmma_min_m(int m) { g_wgmma_min_m.store(std::max(17, m), std::memory_order_relaxed); }
 
 int marlin_wgmma_min_m_for(int k, int n) {
@@ -187,6 +190,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     env.stream_slices_per_warp = g_stream_slices_per_warp.load(std::memory_order_relaxed);
     env.stream_stages = g_stream_stages.load(std::memory_order_relaxed);
     env.wgmma_split_max_kn = g_wgmma_split_max_kn.load(std::memory_order_relaxed);
+    env.wgmma_producer = g_wgmma_producer.load(std::memory_order_relaxed);
     env.workspace = workspace;
     env.workspace_bytes = workspace_bytes;
     env.stream = stream;

@@ -20,6 +20,12 @@
 // every 8 rows). A stage is refilled two slices after it was consumed, because the last wgmma reading it may still
 // run during the next slice. Stream-K partitioning and the reduction of cut tiles as in the other kernels; with many
 // tiles, whole tiles round robin instead (see launch_wgmma_kernel).
+//
+// Two kernels share the copy side (WgmmaCopier), the compute side and the epilogue (WgmmaTile): marlin_wgmma_kernel,
+// where every thread copies and computes and one block barrier per slice orders the ring (the tiles up to 64 rows,
+// and the A/B form above), and from 65 rows marlin_wgmma_ws_kernel, warp-specialized: a third warpgroup issues the
+// copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (gpu-notes.md, eighth
+// shift: 1-7% faster on the Llama layers at M = 256-4096 in two A/B passes).
 #include "marlin_device.cuh"
 
 namespace tl::gpu::marlin {
@@ -33,6 +39,8 @@ constexpr int kWholeTileWaves = 4;  // tiles per resident block from which whole
 template <int WGS, int ROWS, bool FUSED, int GPT>
 struct WgmmaLayout {
     static constexpr int kThreads = 128 * WGS;
+    static constexpr bool kFused = FUSED;
+    static constexpr int kGpt = GPT;
     static constexpr int kRows = ROWS;                // activation rows per tile (64 or 128)
     static constexpr int kX = kRows * 128;            // activations first: 1024-aligned
     static constexpr int kW = kTileK * kWgTileN / 2;  // weights: [strip][k16][lane][16 B], as in global memory
@@ -129,124 +137,143 @@ __device__ __forceinline__ void wgmma_64xRx16(float (&d)[64], const uint32_t (&a
     wgmma_64x128x16(d, a, desc);
 }
 
-template <int WGS, int ROWS, bool FUSED, int GPT>
-__global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
-    extern __shared__ uint8_t smem_raw[];
-    __shared__ int last_contributor;
-    const uint32_t raw_base = smem_addr(smem_raw);
-    const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
-    uint8_t *const smem = smem_raw + (smem_base - raw_base);
-
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wg = warp / 4, strip_in_tile = warp % 4;
-    // This block's k slices, numbered 0 .. total - 1: stream-K, the range [begin, end) of all (tile, k slice) pairs;
-    // whole tiles, tiles blockIdx.x + j * gridDim.x, all their slices. tile_step: from one tile of ours to the next.
-    long long begin, total_ll;
-    int tile_step;
-    if (p.whole_tiles) {
-        const long long tiles = p.total_iters / p.k_tiles;
-        begin = static_cast<long long>(blockIdx.x) * p.k_tiles;
-        total_ll = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * p.k_tiles;
-        tile_step = gridDim.x;
-    } else {
-        begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
-        total_ll = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x - begin;
-        tile_step = 1;
+// ---- mbarriers (the producer / consumer ring of the warp-specialized kernel)
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// The arrival fires when all of this thread's earlier cp.async copies have landed (counted in the init count).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
     }
-    if (total_ll <= 0) return;
-    const int strips = p.n / 64;
-    const int k16s = p.k / 16;
+}
 
-    // ---- Copy side: per stage, 4 strips x 2 KB of weights (contiguous in global memory), kRows x 8 activation
-    // chunks (8 consecutive threads read one row's 128 bytes), GPT rows of 256 scales (and zeros). The sources are
-    // 32-bit element offsets, set per tile by locate() (the divisions) and stepped per slice by advance().
-    constexpr int kWChunks = L::kW / 16 / L::kThreads;
-    constexpr int kXChunks = L::kRows * 8 / L::kThreads;
-    constexpr int kXRowStep = L::kThreads / 8;  // a multiple of 8: every copy of a thread has the same swizzle
-    const int x_row = tid / 8, x_chunk = tid % 8;
-    const uint32_t x_dst = x_row * 128 + ((x_chunk ^ (x_row % 8)) * 16);
-    const int s_part = tid / 64, s_idx = tid % 64;
-    const bool copies_s = s_idx < GPT * 32 && (s_part == 0 || (FUSED && s_part == 1));
-    const uint32_t w_stride = static_cast<uint32_t>(WGS) * k16s * 32;  // uint4 from one of a thread's strips to the next
-    const uint16_t *const s_base = s_part == 0 ? p.scales : p.zeros;
+// The copy side of a wgmma kernel, for NT copying threads (t = 0 .. NT - 1): per stage, 4 strips x 2 KB of weights
+// (contiguous in global memory), kRows x 8 activation chunks (8 consecutive threads read one row's 128 bytes), GPT
+// rows of 256 scales (and zeros). The sources are 32-bit element offsets, set per tile by locate() (the divisions)
+// and stepped per slice by advance().
+template <class L, int NT>
+struct WgmmaCopier {
+    static constexpr int kWChunks = L::kW / 16 / NT;
+    static constexpr int kXChunks = L::kRows * 8 / NT;
+    static constexpr int kXRowStep = NT / 8;  // a multiple of 8: every copy of a thread has the same swizzle
+    static constexpr int kStripStep = NT / 128;
+
+    const Params &p;
+    const int t, tile_step, strips, k16s;
+    const int x_row, x_chunk;
+    const uint32_t x_dst;
+    const int s_part, s_idx;
+    const bool copies_s;
+    const uint16_t *const s_base;
     int f_tile = 0, f_kt = 0, f_k_left = 0;  // the next slice to fetch; k left in its group (GPT = 1)
-    uint32_t f_w = 0, f_x[kXChunks], f_s = 0;  // offsets: uint4 of words, elements of x and of scales
-    unsigned w_ok = 0, x_ok = 0;             // which of the thread's weight / activation copies are in range
+    uint32_t f_w = 0, f_x = 0, f_x0 = 0, f_s = 0;  // offsets: uint4 of words, x (this row; row 0), scales
+    unsigned w_ok = 0, x_ok = 0;                  // which of the thread's weight / activation copies are in range
     bool s_ok = false;
-    auto locate = [&](int tile, int kt) {
+
+    __device__ __forceinline__ WgmmaCopier(const Params &params, int thread, int step)
+        : p(params), t(thread), tile_step(step), strips(params.n / 64), k16s(params.k / 16), x_row(thread / 8),
+          x_chunk(thread % 8), x_dst(x_row * 128 + ((x_chunk ^ (x_row % 8)) * 16)), s_part(thread / 64),
+          s_idx(thread % 64), copies_s(s_idx < L::kGpt * 32 && (s_part == 0 || (L::kFused && s_part == 1))),
+          s_base(s_part == 0 ? params.scales : params.zeros) {}
+
+    __device__ __forceinline__ void locate(int tile, int kt) {
         f_tile = tile;
         f_kt = kt;
         const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
-        const int strip0 = n_tile * 4 + tid / 128;
-        f_w = (static_cast<uint32_t>(strip0) * k16s + kt * 4) * 32 + tid % 128;
+        const int strip0 = n_tile * 4 + t / 128;
+        f_w = (static_cast<uint32_t>(strip0) * k16s + kt * 4) * 32 + t % 128;
         w_ok = 0;
 #pragma unroll
-        for (int i = 0; i < kWChunks; ++i) w_ok |= (strip0 + i * WGS < strips ? 1u : 0u) << i;
+        for (int i = 0; i < kWChunks; ++i) w_ok |= (strip0 + i * kStripStep < strips ? 1u : 0u) << i;
+        const int row0 = m_slice * L::kRows + x_row;
         x_ok = 0;
 #pragma unroll
-        for (int i = 0; i < kXChunks; ++i) {
-            const int row = m_slice * L::kRows + x_row + i * kXRowStep;
-            const bool ok = row < p.m;  // else zero-filled from row 0 (a valid address)
-            x_ok |= (ok ? 1u : 0u) << i;
-            f_x[i] = static_cast<uint32_t>(ok ? row : 0) * p.k + kt * kTileK + x_chunk * 8;
-        }
+        for (int i = 0; i < kXChunks; ++i) x_ok |= (row0 + i * kXRowStep < p.m ? 1u : 0u) << i;
+        f_x0 = static_cast<uint32_t>(kt) * kTileK + x_chunk * 8;  // rows past M: zero-filled from row 0
+        f_x = static_cast<uint32_t>(row0) * p.k + f_x0;
         const int r = s_idx / 32, cc = s_idx % 32;
         s_ok = copies_s && n_tile * 4 + cc / 8 < strips;
-        const int group = GPT == 2 ? kt * 2 + r : kt * kTileK / p.group_size;
+        const int group = L::kGpt == 2 ? kt * 2 + r : kt * kTileK / p.group_size;
         f_s = static_cast<uint32_t>(group) * p.n + n_tile * kWgTileN + cc * 8;
         f_k_left = p.group_size - kt * kTileK % p.group_size;
-    };
-    auto advance = [&]() {
+    }
+    __device__ __forceinline__ void advance() {
         if (++f_kt == p.k_tiles) {
             locate(f_tile + tile_step, 0);
             return;
         }
         f_w += 4 * 32;
-#pragma unroll
-        for (int i = 0; i < kXChunks; ++i) f_x[i] += kTileK;
-        if constexpr (GPT == 2) {
+        f_x += kTileK;
+        f_x0 += kTileK;
+        if constexpr (L::kGpt == 2) {
             f_s += 2 * p.n;
         } else if ((f_k_left -= kTileK) == 0) {
             f_k_left = p.group_size;
             f_s += p.n;
         }
-    };
-    auto load_stage = [&](int stage) {
-        const uint32_t st = smem_base + stage * L::kStage;
+    }
+    // Issues the cp.async copies of the located slice into the stage at shared address st.
+    __device__ __forceinline__ void load(uint32_t st) const {
         const uint4 *words = reinterpret_cast<const uint4 *>(p.words);
+        const uint32_t w_stride = static_cast<uint32_t>(kStripStep) * k16s * 32;  // uint4, one copy to the next
 #pragma unroll
         for (int i = 0; i < kWChunks; ++i) {
             // Past N: zero-filled from a valid address (the warp of that strip still joins the warpgroup's wgmma;
             // its rows are dropped).
             const bool ok = w_ok >> i & 1u;
-            cp_async16_zfill(st + L::kX + (tid + i * L::kThreads) * 16, words + (ok ? f_w + i * w_stride : 0u), ok);
+            cp_async16_zfill(st + L::kX + (t + i * NT) * 16, words + (ok ? f_w + i * w_stride : 0u), ok);
         }
+        const uint32_t x_step = static_cast<uint32_t>(kXRowStep) * p.k;
 #pragma unroll
         for (int i = 0; i < kXChunks; ++i) {
-            cp_async16_zfill(st + x_dst + i * kXRowStep * 128, p.x + f_x[i], x_ok >> i & 1u);
+            const bool ok = x_ok >> i & 1u;
+            cp_async16_zfill(st + x_dst + i * kXRowStep * 128, p.x + (ok ? f_x + i * x_step : f_x0), ok);
         }
         const int r = s_idx / 32, cc = s_idx % 32;
         if (s_ok) cp_async16(st + L::kX + L::kW + s_part * L::kS + r * (kWgTileN * 2) + cc * 16, s_base + f_s);
-    };
+    }
+};
 
-    // ---- Compute side. This warp's words: wg * kWords + wi, wi < kWords.
-    constexpr int kWords = L::kWords, kNB = L::kNB;
-    const int g = lane / 4;
-    float acc[kWords][kNB * 4];
-    uint32_t a[L::kFragBufs][kWords][4];
-    auto zero_acc = [&]() {
+// The compute side, per warp of a warpgroup: acc[wi] is the 64 x kRows accumulator of word wg * kWords + wi; a[] the
+// A-fragment buffers (one per k16 step in flight).
+template <class L>
+struct WgmmaTile {
+    float acc[L::kWords][L::kNB * 4];
+    uint32_t a[L::kFragBufs][L::kWords][4];
+
+    __device__ __forceinline__ void zero() {
 #pragma unroll
-        for (int wi = 0; wi < kWords; ++wi) {
+        for (int wi = 0; wi < L::kWords; ++wi) {
 #pragma unroll
-            for (int i = 0; i < kNB * 4; ++i) acc[wi][i] = 0.0f;
+            for (int i = 0; i < L::kNB * 4; ++i) acc[wi][i] = 0.0f;
             pin(acc[wi]);
         }
-    };
-    auto compute_stage = [&](int stage) {
-        const uint8_t *st = smem + stage * L::kStage;
-        const uint32_t x_addr = smem_base + stage * L::kStage;
+    }
+    __device__ __forceinline__ void pin_all() {
+#pragma unroll
+        for (int wi = 0; wi < L::kWords; ++wi) pin(acc[wi]);
+    }
+
+    // The four k16 steps of the slice in the stage at st (generic pointer) / st_addr (shared address).
+    __device__ __forceinline__ void compute(const uint8_t *st, uint32_t st_addr, int wg, int strip_in_tile, int lane) {
+        constexpr int kWords = L::kWords;
+        const int g = lane / 4;
         // The lane's 16-byte cell of each k16 step; this warpgroup's words start at byte wg * 4 * kWords.
         const uint8_t *w_src = st + L::kX + (strip_in_tile * 128 + lane) * 16 + wg * 4 * kWords;
         // The lane's scales are those of columns 8j + L/4 (j < 8, 16 bytes, permuted layout); this warpgroup's
@@ -256,11 +283,11 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
         uint32_t s8[2 * kWords], z8[2 * kWords];  // (s, s) pairs of this warpgroup's columns (and zeros)
 #pragma unroll
         for (int k16 = 0; k16 < 4; ++k16) {
-            if (k16 == 0 || (GPT == 2 && k16 == 2)) {  // this group's scales (and zeros)
-                const int row = GPT == 2 ? k16 / 2 : 0;
+            if (k16 == 0 || (L::kGpt == 2 && k16 == 2)) {  // this group's scales (and zeros)
+                const int row = L::kGpt == 2 ? k16 / 2 : 0;
                 load_broadcast<kWords>(s_src + row * kWgTileN, s8);
-                if constexpr (FUSED) {
-                    load_broadcast<kWords>(s_src + (GPT + row) * kWgTileN, z8);
+                if constexpr (L::kFused) {
+                    load_broadcast<kWords>(s_src + (L::kGpt + row) * kWgTileN, z8);
                 } else {
 #pragma unroll
                     for (int i = 0; i < 2 * kWords; ++i) z8[i] = 0u;
@@ -277,10 +304,11 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
             }
 #pragma unroll
             for (int wi = 0; wi < kWords; ++wi) {
-                dequant_word<FUSED>(words[wi], s8[2 * wi], s8[2 * wi + 1], z8[2 * wi], z8[2 * wi + 1], frag[wi]);
+                dequant_word<L::kFused>(words[wi], s8[2 * wi], s8[2 * wi + 1], z8[2 * wi], z8[2 * wi + 1],
+                                        frag[wi]);
             }
             wgmma_fence();
-            const uint64_t desc = desc_sw128(x_addr + k16 * 32);
+            const uint64_t desc = desc_sw128(st_addr + k16 * 32);
 #pragma unroll
             for (int wi = 0; wi < kWords; ++wi) wgmma_64xRx16(acc[wi], frag[wi], desc);
             wgmma_commit();
@@ -288,12 +316,18 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
             // a stage is free two slices after it was consumed.)
             wgmma_wait<L::kFragBufs - 1>();
         }
-    };
+    }
 
     // Writes (or, for a tile cut between blocks, reduces) the finished tile `tile`, of which this block did `iters`
     // k slices; the reduction is the skinny kernel's, workspace layout [warp][w][nb][lane][4] with the four values
-    // ordered (row r, column c), (r, c + 8), (r + 1, c), (r + 1, c + 8).
-    auto finish_tile = [&](int tile, int iters) {
+    // ordered (row r, column c), (r, c + 8), (r + 1, c), (r + 1, c + 8). `sync` is the barrier of the tile's threads
+    // (thread 0 among them), `flag` their shared int.
+    template <class Sync>
+    __device__ __forceinline__ void finish(const Params &p, int tile, int iters, int warp, int lane, int &flag,
+                                           Sync sync) {
+        constexpr int kWords = L::kWords, kNB = L::kNB;
+        const int wg = warp / 4, strip_in_tile = warp % 4, g = lane / 4;
+        const int strips = p.n / 64;
         const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
         const bool warp_active = n_tile * 4 + strip_in_tile < strips;
         const int row0 = m_slice * L::kRows + 2 * (lane % 4);
@@ -327,7 +361,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
                 }
             }
         }
-        if (!arrive_last(p.counters + slot, iters, p.k_tiles, last_contributor)) return;
+        if (!arrive_last(p.counters + slot, iters, p.k_tiles, flag, sync)) return;
         if (warp_active) {
 #pragma unroll
             for (int nb = 0; nb < kNB; ++nb) {
@@ -341,63 +375,191 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
                 }
             }
         }
-        if (tid == 0) p.counters[slot] = 0;
-    };
+        if (threadIdx.x == 0) p.counters[slot] = 0;
+    }
+};
 
-    const int total = static_cast<int>(total_ll);
+// This block's k slices, numbered 0 .. total - 1: stream-K, the range [begin, begin + total) of all (tile, k slice)
+// pairs; whole tiles, tiles blockIdx.x + j * gridDim.x, all their slices. tile_step: from one tile of ours to the next.
+struct WgmmaRange {
+    long long begin, total;
+    int tile_step;
+};
+__device__ __forceinline__ WgmmaRange wgmma_range(const Params &p) {
+    WgmmaRange r;
+    if (p.whole_tiles) {
+        const long long tiles = p.total_iters / p.k_tiles;
+        r.begin = static_cast<long long>(blockIdx.x) * p.k_tiles;
+        r.total = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * p.k_tiles;
+        r.tile_step = gridDim.x;
+    } else {
+        r.begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
+        r.total = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x - r.begin;
+        r.tile_step = 1;
+    }
+    return r;
+}
+
+// Every thread copies and computes: one block barrier per slice orders the ring.
+template <int WGS, int ROWS, bool FUSED, int GPT>
+__global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ int last_contributor;
+    const uint32_t raw_base = smem_addr(smem_raw);
+    const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
+    uint8_t *const smem = smem_raw + (smem_base - raw_base);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int wg = warp / 4, strip_in_tile = warp % 4;
+    const WgmmaRange range = wgmma_range(p);
+    if (range.total <= 0) return;
+
+    WgmmaCopier<L, L::kThreads> copier(p, tid, range.tile_step);
+    WgmmaTile<L> t;
+    const int total = static_cast<int>(range.total);
     int to_fetch = total;
     auto fetch = [&](int stage) {
         if (to_fetch > 0) {
-            load_stage(stage);
-            if (--to_fetch > 0) advance();  // (never locates a tile past the last)
+            copier.load(smem_base + stage * L::kStage);
+            if (--to_fetch > 0) copier.advance();  // (never locates a tile past the last)
         }
         cp_async_commit();  // empty groups keep the group count uniform for wait_group
     };
-    locate(static_cast<int>(begin / p.k_tiles), static_cast<int>(begin % p.k_tiles));
+    copier.locate(static_cast<int>(range.begin / p.k_tiles), static_cast<int>(range.begin % p.k_tiles));
 #pragma unroll
     for (int s = 0; s < L::kStages - 2; ++s) fetch(s);
 
-    zero_acc();
+    t.zero();
     int stage = 0;
-    int tile = static_cast<int>(begin / p.k_tiles);
-    for (int done = 0; done < total; tile += tile_step) {
-        const int kt_begin = done == 0 ? static_cast<int>(begin % p.k_tiles) : 0;
+    int tile = static_cast<int>(range.begin / p.k_tiles);
+    for (int done = 0; done < total; tile += range.tile_step) {
+        const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
         const int kt_end = std::min(kt_begin + total - done, p.k_tiles);
 #pragma unroll 1
         for (int kt = kt_begin; kt < kt_end; ++kt) {
             cp_async_wait<L::kStages - 3>();
             __syncthreads();  // stage `stage` landed for everyone; the stage refilled below is free for everyone
             fetch(stage >= 2 ? stage - 2 : stage + L::kStages - 2);
-            compute_stage(stage);
+            t.compute(smem + stage * L::kStage, smem_base + stage * L::kStage, wg, strip_in_tile, lane);
             stage = stage == L::kStages - 1 ? 0 : stage + 1;
         }
         wgmma_wait<0>();
-#pragma unroll
-        for (int wi = 0; wi < kWords; ++wi) pin(acc[wi]);
-        finish_tile(tile, kt_end - kt_begin);
-        zero_acc();
+        t.pin_all();
+        t.finish(p, tile, kt_end - kt_begin, warp, lane, last_contributor, [] { __syncthreads(); });
+        t.zero();
         done += kt_end - kt_begin;
     }
     cp_async_wait<0>();
 #endif
 }
 
-template <int WGS, int ROWS, bool FUSED, int GPT>
+// Warp-specialized (M > 64): a third warpgroup copies, the two of the tile only compute. Stage s is handed over by
+// two mbarriers: full[s] (each producer thread's cp.async arrival fires when its copies have landed) and empty[s]
+// (one arrival per consumer warp once the wgmma reading the stage are done: after the next slice's last wait_group,
+// as in the kernel above). The consumers never wait for copies they issued themselves, nor for each other, except
+// in a cut tile's reduction (named barrier 1 of the 256 consumer threads). Registers: the copier runs on 40, the
+// consumers on 232 (setmaxnreg; 128 * 40 + 256 * 232 fits the 64K register file of the SM).
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+template <bool FUSED, int GPT>
+__global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = WgmmaLayout<2, 128, FUSED, GPT>;
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ int last_contributor;
+    __shared__ __align__(8) uint64_t full_bar[L::kStages], empty_bar[L::kStages];
+    const uint32_t raw_base = smem_addr(smem_raw);
+    const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
+    uint8_t *const smem = smem_raw + (smem_base - raw_base);
+    const uint32_t full0 = smem_addr(full_bar), empty0 = smem_addr(empty_bar);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const WgmmaRange range = wgmma_range(p);
+    if (range.total <= 0) return;
+    if (tid == 0) {
+        for (int s = 0; s < L::kStages; ++s) {
+            mbar_init(full0 + 8 * s, 128);
+            mbar_init(empty0 + 8 * s, 8);
+        }
+    }
+    __syncthreads();
+    const int total = static_cast<int>(range.total);
+
+    if (warp >= 8) {  // the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        WgmmaCopier<L, 128> copier(p, tid - 256, range.tile_step);
+        copier.locate(static_cast<int>(range.begin / p.k_tiles), static_cast<int>(range.begin % p.k_tiles));
+        int stage = 0;
+        uint32_t phase = 0;  // of the round of stage uses this fetch belongs to
+#pragma unroll 1
+        for (int f = 0; f < total; ++f) {
+            if (f >= L::kStages) mbar_wait(empty0 + 8 * stage, phase ^ 1u);  // the use one round back is released
+            copier.load(smem_base + stage * L::kStage);
+            mbar_arrive_cp_async(full0 + 8 * stage);
+            if (f + 1 < total) copier.advance();  // (never locates a tile past the last)
+            if (++stage == L::kStages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        cp_async_wait<0>();
+    } else {  // the two consumer warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+        const int wg = warp / 4, strip_in_tile = warp % 4;
+        WgmmaTile<L> t;
+        t.zero();
+        int stage = 0, prev = -1;
+        uint32_t phase = 0;
+        int tile = static_cast<int>(range.begin / p.k_tiles);
+        for (int done = 0; done < total; tile += range.tile_step) {
+            const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
+            const int kt_end = std::min(kt_begin + total - done, p.k_tiles);
+#pragma unroll 1
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
+                mbar_wait(full0 + 8 * stage, phase);
+                // The copies were generic-proxy writes; the tensor cores read the stage through the async proxy.
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                t.compute(smem + stage * L::kStage, smem_base + stage * L::kStage, wg, strip_in_tile, lane);
+                // This slice's last wait_group left only its own steps in flight: the previous stage is read.
+                if (prev >= 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+                prev = stage;
+                if (++stage == L::kStages) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+            wgmma_wait<0>();
+            t.pin_all();
+            t.finish(p, tile, kt_end - kt_begin, warp, lane, last_contributor,
+                     [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
+            t.zero();
+            done += kt_end - kt_begin;
+        }
+    }
+#endif
+}
+
+// WS: the warp-specialized kernel (WGS = 2, ROWS = 128 only).
+template <int WGS, int ROWS, bool FUSED, int GPT, bool WS = false>
 int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
+    static_assert(!WS || (WGS == 2 && ROWS == 128), "the warp-specialized kernel has one tile form");
     // One warpgroup per block: two blocks per SM wanted (their wgmma interleave); two warpgroups: one block.
     constexpr int kPerSm = WGS == 1 ? 2 : 1;
+    constexpr int kBlockThreads = WS ? L::kThreads + 128 : L::kThreads;
     // Resident blocks per SM (registers and shared memory), cached per device: 0 = not set up, -1 = none fits.
     static std::atomic<int> resident_cache[64];
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
-    auto kernel = marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT>;
+    auto kernel = WS ? marlin_wgmma_ws_kernel<FUSED, GPT> : marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT>;
     constexpr int kSmem = L::kStages * L::kStage + 1024;  // + the slack that aligns the ring to 1024 bytes
     int resident = resident_cache[env.device].load(std::memory_order_relaxed);
     if (resident == 0) {
         resident = -1;
         if (kSmem + kStaticSmemReserve <= env.max_smem_optin) {
             TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, L::kThreads, kSmem));
+            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kBlockThreads, kSmem));
             resident = resident >= 1 ? std::min(resident, kPerSm) : -1;
         }
         resident_cache[env.device].store(resident, std::memory_order_relaxed);
@@ -430,7 +592,7 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     }
     p.counters = static_cast<int *>(env.workspace);
     p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes(grid));
-    kernel<<<static_cast<unsigned>(grid), L::kThreads, kSmem, env.stream>>>(p);
+    kernel<<<static_cast<unsigned>(grid), kBlockThreads, kSmem, env.stream>>>(p);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }
@@ -449,6 +611,12 @@ int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
                             : launch_wgmma_kernel<2, 64, FUSED, 1>(p, env);
         }
         return gpt == 2 ? launch_wgmma_kernel<1, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<1, 64, FUSED, 1>(p, env);
+    }
+    // Above 64 rows: the warp-specialized kernel (gpu-notes.md, eighth shift), or every warp copying and computing
+    // (env.wgmma_producer = false, the A/B form).
+    if (env.wgmma_producer) {
+        return gpt == 2 ? launch_wgmma_kernel<2, 128, FUSED, 2, true>(p, env)
+                        : launch_wgmma_kernel<2, 128, FUSED, 1, true>(p, env);
     }
     return gpt == 2 ? launch_wgmma_kernel<2, 128, FUSED, 2>(p, env) : launch_wgmma_kernel<2, 128, FUSED, 1>(p, env);
 }

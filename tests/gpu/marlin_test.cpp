@@ -438,7 +438,8 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
 }
 
 // The wgmma kernel (compute capability 9.0, library built for sm_90a), forced from M = 17: 64- and 128-row tiles,
-// full and partial (64-row tiles on one warpgroup and on two: the split bound set to never and to always), N with
+// full and partial (64-row tiles on one warpgroup and on two: the split bound set to never and to always; 128-row
+// tiles with and without the copying warpgroup), N with
 // partial 256-column tiles, group 32 / 64 / 128 and per row, both modes, stream-K and whole-tile scheduling; against
 // FP64, and
 // the workspace is left zeroed. Where the kernel cannot run the launcher falls through, and the results must still
@@ -465,9 +466,17 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
         SCOPED_TRACE(c.name());
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        for (const long long split_max_kn : {0LL, LLONG_MAX}) {
-            SCOPED_TRACE(split_max_kn == 0 ? "64-row tiles on one warpgroup" : "64-row tiles on two warpgroups");
-            tl::gpu::marlin_set_wgmma_split_max_kn(split_max_kn);
+        // Two tile forms each: up to 64 rows, one warpgroup or two (the split bound never / always); above, the
+        // warp-specialized kernel (a copying warpgroup) or every warp copying.
+        for (const bool second_form : {false, true}) {
+            SCOPED_TRACE(sh.m <= 64 ? (second_form ? "64-row tiles on two warpgroups" : "64-row tiles on one warpgroup")
+                                    : (second_form ? "128-row tiles, every warp copying"
+                                                   : "128-row tiles, a copying warpgroup"));
+            if (sh.m <= 64) {
+                tl::gpu::marlin_set_wgmma_split_max_kn(second_form ? LLONG_MAX : 0LL);
+            } else {
+                tl::gpu::marlin_set_wgmma_producer(!second_form);
+            }
             for (const bool fused_mode : {true, false}) {
                 SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
                 const uint64_t before = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma);
@@ -477,9 +486,9 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
                 CUDA_OK(c.result(y));
                 EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
             }
-            if (sh.m > 64) break;  // 128-row tiles: the bound does not apply
         }
         tl::gpu::marlin_set_wgmma_split_max_kn(tl::gpu::kMarlinWgmmaSplitMaxKN);
+        tl::gpu::marlin_set_wgmma_producer(true);
         // Every call leaves the workspace zeroed.
         EXPECT_TRUE(c.workspace_clean());
     }
