@@ -396,12 +396,16 @@ size_t cublas_scratch_bytes(const DeviceWeight &dw) { return static_cast<size_t>
 // measured (docs/benchmarks.md, 2026-12-01); larger weights cross over near 512 rows.
 constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
 constexpr int32_t kSmallWeightCublasMinM = 128;
+// A large weight (K·N >= 2^27: the Llama-70B layers) still runs faster on the wgmma kernel than dequantized through
+// cuBLAS at 512 rows (70B gate+up 831-902 vs 1032-1042 us, 70B down 465-471 vs 501-511 in the two full runs of
+// 2026-12-01 08:04 and 18:42 UTC, docs/benchmarks.md): it switches at twice the setting.
+constexpr int64_t kLargeWeightElements = int64_t{1} << 27;
 
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
-    int32_t min_m = get_dispatch(TL_DISPATCH_CUBLAS_MIN_M);
-    if (min_m > 0 && static_cast<int64_t>(dw.k) * dw.n <= kSmallWeightElements) {
-        min_m = std::min(min_m, kSmallWeightCublasMinM);
-    }
+    int64_t min_m = get_dispatch(TL_DISPATCH_CUBLAS_MIN_M);
+    const int64_t elements = static_cast<int64_t>(dw.k) * dw.n;
+    if (min_m > 0 && elements <= kSmallWeightElements) min_m = std::min<int64_t>(min_m, kSmallWeightCublasMinM);
+    if (elements >= kLargeWeightElements) min_m *= 2;
     return dw.marlin_ok && min_m > 0 && m >= min_m;
 }
 

@@ -38,6 +38,8 @@ WGMMA_MIN_M = 33
 WGMMA_SMALL_KN = 1 << 25
 # cpp/gpu_backend.cpp: a weight of at most this many elements switches to dequantize + cuBLAS from min(setting, 128).
 CUBLAS_SMALL_KN = 1 << 25
+# ... and a weight of at least this many at twice the setting.
+CUBLAS_LARGE_KN = 1 << 27
 LAYER_ORDER = {name: i for i, name in enumerate(
     ("TinyLoop qkv", "TinyLoop out", "TinyLoop gate+up", "TinyLoop down", "TinyLoop head", "Llama-8B qkv",
      "Llama-8B gate+up", "Llama-8B down", "Llama-70B gate+up", "Llama-70B down"))}
@@ -71,8 +73,11 @@ def group128_cells(path):
 
 def dispatcher_choice(c, m, cublas_min_m):
     """What tl_quant_gemm runs (cpp/gpu_backend.cpp, cublas_path_wanted): dequantize + cuBLAS from cublas_min_m rows,
-    or from min(cublas_min_m, 128) for a weight with K·N <= 2^25; the fused Marlin-class kernel below."""
+    or from min(cublas_min_m, 128) for a weight with K·N <= 2^25, from 2 * cublas_min_m for one with K·N >= 2^27; the
+    fused Marlin-class kernel below."""
     threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= CUBLAS_SMALL_KN else cublas_min_m
+    if c["kn"] >= CUBLAS_LARGE_KN:
+        threshold *= 2
     return "deq_cublas" if threshold > 0 and m >= threshold else "marlin_fused"
 
 

@@ -384,7 +384,8 @@ static const int32_t TL_DISPATCH_CROSS_ITER_ROUND = 2;
 static const int32_t TL_DISPATCH_MARLIN_MODE = 3;
 /** M from which dequantize-to-FP16 + cuBLAS replaces the Marlin-class kernel (default 512, measured on the H200;
  *  0 = never). Weights with K·N <= 2^25 switch at the smaller of this and 128 rows (measured: the Marlin-class
- *  kernels lose there). Env TINYLOOP_CUBLAS_MIN_M. */
+ *  kernels lose there), weights with K·N >= 2^27 at twice this (measured: the wgmma kernel still wins at 512 rows
+ *  there). Env TINYLOOP_CUBLAS_MIN_M. */
 static const int32_t TL_DISPATCH_CUBLAS_MIN_M = 4;
 
 /** Sets a dispatcher setting. Thread-safe; calls already under way use the old value. */

@@ -611,7 +611,8 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
 }
 
 // The dispatcher's size rule: with TL_DISPATCH_CUBLAS_MIN_M = 512, a weight with K·N <= 2^25 takes dequantize +
-// cuBLAS from 128 rows, a larger one stays on the Marlin-class kernel until 512; 0 still means never.
+// cuBLAS from 128 rows, a larger one stays on the Marlin-class kernel until 512, one with K·N >= 2^27 until 1024
+// (twice the setting); 0 still means never.
 TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
     int32_t saved[5];
     for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
@@ -620,9 +621,10 @@ TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
         int32_t cublas_min_m;
         bool cublas;  // expected path
     };
-    // 1024 x 1536: 1.5M weights (small); 8192 x 4160: 34.1M > 2^25 = 33.6M (large).
-    const Case cases[] = {{1024, 1536, 128, 512, true},  {1024, 1536, 127, 512, false}, {1024, 1536, 128, 0, false},
-                          {1024, 1536, 100, 100, true},  {8192, 4160, 128, 512, false}, {8192, 4160, 512, 512, true}};
+    // 1024 x 1536: 1.5M weights (small); 8192 x 4160: 34.1M > 2^25 = 33.6M; 8192 x 16384: 2^27 (large).
+    const Case cases[] = {{1024, 1536, 128, 512, true},   {1024, 1536, 127, 512, false},  {1024, 1536, 128, 0, false},
+                          {1024, 1536, 100, 100, true},   {8192, 4160, 128, 512, false},  {8192, 4160, 512, 512, true},
+                          {8192, 16384, 512, 512, false}, {8192, 16384, 1024, 512, true}, {8192, 16384, 1024, 0, false}};
     std::mt19937 rng(7);
     for (const Case c : cases) {
         SCOPED_TRACE("K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) + " M=" + std::to_string(c.m) +

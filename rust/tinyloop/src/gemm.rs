@@ -364,7 +364,8 @@ pub enum DispatchSetting {
     /// Which Marlin-class form: 0 = the faster (default), 1 = fused, 2 = correction. Env `TINYLOOP_MARLIN_MODE`.
     MarlinMode,
     /// M from which dequantize + cuBLAS replaces the Marlin-class kernel (default 512; 0 = never); weights with
-    /// K·N ≤ 2^25 switch at the smaller of this and 128. Env `TINYLOOP_CUBLAS_MIN_M`.
+    /// K·N ≤ 2^25 switch at the smaller of this and 128, weights with K·N ≥ 2^27 at twice this.
+    /// Env `TINYLOOP_CUBLAS_MIN_M`.
     CublasMinM,
 }
 
