@@ -318,6 +318,17 @@ struct WgmmaTile {
         }
     }
 
+    // After a tile's last slice of the range: the wgmma drained, the tile written or reduced (finish), the
+    // accumulators zeroed for the next.
+    template <class Sync>
+    __device__ __forceinline__ void end_tile(const Params &p, int tile, int iters, int warp, int lane, int &flag,
+                                             Sync sync) {
+        wgmma_wait<0>();
+        pin_all();
+        finish(p, tile, iters, warp, lane, flag, sync);
+        zero();
+    }
+
     // Writes (or, for a tile cut between blocks, reduces) the finished tile `tile`, of which this block did `iters`
     // k slices; the reduction is the skinny kernel's, workspace layout [warp][w][nb][lane][4] with the four values
     // ordered (row r, column c), (r, c + 8), (r + 1, c), (r + 1, c + 8). `sync` is the barrier of the tile's threads
@@ -400,6 +411,23 @@ __device__ __forceinline__ WgmmaRange wgmma_range(const Params &p) {
     return r;
 }
 
+// Walks the block's k slices tile by tile: slice() for each slice of the range, in order, then, after each tile's
+// last one of the range, tile_done(tile, slices of it done here).
+template <class Slice, class TileDone>
+__device__ __forceinline__ void for_each_slice(const Params &p, const WgmmaRange &range, Slice slice,
+                                               TileDone tile_done) {
+    const int total = static_cast<int>(range.total);
+    int tile = static_cast<int>(range.begin / p.k_tiles);
+    for (int done = 0; done < total; tile += range.tile_step) {
+        const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
+        const int kt_end = std::min(kt_begin + total - done, p.k_tiles);
+#pragma unroll 1
+        for (int kt = kt_begin; kt < kt_end; ++kt) slice();
+        tile_done(tile, kt_end - kt_begin);
+        done += kt_end - kt_begin;
+    }
+}
+
 // Every thread copies and computes: one block barrier per slice orders the ring.
 template <int WGS, int ROWS, bool FUSED, int GPT>
 __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params p) {
@@ -433,24 +461,18 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
 
     t.zero();
     int stage = 0;
-    int tile = static_cast<int>(range.begin / p.k_tiles);
-    for (int done = 0; done < total; tile += range.tile_step) {
-        const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
-        const int kt_end = std::min(kt_begin + total - done, p.k_tiles);
-#pragma unroll 1
-        for (int kt = kt_begin; kt < kt_end; ++kt) {
+    for_each_slice(
+        p, range,
+        [&] {
             cp_async_wait<L::kStages - 3>();
             __syncthreads();  // stage `stage` landed for everyone; the stage refilled below is free for everyone
             fetch(stage >= 2 ? stage - 2 : stage + L::kStages - 2);
             t.compute(smem + stage * L::kStage, smem_base + stage * L::kStage, wg, strip_in_tile, lane);
             stage = stage == L::kStages - 1 ? 0 : stage + 1;
-        }
-        wgmma_wait<0>();
-        t.pin_all();
-        t.finish(p, tile, kt_end - kt_begin, warp, lane, last_contributor, [] { __syncthreads(); });
-        t.zero();
-        done += kt_end - kt_begin;
-    }
+        },
+        [&](int tile, int iters) {
+            t.end_tile(p, tile, iters, warp, lane, last_contributor, [] { __syncthreads(); });
+        });
     cp_async_wait<0>();
 #endif
 }
@@ -512,12 +534,9 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
         t.zero();
         int stage = 0, prev = -1;
         uint32_t phase = 0;
-        int tile = static_cast<int>(range.begin / p.k_tiles);
-        for (int done = 0; done < total; tile += range.tile_step) {
-            const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
-            const int kt_end = std::min(kt_begin + total - done, p.k_tiles);
-#pragma unroll 1
-            for (int kt = kt_begin; kt < kt_end; ++kt) {
+        for_each_slice(
+            p, range,
+            [&] {
                 mbar_wait(full0 + 8 * stage, phase);
                 // The copies were generic-proxy writes; the tensor cores read the stage through the async proxy.
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -529,14 +548,11 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
                     stage = 0;
                     phase ^= 1u;
                 }
-            }
-            wgmma_wait<0>();
-            t.pin_all();
-            t.finish(p, tile, kt_end - kt_begin, warp, lane, last_contributor,
-                     [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
-            t.zero();
-            done += kt_end - kt_begin;
-        }
+            },
+            [&](int tile, int iters) {
+                t.end_tile(p, tile, iters, warp, lane, last_contributor,
+                           [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
+            });
     }
 #endif
 }
@@ -597,28 +613,28 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     return 0;
 }
 
-// Whether `device` is compute capability 9.0, the only one that runs sm_90a code (cached per device).
+// The kernel for the weight's groups per 64-deep slice (GPT: 2 for group size 32, else 1).
+template <int WGS, int ROWS, bool FUSED, bool WS = false>
+int launch_for_groups(int gpt, const Params &p, const LaunchEnv &env) {
+    return gpt == 2 ? launch_wgmma_kernel<WGS, ROWS, FUSED, 2, WS>(p, env)
+                    : launch_wgmma_kernel<WGS, ROWS, FUSED, 1, WS>(p, env);
+}
+
 template <bool FUSED>
-int pick_wgmma(Params p, const LaunchEnv &env, int gpt) {
+int pick_wgmma(const Params &p, const LaunchEnv &env, int gpt) {
     if (p.m <= 64) {
         // Up to 64 rows: one warpgroup per block, two blocks per SM; or, for a weight of at most
         // env.wgmma_split_max_kn elements, two warpgroups per block splitting the tile's words (each weight still
         // dequantized once), one block per SM. Measured on the H200 (gpu-notes.md, sixth shift) at M = 33-64: the
         // split is 6-22% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
         // slower on 8B gate+up and the 70B layers, where two independent blocks per SM keep more in flight.
-        if (static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn) {
-            return gpt == 2 ? launch_wgmma_kernel<2, 64, FUSED, 2>(p, env)
-                            : launch_wgmma_kernel<2, 64, FUSED, 1>(p, env);
-        }
-        return gpt == 2 ? launch_wgmma_kernel<1, 64, FUSED, 2>(p, env) : launch_wgmma_kernel<1, 64, FUSED, 1>(p, env);
+        const bool split = static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn;
+        return split ? launch_for_groups<2, 64, FUSED>(gpt, p, env) : launch_for_groups<1, 64, FUSED>(gpt, p, env);
     }
     // Above 64 rows: the warp-specialized kernel (gpu-notes.md, eighth shift), or every warp copying and computing
     // (env.wgmma_producer = false, the A/B form).
-    if (env.wgmma_producer) {
-        return gpt == 2 ? launch_wgmma_kernel<2, 128, FUSED, 2, true>(p, env)
-                        : launch_wgmma_kernel<2, 128, FUSED, 1, true>(p, env);
-    }
-    return gpt == 2 ? launch_wgmma_kernel<2, 128, FUSED, 2>(p, env) : launch_wgmma_kernel<2, 128, FUSED, 1>(p, env);
+    return env.wgmma_producer ? launch_for_groups<2, 128, FUSED, true>(gpt, p, env)
+                              : launch_for_groups<2, 128, FUSED>(gpt, p, env);
 }
 
 }  // namespace

@@ -622,9 +622,10 @@ TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
         bool cublas;  // expected path
     };
     // 1024 x 1536: 1.5M weights (small); 8192 x 4160: 34.1M > 2^25 = 33.6M; 8192 x 16384: 2^27 (large).
-    const Case cases[] = {{1024, 1536, 128, 512, true},   {1024, 1536, 127, 512, false},  {1024, 1536, 128, 0, false},
-                          {1024, 1536, 100, 100, true},   {8192, 4160, 128, 512, false},  {8192, 4160, 512, 512, true},
-                          {8192, 16384, 512, 512, false}, {8192, 16384, 1024, 512, true}, {8192, 16384, 1024, 0, false}};
+    const Case cases[] = {{1024, 1536, 128, 512, true},    {1024, 1536, 127, 512, false},  {1024, 1536, 128, 0, false},
+                          {1024, 1536, 100, 100, true},    {8192, 4160, 128, 512, false},  {8192, 4160, 512, 512, true},
+                          {8192, 16384, 512, 512, false},  {8192, 16384, 1024, 512, true},
+                          {8192, 16384, 1024, 0, false}};
     std::mt19937 rng(7);
     for (const Case c : cases) {
         SCOPED_TRACE("K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) + " M=" + std::to_string(c.m) +
