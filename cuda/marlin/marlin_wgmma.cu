@@ -25,7 +25,7 @@
 // where every thread copies and computes and one block barrier per slice orders the ring (the tiles up to 64 rows,
 // and the A/B form above), and from 65 rows marlin_wgmma_ws_kernel, warp-specialized: a third warpgroup issues the
 // copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (gpu-notes.md, eighth
-// shift: 1.00-1.08x on the Llama layers from M = 128 in the A/B passes of benchmarks.md).
+// shift: 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, in the A/B passes of benchmarks.md).
 #include "marlin_device.cuh"
 
 namespace tl::gpu::marlin {
