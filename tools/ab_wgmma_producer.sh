@@ -2,7 +2,8 @@
 # On the GPU machine, after tools/device_check.sh built tl_bench: the wgmma kernel above 64 rows with its copying
 # warpgroup (marlin_wgmma_ws_kernel, the default) against every warp copying (tl_bench --wgmma-producer 0), two passes
 # alternating the forms, group 128. Writes $OUT/ab-producer.csv (the form and pass, then tl_bench's columns) and
-# prints a markdown table: median-free, both passes shown, speed-up = best of the old form's passes / best of the new.
+# prints a markdown table with both passes of each form (each cell is tl_bench's median of 7 graph replays); speed-up =
+# the old form's faster pass / the new form's faster pass.
 #
 #   OUT=$OUT [LAYERS=Llama,TinyLoop] [MS=128,256,512,1024,4096] bash tools/ab_wgmma_producer.sh
 set -u
