@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The tables of docs/benchmarks.md, made from the benchmark programs' CSV files (standard library only), so that the
-page holds what the benchmarks measured and nothing typed by hand.
+"""Markdown tables made from the benchmark programs' CSV files (standard library only), so that a page holds what
+the benchmarks measured and nothing typed by hand. docs/benchmarks.md holds the `gemm` and `score` tables; the
+others compare kernel variants (A/B runs, two builds, the read probe).
 
   tools/bench_tables.py gemm BENCH_CSV [--cublas-min-m 512]
-      issue 3's target table from tl_bench's CSV: per Llama/TinyLoop layer and M (group 128), SOL, what the
+      the GEMM target table from tl_bench's CSV: per Llama/TinyLoop layer and M (group 128), SOL, what the
       dispatcher runs by default (fused Marlin-class below --cublas-min-m rows, dequantize + cuBLAS from there; from
-      128 rows for a weight with K·N <= 2^25),
-      the best of our INT4 paths, dense cuBLAS FP16, the target and whether it is met.
+      128 rows for a weight with K·N <= 2^25, from twice --cublas-min-m for one with K·N >= 2^27), the best of our
+      INT4 paths, dense cuBLAS FP16, the target and whether it is met.
   tools/bench_tables.py ab BENCH_CSV [BENCH_CSV ...] [--cublas-min-m 512]
       the kernel choices for 16 < M <= 1024 (group 128) from tl_bench's same-run A/B columns: the dispatcher's
       choice, the wgmma kernel (forced below its bound), the medium kernel (forced above 32 rows), the
@@ -16,14 +17,14 @@ page holds what the benchmarks measured and nothing typed by hand.
       kernel it replaced (marlin_fused_skinny, same run) and dense cuBLAS FP16.
   tools/bench_tables.py builds CSV NEW_BUILD OLD_BUILD
       one kernel column of tl_bench measured with two builds in one call (a CSV of tl_bench rows with `build` and
-      `pass` columns, e.g. docs/benchmarks-stream-fixup.csv): per layer, M and group, the median over the passes of
-      each build, the speed-up and the SOL fraction.
+      `pass` columns): per layer, M and group, the median over the passes of each build, the speed-up and the SOL
+      fraction.
   tools/bench_tables.py probe PROBE_CSV
       tl_read_probe's read bandwidth per access pattern, ring depth and residency, without and with the stand-in
       arithmetic (one row per configuration, the two delays side by side).
-  tools/bench_tables.py score SCORE_CSV
-      issue 4's scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
-      configuration, graphs off and on, device memory, fallbacks.
+  tools/bench_tables.py score SCORE_CSV [--model NAME]
+      the scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
+      configuration, graphs off and on, device memory, fallbacks; --model keeps one model's rows (e.g. "2B per-row").
 """
 
 import argparse
@@ -197,8 +198,8 @@ def probe_table(path):
               + " | ".join(cells[key].get(d, "–") for d in delays) + " |")
 
 
-def score_table(path):
-    rows = list(csv.DictReader(open(path)))
+def score_table(path, model=None):
+    rows = [r for r in csv.DictReader(open(path)) if model is None or r["model"] == model]
     table, order = {}, []
     for r in rows:
         if r["error"]:
@@ -239,7 +240,9 @@ def main():
     b.add_argument("new_build")
     b.add_argument("old_build")
     sub.add_parser("probe").add_argument("csv")
-    sub.add_parser("score").add_argument("csv")
+    s = sub.add_parser("score")
+    s.add_argument("csv")
+    s.add_argument("--model")
     args = p.parse_args()
     if args.what == "gemm":
         gemm_table(args.csv, args.cublas_min_m)
@@ -252,7 +255,7 @@ def main():
     elif args.what == "probe":
         probe_table(args.csv)
     else:
-        score_table(args.csv)
+        score_table(args.csv, args.model)
 
 
 if __name__ == "__main__":

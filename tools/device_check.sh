@@ -5,8 +5,10 @@
 #
 #   OUT=/path tools/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=..., SANITIZER_TOOLS=memcheck,
 #                                       SANITIZE_ONLY=<binary name> to trim)
-# Header-only build dependencies the GPU image lacks (CLI11, Eigen) come in a carried folder .devdeps laid out like
-# the root file system; they are copied into place only where missing.
+# Header-only build dependencies the GPU image may lack (CLI11, Eigen) can come in a folder .devdeps at the repository
+# root, laid out like the root file system (.devdeps/usr/include/CLI, .devdeps/usr/include/eigen3,
+# .devdeps/usr/share/eigen3/cmake); where the system has none, the build is pointed at them (an include path, and
+# Eigen3_DIR); nothing is copied into system folders. The script itself writes only under $BUILD and $OUT.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
@@ -17,13 +19,13 @@ step() { echo "== $* ($(date +%T))"; }
 summary=()
 
 step configure
+devdeps=()
 if [ -d .devdeps ]; then
-  [ -d /usr/include/CLI ] || cp -r .devdeps/usr/include/CLI /usr/include/
-  [ -d /usr/include/eigen3 ] || { cp -r .devdeps/usr/include/eigen3 /usr/include/ &&
-    mkdir -p /usr/share/eigen3 && cp -r .devdeps/usr/share/eigen3/cmake /usr/share/eigen3/; }
+  [ -d /usr/include/CLI ] || devdeps+=("-DCMAKE_CXX_FLAGS=-isystem $PWD/.devdeps/usr/include")
+  [ -d /usr/include/eigen3 ] || devdeps+=("-DEigen3_DIR=$PWD/.devdeps/usr/share/eigen3/cmake")
 fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
-  -DTL_CAPI_TESTS=OFF >"$OUT/build.log" 2>&1 || {
+  -DTL_CAPI_TESTS=OFF ${devdeps[@]+"${devdeps[@]}"} >"$OUT/build.log" 2>&1 || {
   tail -30 "$OUT/build.log"; echo "configure failed"; exit 1; }
 step build
 if ! timeout "${BUILD_TIMEOUT:-360}" cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after tools/device_check.sh built everything: one tl_bench cell under Nsight Compute, and the
-# kernel's SASS, for the working notes (docs/gpu-notes.md).
+# kernel's SASS lines matching a pattern (e.g. SASS_GREP='LDL|STL' for spills), for kernel work.
 #
 #   OUT=$OUT KERNEL=regex LAYER=name M=m [KERNELS=tl_bench kernel] [SECTIONS="..."] [SASS_GREP=regex] \
 #     [NCU_CLOCK=base] bash tools/profile_kernel.sh
@@ -17,7 +17,7 @@ for m in ${M//,/ }; do
   # --stream-loop: plain launches (no graphs), so that --launch-skip counts calls of this cell.
   # --clock-control none: profile at the clocks the benchmark sees. ncu's default locks the base clock (1.3 GHz here,
   # 1.98 under tl_bench), where the stream kernel looked issue-bound though fewer instructions did not make it faster
-  # at the real clock (gpu-notes.md, fifth shift). NCU_CLOCK=base restores the default.
+  # at the real clock. NCU_CLOCK=base restores the default.
   timeout "${NCU_TIMEOUT:-200}" ncu --clock-control "${NCU_CLOCK:-none}" --kernel-name "regex:${KERNEL}" \
     --launch-skip 5 --launch-count 1 "${args[@]}" \
     "$BUILD/bin/tl_bench" /tmp/ncu.csv /tmp/ncu.md --stream-loop --layer "$LAYER" --m "$m" \

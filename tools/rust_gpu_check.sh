@@ -212,14 +212,14 @@ build_tl_bench() {
   if [ "$TL_BUILD" = "$BUILD" ]; then
     echo "reusing $BUILD"
   else
-    # As tools/device_check.sh: header-only dependencies the GPU image lacks come from the carried .devdeps.
+    # As tools/device_check.sh: header-only dependencies the GPU image lacks come from .devdeps, used in place.
+    local devdeps=()
     if [ -d .devdeps ]; then
-      [ -d /usr/include/CLI ] || cp -r .devdeps/usr/include/CLI /usr/include/
-      [ -d /usr/include/eigen3 ] || { cp -r .devdeps/usr/include/eigen3 /usr/include/ &&
-        mkdir -p /usr/share/eigen3 && cp -r .devdeps/usr/share/eigen3/cmake /usr/share/eigen3/; }
+      [ -d /usr/include/CLI ] || devdeps+=("-DCMAKE_CXX_FLAGS=-isystem $PWD/.devdeps/usr/include")
+      [ -d /usr/include/eigen3 ] || devdeps+=("-DEigen3_DIR=$PWD/.devdeps/usr/share/eigen3/cmake")
     fi
     timeout "$1" cmake -S . -B "$TL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTL_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DTL_BUILD_TESTS=OFF || return 1
+      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DTL_BUILD_TESTS=OFF ${devdeps[@]+"${devdeps[@]}"} || return 1
   fi
   timeout "$1" cmake --build "$TL_BUILD" --target tl_bench -j "$(nproc)"
 }
