@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <system_error>
@@ -27,13 +28,22 @@ namespace {
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;  // the reference safetensors reader's limit
+// A .tinyloop header lists tens to a few thousand tensors (well under 1 MiB of JSON). The reference reader's
+// 100 MB limit let one hostile header cost gigabytes of parsed JSON per load; 16 MiB stays generous but bounded.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
+constexpr const char *kMaxHeaderText = "16 MiB";
 constexpr const char *kMetadataKey = "__metadata__";
 constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".weight"};
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 std::string quoted(const std::string &s) { return "'" + s + "'"; }
+
+std::string hex_byte(uint8_t byte) {
+    char text[8];
+    std::snprintf(text, sizeof text, "0x%02x", byte);
+    return text;
+}
 
 std::string shape_text(const std::vector<int64_t> &shape) {
     std::string s = "[";
@@ -92,13 +102,29 @@ struct FdCloser {
     ~FdCloser() { ::close(fd); }
 };
 
+const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "of an unknown file type";
+}
+
 FileBytes open_file(const std::string &path, bool use_mmap) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO that has no writer would otherwise block forever before fstat could refuse it.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail(TL_ERR_IO, "cannot open " + quoted(path) + ": " + errno_text(errno));
     const FdCloser closer{fd};
     struct stat st;
     if (::fstat(fd, &st) != 0) fail(TL_ERR_IO, "cannot stat " + quoted(path) + ": " + errno_text(errno));
-    if (!S_ISREG(st.st_mode)) fail(TL_ERR_IO, quoted(path) + " is not a regular file");
+    if (!S_ISREG(st.st_mode)) {
+        fail(TL_ERR_IO, quoted(path) + " is " + file_kind(st.st_mode) + ", not a regular file");
+    }
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        fail(TL_ERR_IO, "cannot set " + quoted(path) + " to blocking reads: " + errno_text(errno));
+    }
     FileBytes file;
     file.size = static_cast<size_t>(st.st_size);
     if (file.size < 8) {
@@ -126,6 +152,20 @@ FileBytes open_file(const std::string &path, bool use_mmap) {
     file.data = buffer->data();
     file.owner = std::move(buffer);
     return file;
+}
+
+// The process's file-creation mask, read without umask(2), which would change it for every thread meanwhile.
+// Linux reports it in /proc/self/status; where that is unavailable, assume the usual 022.
+mode_t process_umask() {
+    FILE *status = std::fopen("/proc/self/status", "re");
+    if (!status) return 022;
+    char line[256];
+    unsigned mask = 022;
+    while (std::fgets(line, sizeof line, status)) {
+        if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
+    }
+    std::fclose(status);
+    return static_cast<mode_t>(mask & 0777);
 }
 
 // ---- The header ----
@@ -240,8 +280,8 @@ Header parse_header(const FileBytes &file) {
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file.data[i];  // little-endian
     if (header_len == 0) fail(TL_ERR_FORMAT, "header length is 0");
     if (header_len > kMaxHeaderBytes) {
-        fail(TL_ERR_FORMAT, "header length " + std::to_string(header_len) + " exceeds the " +
-                                std::to_string(kMaxHeaderBytes) + "-byte limit");
+        fail(TL_ERR_FORMAT, "header length " + std::to_string(header_len) + " exceeds the " + kMaxHeaderText + " (" +
+                                std::to_string(kMaxHeaderBytes) + "-byte) limit");
     }
     if (header_len > file.size - 8) {
         fail(TL_ERR_FORMAT, "header length " + std::to_string(header_len) + " runs past the end of the file (" +
@@ -249,12 +289,30 @@ Header parse_header(const FileBytes &file) {
     }
     Header header;
     const uint8_t *text = file.data + 8;
+    // nlohmann's parser takes a NUL for the end of its input, so "{...}\0junk" would load here while other
+    // safetensors readers refuse it: no control byte may appear anywhere (JSON whitespace aside), and only
+    // spaces may follow the object (the safetensors padding).
+    for (uint64_t i = 0; i < header_len; ++i) {
+        if (text[i] < 0x20 && text[i] != '\t' && text[i] != '\n' && text[i] != '\r') {
+            fail(TL_ERR_FORMAT, "header has control byte " + hex_byte(text[i]) + " at file offset " +
+                                    std::to_string(8 + i) + " (a header is JSON text, padded only with spaces)");
+        }
+    }
+    uint64_t json_len = header_len;
+    while (json_len > 0 && text[json_len - 1] == ' ') --json_len;
     try {
-        header.root = json::parse(text, text + header_len);
+        header.root = json::parse(text, text + json_len);
     } catch (const json::exception &e) {
         fail(TL_ERR_FORMAT, std::string("header is not valid JSON: ") + e.what());
     }
     if (!header.root.is_object()) fail(TL_ERR_FORMAT, "header JSON is not an object");
+    if (text[json_len - 1] != '}') {  // the parse accepted trailing tabs or newlines
+        uint64_t end = json_len;
+        while (text[end - 1] != '}') --end;
+        while (text[end] == ' ') ++end;
+        fail(TL_ERR_FORMAT, "header has byte " + hex_byte(text[end]) + " at file offset " + std::to_string(8 + end) +
+                                " after the JSON object; only spaces may follow it");
+    }
     header.data = text + header_len;
     header.data_size = file.size - 8 - header_len;
 
@@ -706,9 +764,18 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
     uint8_t length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-    const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(TL_ERR_IO, "cannot create " + quoted(tmp) + ": " + errno_text(errno));
+    // A fresh, uniquely named temporary file: mkostemp creates it with O_EXCL, so a link planted at a predictable
+    // name is never followed, and concurrent writers of one path never share (and blend) a temporary.
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+    std::string tmp_name = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." + base + ".XXXXXX";
+    const int fd = ::mkostemp(tmp_name.data(), O_CLOEXEC);
+    const std::string &tmp = tmp_name;  // const: on a mutable string, quoted() below would resolve to std::quoted
+    if (fd < 0) {
+        fail(TL_ERR_IO, "cannot create a temporary file in " + quoted(dir) + " to write " + quoted(path) + ": " +
+                            errno_text(errno));
+    }
     // Until the rename succeeds, any failure closes and removes the temporary file.
     struct TmpGuard {
         int fd;
@@ -719,6 +786,10 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
             if (!committed) ::unlink(tmp.c_str());
         }
     } guard{fd, tmp};
+    // mkostemp makes the file 0600; give it the mode that creating it with open(..., 0644) would have.
+    if (::fchmod(fd, 0644 & ~process_umask()) != 0) {
+        fail(TL_ERR_IO, "cannot set the mode of " + quoted(tmp) + ": " + errno_text(errno));
+    }
     auto write_all = [&](const void *data, uint64_t size) {
         const auto *p = static_cast<const uint8_t *>(data);
         while (size > 0) {
@@ -739,6 +810,18 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
         fail(TL_ERR_IO, "cannot rename " + quoted(tmp) + " to " + quoted(path) + ": " + errno_text(errno));
     }
     guard.committed = true;
+    // The rename is durable only once the directory entry is on disk. EINVAL: the file system cannot sync a
+    // directory, and there is nothing more to do.
+    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0) {
+        fail(TL_ERR_IO, "wrote " + quoted(path) + " but cannot open its directory " + quoted(dir) + " to sync it: " +
+                            errno_text(errno));
+    }
+    const FdCloser dir_closer{dir_fd};
+    if (::fsync(dir_fd) != 0 && errno != EINVAL) {
+        fail(TL_ERR_IO, "wrote " + quoted(path) + " but cannot sync its directory " + quoted(dir) + ": " +
+                            errno_text(errno));
+    }
 }
 
 void save_model(const std::string &path, const Model &model) {

@@ -21,8 +21,8 @@ struct LoadOptions {
     bool validate_values = true;  // NaN/Inf scan of scales, zeros, norms, embedding, dense weights
 };
 
-// Loads and validates a .tinyloop file. Throws tl::Error: TL_ERR_IO (open/map/read) or TL_ERR_FORMAT
-// (message names the tensor and the problem).
+// Loads and validates a .tinyloop file. Throws tl::Error: TL_ERR_IO (open/map/read, or not a regular file: a FIFO is
+// refused at once, not waited on) or TL_ERR_FORMAT (message names the tensor and the problem).
 std::unique_ptr<Model> load_model(const std::string &path, const LoadOptions &options);
 
 // One tensor to write: `data` holds `dtype_size(dtype) * prod(shape)` bytes.
@@ -33,8 +33,10 @@ struct TensorView {
     const void *data;
 };
 
-// Writes a safetensors file (wider dtypes first so every tensor is aligned, no holes) atomically: to `path + ".tmp"`
-// then renamed. Throws TL_ERR_IO.
+// Writes a safetensors file (wider dtypes first so every tensor is aligned, no holes) atomically: to a new, uniquely
+// named temporary file next to `path` (`.NAME.XXXXXX`, created exclusively), synced, renamed over `path`, then the
+// directory synced. Concurrent writers of one path each publish a whole file; a failure leaves `path` as it was and
+// no temporary behind. Throws TL_ERR_IO.
 void write_safetensors(const std::string &path, const std::map<std::string, std::string> &metadata,
                        const std::vector<TensorView> &tensors);
 

@@ -2,16 +2,20 @@
 // Scoring and inspection go through the public C API (the same path users take); model creation and
 // quantization use the C++ core directly because the C API has no model writer.
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -56,26 +60,74 @@ tl::ModelConfig preset_config(const std::string &name) {
 
 // ---- Tokens ----
 
-std::vector<int32_t> read_text_tokens(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw CliError("cannot open text file '" + path + "'");
+// The most tokens read from one file: 1 GiB of text (4 GiB as tokens). It bounds what an endless input such as
+// /dev/zero or a pipe can cost before the error; --max-tokens picks a prefix of anything larger.
+constexpr uint64_t kMaxInputTokens = uint64_t{1} << 30;
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Byte-level tokens, one per byte: reads in chunks and stops after `max_tokens` bytes (0 = all), so a prefix of
+// a huge or endless file costs only that prefix.
+std::vector<int32_t> read_text_tokens(const std::string &path, uint64_t max_tokens) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw CliError("cannot open text file '" + path + "': " + errno_text(errno));
+    const struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    const auto too_large = [&path] {
+        return CliError("text file '" + path + "' is larger than the 1 GiB limit; score a prefix with --max-tokens N");
+    };
+    struct stat st;
+    if (::fstat(fd, &st) != 0) throw CliError("cannot stat text file '" + path + "': " + errno_text(errno));
+    const uint64_t size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;  // 0: unknown
+    const uint64_t want = std::min(max_tokens > 0 ? max_tokens : UINT64_MAX, kMaxInputTokens + 1);
+    if (size > kMaxInputTokens && want > kMaxInputTokens) throw too_large();  // known without reading it
+    // Bytes go in 1 MiB blocks that are never regrown, so an over-long input peaks near the limit, with no
+    // reallocation copies, and only a complete input is widened to 4-byte tokens.
+    constexpr size_t kBlock = size_t{1} << 20;
+    std::vector<std::vector<uint8_t>> blocks;
+    size_t filled = 0;  // bytes read into blocks.back()
+    uint64_t total = 0;
+    while (total < want) {
+        if (blocks.empty() || filled == blocks.back().size()) {
+            blocks.emplace_back(static_cast<size_t>(std::min<uint64_t>(kBlock, want - total)));
+            filled = 0;
+        }
+        std::vector<uint8_t> &block = blocks.back();
+        const ssize_t got = ::read(fd, block.data() + filled, block.size() - filled);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) throw CliError("cannot read text file '" + path + "': " + errno_text(errno));
+        if (got == 0) break;
+        filled += static_cast<size_t>(got);
+        total += static_cast<uint64_t>(got);
+    }
+    if (total > kMaxInputTokens) throw too_large();
     std::vector<int32_t> tokens;
-    for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) {
-        tokens.push_back(static_cast<unsigned char>(*it));  // byte-level tokens
+    tokens.reserve(static_cast<size_t>(total));
+    for (size_t b = 0; b < blocks.size(); ++b) {
+        const size_t used = b + 1 < blocks.size() ? blocks[b].size() : filled;
+        tokens.insert(tokens.end(), blocks[b].begin(), blocks[b].begin() + static_cast<std::ptrdiff_t>(used));
+        blocks[b] = {};
     }
     return tokens;
 }
 
-std::vector<int32_t> read_token_file(const std::string &path) {
+// Whitespace-separated token ids; stops after `max_tokens` (0 = all), and at the same limit as text.
+std::vector<int32_t> read_token_file(const std::string &path, uint64_t max_tokens) {
     std::ifstream in(path);
     if (!in) throw CliError("cannot open token file '" + path + "'");
     std::vector<int32_t> tokens;
     long long v;
-    while (in >> v) {
+    while ((max_tokens == 0 || tokens.size() < max_tokens) && in >> v) {
         if (v < INT32_MIN || v > INT32_MAX) throw CliError("token " + std::to_string(v) + " out of int32 range");
+        if (tokens.size() == kMaxInputTokens) {
+            throw CliError("token file '" + path + "' holds more than " + std::to_string(kMaxInputTokens) +
+                           " tokens; score a prefix with --max-tokens N");
+        }
         tokens.push_back(static_cast<int32_t>(v));
     }
-    if (!in.eof()) throw CliError("token file '" + path + "' holds something that is not an integer");
+    if (in.fail() && !in.eof()) throw CliError("token file '" + path + "' holds something that is not an integer");
     return tokens;
 }
 
@@ -138,9 +190,9 @@ int cmd_info(const std::string &path) {
 }
 
 int cmd_score(const std::string &model_path, const std::string &text, const std::string &token_file,
-              const std::string &backend, int threads, int window, size_t max_tokens, const std::string &per_token) {
-    std::vector<int32_t> tokens = token_file.empty() ? read_text_tokens(text) : read_token_file(token_file);
-    if (max_tokens > 0 && tokens.size() > max_tokens) tokens.resize(max_tokens);
+              const std::string &backend, int threads, int window, uint64_t max_tokens, const std::string &per_token) {
+    std::vector<int32_t> tokens =
+        token_file.empty() ? read_text_tokens(text, max_tokens) : read_token_file(token_file, max_tokens);
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
     ModelHandle h(model_path);
 
@@ -243,17 +295,24 @@ int main(int argc, char **argv) {
 
     std::string text, token_file, backend = "auto", per_token;
     int threads = 0, window = 0;
-    size_t max_tokens = 0;
+    int64_t max_tokens = 0;  // signed, so that a negative value is refused rather than wrapped to "all"
     auto *score = app.add_subcommand("score", "perplexity of a text (byte-level tokens) or a token file");
     score->add_option("model", model_path, "the .tinyloop file")->required();
-    auto *text_opt = score->add_option("--text", text, "a text file; each byte is a token");
+    auto *text_opt = score->add_option("--text", text, "a text file; each byte is a token (at most 1 GiB is read)");
     auto *tokens_opt = score->add_option("--tokens", token_file, "a file of whitespace-separated token ids");
     text_opt->excludes(tokens_opt);
     score->add_option("--backend", backend, "auto | cpu | cuda")
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
     score->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
     score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
-    score->add_option("--max-tokens", max_tokens, "score at most this many tokens, 0 = all");
+    const CLI::Validator non_negative(
+        [](std::string &value) {
+            return !value.empty() && value.front() == '-' ? "must be 0 (all) or a positive count, not " + value
+                                                          : std::string();
+        },
+        "N >= 0");
+    score->add_option("--max-tokens", max_tokens, "score at most this many tokens (read only those), 0 = all")
+        ->check(non_negative);
     score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
 
     CLI11_PARSE(app, argc, argv);
@@ -291,7 +350,7 @@ int main(int argc, char **argv) {
                 };
             }
             const std::vector<int32_t> calib =
-                calib_path.empty() ? std::vector<int32_t>{} : read_text_tokens(calib_path);
+                calib_path.empty() ? std::vector<int32_t>{} : read_text_tokens(calib_path, 0);
             tl::LoadOptions load;
             auto model = tl::load_model(in_path, load);
             tl::quantize_model(*model, quant, calib);
@@ -301,7 +360,8 @@ int main(int argc, char **argv) {
         }
         if (*score) {
             if (text.empty() && token_file.empty()) throw CliError("score needs --text FILE or --tokens FILE");
-            return cmd_score(model_path, text, token_file, backend, threads, window, max_tokens, per_token);
+            return cmd_score(model_path, text, token_file, backend, threads, window, static_cast<uint64_t>(max_tokens),
+                             per_token);
         }
     } catch (const tl::Error &e) {
         std::fprintf(stderr, "tinyloop: %s: %s\n", tl_status_string(e.code()), e.what());

@@ -72,6 +72,14 @@ Make header_text(std::string text) {
     return [text](const Base &b) { return tlt::encode_file(text, b.raw.data); };
 }
 
+// The valid header's JSON with `before` spliced in after its opening brace and `after` appended (data unchanged).
+Make header_framing(std::string before, std::string after) {
+    return [before, after](const Base &b) {
+        const std::string json = b.raw.header.dump();
+        return tlt::encode_file("{" + before + json.substr(1) + after, b.raw.data);
+    };
+}
+
 void set_length(std::vector<uint8_t> &bytes, uint64_t length) {
     for (int i = 0; i < 8; ++i) bytes[size_t(i)] = static_cast<uint8_t>(length >> (8 * i));
 }
@@ -132,6 +140,8 @@ std::vector<CorpusCase> corpus() {
          bytes_edit([](auto &b) { set_length(b, b.size()); })},
         {"header_length_huge", F, {"header length 9223372036854775808 exceeds"},
          bytes_edit([](auto &b) { set_length(b, uint64_t{1} << 63); })},
+        {"header_length_just_over_limit", F, {"header length 16777217 exceeds the 16 MiB (16777216-byte) limit"},
+         bytes_edit([](auto &b) { set_length(b, (uint64_t{16} << 20) + 1); })},
         {"header_length_short", F, {"header is not valid JSON"},
          bytes_edit([](auto &b) { set_length(b, length_of(b) / 2); })},
         // ---- the JSON ----
@@ -141,6 +151,19 @@ std::vector<CorpusCase> corpus() {
          header_text("[1, 2, 3]")},
         {"deeply_nested_json", F, {"header JSON is not an object"},
          header_text(std::string(100000, '[') + std::string(100000, ']'))},
+        // ---- the bytes around the JSON: only spaces may follow it, no control byte anywhere ----
+        {"header_nul_then_junk", F, {"header has control byte 0x00 at file offset"},
+         header_framing("", std::string(1, '\0') + "{\"junk\": [1, 2]}")},
+        {"header_nul_padding", F, {"header has control byte 0x00"},
+         header_framing("", std::string(8, '\0'))},
+        {"header_spaces_then_nul", F, {"header has control byte 0x00"},
+         header_framing("", "    " + std::string(1, '\0'))},
+        {"header_control_byte_inside", F, {"header has control byte 0x01"},
+         header_framing(std::string(1, '\x01'), "")},
+        {"header_newline_after_json", F, {"byte 0x0a", "after the JSON object; only spaces may follow it"},
+         header_framing("", "  \n")},
+        {"header_junk_after_spaces", F, {"header is not valid JSON"},
+         header_framing("", "    x")},
         {"tensor_entry_not_object", F, {"'loop.attn_norm.weight'", "not a JSON object"},
          header_edit([](auto &r) { r.header["loop.attn_norm.weight"] = 5; })},
         // ---- metadata ----
