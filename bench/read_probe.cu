@@ -1,12 +1,12 @@
 // tl_read_probe: how fast can the H200 stream a layer's worth of packed weights, and with which access pattern?
-// A microbenchmark for the working notes (docs/gpu-notes.md), not a GEMM: it reads the bytes of the Llama-70B
+// A kernel-development microbenchmark, not a GEMM: it reads the bytes of the Llama-70B
 // gate+up INT4 weights (8192 x 57344 / 2 = 235 MB) and does nothing with them but XOR them together (plus, optionally,
 // `delay` FMAs per 4 KB to stand in for the dequantization and mma work of the stream kernel).
 //
 //   tl_read_probe <out.csv> [bytes]
 //
 // Why: the M <= 16 stream kernel (cuda/marlin/marlin_stream.cuh) receives its weights at ~3.3 TB/s where a large
-// FP16 GEMV reads at ~4.5 TB/s (H200-NOTES.md), and no change to its ring depth, residency or request size moved
+// FP16 GEMV reads at ~4.5 TB/s, and no change to its ring depth, residency or request size moved
 // that. This separates the access pattern from the arithmetic: each kernel here reads 4 KB units ("a warp's stage"
 // in the stream kernel) in one of these ways:
 //   cp.async ring, per-warp range:  every warp streams its own contiguous range of units through a private

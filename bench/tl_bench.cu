@@ -1,4 +1,4 @@
-// tl_bench: the INT4 x FP16 GEMM paths side by side on the layers and M values of shared/H200-NOTES.md.
+// tl_bench: the INT4 x FP16 GEMM paths side by side on the benchmark layers and M values below.
 //
 //   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
 //            [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]
@@ -20,7 +20,7 @@
 // --wgmma-producer 0|1: above 64 rows, the wgmma kernel with a copying warpgroup (1, the default) or without
 // (marlin_set_wgmma_producer).
 //
-// Method (H200-NOTES): random data (never zeros); weights rotated through enough copies that they exceed 240 MB
+// Method: random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
 // the calls per graph. Kernels: Marlin-class fused (q*s + z in the kernel), Marlin-class symmetric + the seed's
 // correction (memset, GEMM, a_group_sum, correction_accum), native INT4 (M <= 256 only: it reads all weights once
@@ -437,6 +437,8 @@ int main(int argc, char **argv) {
         random_half(x, static_cast<size_t>(max_m) * k, 0, 1.0f);
         uint16_t *y = device_alloc<uint16_t>(static_cast<size_t>(max_m) * n);
         uint16_t *w_scratch = device_alloc<uint16_t>(static_cast<size_t>(k) * n);
+        const size_t a_sum_bytes = tl::gpu::correction_scratch_bytes(max_m, k, 1);  // enough for any grouping
+        float *a_sum = device_alloc<float>(a_sum_bytes / sizeof(float));
         for (const int group : {128, k}) {
             if (!only_group.empty() && only_group != (group == k ? "row" : "128")) continue;
             if (g_via_api) {
@@ -520,7 +522,7 @@ int main(int argc, char **argv) {
                     const int c = i % d.copies;
                     return tl::gpu::marlin_gemm_corrected(x, reinterpret_cast<const uint32_t *>(d.codes[c]),
                                                           d.scales[c], d.delta[c], y, m, n, k, gs, workspace,
-                                                          ws_bytes, stream);
+                                                          ws_bytes, a_sum, a_sum_bytes, stream);
                 });
                 if (group == 128) {  // the other paths barely depend on the grouping: timed once
                     if (m <= kNativeMaxM && wanted(2)) {
@@ -553,6 +555,7 @@ int main(int argc, char **argv) {
         cudaFree(x);
         cudaFree(y);
         cudaFree(w_scratch);
+        cudaFree(a_sum);
     }
 
     cudaFree(api_ws);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cross_iter.hpp"
 #include "error.hpp"
 #include "quant.hpp"
@@ -447,6 +449,41 @@ ScorePlan plan_score(const ModelConfig &c, const int32_t *tokens, size_t n_token
     return ScorePlan{L, n_windows};
 }
 
+uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round) {
+    const ModelConfig &c = model.config;
+    const uint64_t R = static_cast<uint64_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
+    const uint64_t keys = (R + kPanel - 1) / kPanel * kPanel;
+    const uint64_t head_dim_padded = (static_cast<uint64_t>(c.head_dim) + kPanel - 1) / kPanel * kPanel;
+    uint64_t floats = R * (3 * D + 4 * A + 2 * F + static_cast<uint64_t>(c.head_dim));  // Activations
+    floats += static_cast<uint64_t>(c.n_heads) * keys * (c.head_dim + head_dim_padded);  // kv_panels
+    const uint64_t k_max = std::max<uint64_t>({D, A, F});
+    const uint64_t logits = std::max<uint64_t>(1u << 20, static_cast<uint64_t>(c.vocab));  // head_nll's chunk
+    floats += static_cast<uint64_t>(workers) * (2 * kTileCols * k_max + std::max<uint64_t>(logits, kRows * keys));
+    uint64_t bytes = floats * sizeof(float) + R * sizeof(double);  // + the window's NLLs
+    if (cross_iter_round) {
+        for (int32_t i = 0; i < 5; ++i) bytes += static_cast<uint64_t>(c.loops) * model.loop.linear(i)->quant_bytes();
+    }
+    return bytes;
+}
+
+uint64_t host_memory_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+}
+
+void check_memory_budget(uint64_t needed, uint64_t budget, uint64_t machine, const char *what) {
+    if (budget != 0 && needed > budget) {
+        fail(TL_ERR_OUT_OF_MEMORY, std::string("scoring needs about ") + std::to_string(needed) + " bytes of " + what +
+                                       ", over the memory budget of " + std::to_string(budget) +
+                                       " bytes (max_memory_bytes); a shorter window needs less");
+    }
+    if (budget == 0 && needed > machine) {
+        fail(TL_ERR_OUT_OF_MEMORY, std::string("scoring needs about ") + std::to_string(needed) + " bytes of " + what +
+                                       ", more than the " + std::to_string(machine) +
+                                       " bytes this machine has; a shorter window needs less");
+    }
+}
+
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
     check_model(model);
     const ModelConfig &c = model.config;
@@ -454,14 +491,18 @@ ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens
     const int32_t L = plan.window;
     const size_t stride = static_cast<size_t>(L) - 1;
     const size_t n_windows = plan.n_windows;
+    // Sized by the tokens actually scored: a short sequence never pays for the model's max_seq.
+    const int32_t rows = static_cast<int32_t>(std::min<size_t>(L, n_tokens));
 
     Context ctx(options.n_threads, &options.linear_input);
-    Activations activations(c, L);
+    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round),
+                        options.max_memory_bytes, host_memory_bytes(), "host memory");
+    Activations activations(c, rows);
     std::vector<Block> loop_blocks;
     if (options.cross_iter_round) {
         for (int32_t l = 0; l < c.loops; ++l) loop_blocks.push_back(cross_iter_block(model.loop, l, c.loops));
     }
-    std::vector<double> nll(stride);
+    std::vector<double> nll(static_cast<size_t>(rows) - 1);
     ScoreResult result;
     result.n_windows = static_cast<int32_t>(n_windows);
     for (size_t w = 0; w < n_windows; ++w) {

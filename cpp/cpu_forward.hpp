@@ -24,6 +24,12 @@ struct ScoreOptions {
     // runs, the looped block's linears once per loop iteration and the head with the rows it scores. For
     // collecting calibration activations.
     std::function<void(const Linear &w, const float *x, int32_t rows)> linear_input;
+    // The most bytes of working memory (activations, scratch, logits; not the weights) the call may use: host memory
+    // on the CPU, device memory on the GPU. 0 = no budget beyond the machine's. Past it: TL_ERR_OUT_OF_MEMORY, before
+    // anything is allocated, naming the size needed.
+    uint64_t max_memory_bytes = 0;
+    // CUDA backend: capture each window length's forward pass in a CUDA graph and replay it (score_cuda).
+    bool use_graphs = false;
 };
 
 struct ScoreResult {
@@ -48,6 +54,12 @@ ScorePlan plan_score(const ModelConfig &config, const int32_t *tokens, size_t n_
 // Each linear that has its shape is then passed to `check_storage` with its name ("pre.0.attn_qkv", "loop.mlp_up",
 // "head"), which fails when the backend cannot use its storage.
 void check_model_shapes(const Model &model, void (*check_storage)(const Linear &w, const std::string &name));
+
+// Bytes of host working memory score_cpu needs for windows of `rows` tokens on `workers` threads.
+uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round);
+// Fails with TL_ERR_OUT_OF_MEMORY when `needed` exceeds `budget` (or, with no budget, `machine`); `what` names the
+// memory ("host memory", "device memory").
+void check_memory_budget(uint64_t needed, uint64_t budget, uint64_t machine, const char *what);
 
 // Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);

@@ -40,8 +40,8 @@ int32_t env_setting(const char *name, int32_t fallback) {
 
 // Where dequantize + cuBLAS starts to beat the Marlin-class kernel (0 = never; small weights: cublas_path_wanted).
 // Measured on the H200 (docs/benchmarks.md, 2026-12-01), with the wgmma kernel taking M >= 33: it beats dequantize +
-// cuBLAS at M <= 256 on the Llama 8B gate+up/down and 70B layers and loses at M = 1024 on every layer, so one
-// threshold between the two. (Before the wgmma kernel the crossover was 128; on a GPU without it, set 128.)
+// cuBLAS at M <= 256 on the Llama 8B gate+up/down and 70B layers and, at M = 1024, loses on every layer but 8B
+// gate+up, so one threshold between the two. (Before the wgmma kernel the crossover was 128; on a GPU without it, set 128.)
 constexpr int32_t kDefaultCublasMinM = 512;
 
 struct Settings {
@@ -277,7 +277,8 @@ struct DeviceWeight {
     DeviceBuffer corr_words, corr_scales, delta;    // correction form (words/scales empty when shared)
     DeviceBuffer fp16_body;                         // [N][K] FP16
     bool has_fused = false, has_correction = false, marlin_ok = false;
-    size_t marlin_workspace = 0;
+    size_t marlin_workspace = 0;  // the Marlin-class kernels' zero-filled region at the start of the workspace
+    size_t cublas_workspace = 0;  // what the cuBLAS paths give cuBLAS, from the caller's workspace
 
     mutable std::atomic<uint64_t> n_fp16{0}, n_fused{0}, n_correction{0}, n_cublas{0}, n_native{0}, n_fallbacks{0};
 
@@ -364,12 +365,20 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     }
     dw->marlin_ok = dw->has_fused || dw->has_correction;
     if (dw->marlin_ok) dw->marlin_workspace = align_up(gpu::marlin_workspace_bytes(props.sm_count), 256);
+    // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB on earlier GPUs.
+    dw->cublas_workspace = static_cast<size_t>(props.sm_major >= 9 ? 32 : 4) << 20;
     if (forms & TL_FORM_FP16_BODY) {
         dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(w.n) * w.k * sizeof(uint16_t));
         const int rc = gpu::dequant_int4_fp16(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
                                               dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), w.n, w.k,
                                               w.group_size, stream);
-        if (rc != 0) fail(TL_ERR_CUDA, "dequantizing '" + w.name + "' to FP16 failed (rc " + std::to_string(rc) + ")");
+        if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + w.name + "' to FP16");
+        if (rc < 0) {
+            // A shape the dequantizer does not take (K % 8 != 0): the weight simply goes without a body.
+            dw->fp16_body = DeviceBuffer{};
+            log(TL_LOG_INFO, "[pack] '" + w.name + "' gets no FP16 body: K = " + std::to_string(w.k) +
+                                 " is not a multiple of 8 (rc " + std::to_string(rc) + ")");
+        }
     }
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (pack)");
 
@@ -388,17 +397,28 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
 
 namespace {
 
-// The dequantize + cuBLAS path's scratch sits after the Marlin-class kernel's zero-filled region.
-size_t cublas_scratch_bytes(const DeviceWeight &dw) { return static_cast<size_t>(dw.n) * dw.k * sizeof(uint16_t); }
+// The workspace of a call: [0, marlin_workspace) holds the Marlin-class kernels' counters, zero-filled by the caller
+// before first use and zero again when every call's work is done; the scratch of whichever path runs follows it, and
+// its contents after a call are unspecified:
+//   Marlin-class correction form: the FP32 group sums [M][groups];
+//   dequantize + cuBLAS: the FP16 weight [N][K], then cuBLAS's workspace;
+//   FP16 body: cuBLAS's workspace.
+// Scratch per call (never per stream or per process) is what lets any number of calls run at once on one weight.
+size_t dequant_scratch_bytes(const DeviceWeight &dw) {
+    return align_up(static_cast<size_t>(dw.n) * dw.k * sizeof(uint16_t), 256);
+}
+size_t correction_scratch_bytes(const DeviceWeight &dw, int64_t m) {
+    return align_up(gpu::correction_scratch_bytes(static_cast<int>(m), dw.k, dw.kernel_group_size), 256);
+}
 
 // A small weight (K·N ≤ 2^25: the 2B TinyLoop shape's layers, Llama-8B qkv) gives the Marlin-class kernels too few
 // 256-column tiles to fill the GPU at M >= 128, where dequantize + cuBLAS already beats them on every such layer
-// measured (docs/benchmarks.md, 2026-12-01); larger weights cross over near 512 rows.
+// measured (H200, 2026-12-01); larger weights cross over near 512 rows.
 constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
 constexpr int32_t kSmallWeightCublasMinM = 128;
 // A large weight (K·N >= 2^27: the Llama-70B layers) still runs faster on the wgmma kernel than dequantized through
 // cuBLAS at 512 rows (70B gate+up 831-902 vs 1032-1042 us, 70B down 465-471 vs 501-511 in the two full runs of
-// 2026-12-01 08:04 and 18:42 UTC, docs/benchmarks.md): it switches at twice the setting.
+// 2026-12-01, measured on the H200): it switches at twice the setting.
 constexpr int64_t kLargeWeightElements = int64_t{1} << 27;
 
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
@@ -412,8 +432,15 @@ bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
 }  // namespace
 
 size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
-    if (m < 1) fail(TL_ERR_INVALID_ARGUMENT, "m must be >= 1, got " + std::to_string(m));
-    return dw.marlin_workspace + (cublas_path_wanted(dw, m) ? cublas_scratch_bytes(dw) : 0);
+    if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
+    // The scratch of every path the current settings may take for this M.
+    size_t scratch = 0;
+    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) scratch = dw.cublas_workspace;
+    if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
+        if (cublas_path_wanted(dw, m)) scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
+        if (dw.has_correction) scratch = std::max(scratch, correction_scratch_bytes(dw, m));
+    }
+    return dw.marlin_workspace + scratch;
 }
 
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream_ptr, void *workspace,
@@ -432,6 +459,11 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     if (workspace != nullptr) check_device_range(workspace, workspace_bytes, dw.device, "workspace");
 
     auto stream = static_cast<cudaStream_t>(stream_ptr);
+    // The scratch after the Marlin-class region (see quant_gemm_workspace_size); a path whose share does not fit
+    // refuses the call.
+    char *scratch = workspace_bytes > dw.marlin_workspace ? static_cast<char *>(workspace) + dw.marlin_workspace
+                                                          : nullptr;
+    const size_t scratch_bytes = scratch != nullptr ? workspace_bytes - dw.marlin_workspace : 0;
     const auto *xh = static_cast<const uint16_t *>(x);
     auto *yh = static_cast<uint16_t *>(y);
     bool fell_back = false;
@@ -454,8 +486,9 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         return gemm(lease.handle);
     };
     if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
-        const int rc = with_cublas([&](cublasHandle_t h) {
-            return gpu::cublas_gemm_fp16(h, xh, dw.fp16_body.get<uint16_t>(), yh, mi, dw.n, dw.k, stream);
+        const int rc = scratch_bytes < dw.cublas_workspace ? gpu::kRcWorkspace : with_cublas([&](cublasHandle_t h) {
+            return gpu::cublas_gemm_fp16(h, xh, dw.fp16_body.get<uint16_t>(), yh, mi, dw.n, dw.k, stream, scratch,
+                                         dw.cublas_workspace);
         });
         if (rc == 0) return done(dw.n_fp16);
         refused(rc, "FP16 body");
@@ -463,12 +496,12 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
 
     if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
         const bool workspace_ok = workspace_bytes >= dw.marlin_workspace;
-        if (cublas_path_wanted(dw, m) && workspace_bytes >= dw.marlin_workspace + cublas_scratch_bytes(dw)) {
+        const size_t dequant_bytes = dequant_scratch_bytes(dw);
+        if (cublas_path_wanted(dw, m) && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
             const int rc = with_cublas([&](cublasHandle_t h) {
                 return gpu::dequant_cublas_gemm(h, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
-                                                dw.zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.group_size,
-                                                static_cast<char *>(workspace) + dw.marlin_workspace,
-                                                workspace_bytes - dw.marlin_workspace, stream);
+                                                dw.zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.group_size, scratch,
+                                                dequant_bytes, stream, scratch + dequant_bytes, dw.cublas_workspace);
             });
             if (rc == 0) return done(dw.n_cublas);
             refused(rc, "dequantize + cuBLAS");
@@ -486,7 +519,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         } else if (dw.has_correction && mode != 1) {
             rc = gpu::marlin_gemm_corrected(xh, dw.correction_words(), dw.correction_scales(), dw.delta.get<float>(),
                                             yh, mi, dw.n, dw.k, dw.kernel_group_size, workspace, dw.marlin_workspace,
-                                            stream);
+                                            reinterpret_cast<float *>(scratch), scratch_bytes, stream);
             counter = &dw.n_correction;
         }
         if (counter != nullptr) {

@@ -111,11 +111,10 @@ GpuModel::GpuModel(const Model &, int32_t, const GpuModelOptions &) {
 GpuModel::~GpuModel() = default;
 int32_t GpuModel::device() const { return 0; }
 const ModelConfig &GpuModel::config() const { return state_->config; }
-void GpuModel::set_use_graphs(bool) {}
 GpuScoreStats GpuModel::stats() const { return {}; }
 uint64_t GpuModel::device_bytes() const { return 0; }
 
-ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *) {
+ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *, GpuScoreStats *) {
     fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
 }
 
@@ -185,6 +184,17 @@ struct Tally {
     }
 };
 
+void add_tally(GpuScoreStats &out, const Tally &t) {
+    out.dispatch.struct_size = sizeof out.dispatch;
+    out.dispatch.fp16_body += t.v[0];
+    out.dispatch.marlin_fused += t.v[1];
+    out.dispatch.marlin_correction += t.v[2];
+    out.dispatch.dequant_cublas += t.v[3];
+    out.dispatch.native += t.v[4];
+    out.dispatch.fallbacks += t.v[5];
+    out.cublas_dense += t.v[6];
+}
+
 // One linear layer on the device: INT4 through the dispatcher, or FP16 values through cuBLAS.
 struct DeviceLinear {
     std::string name;
@@ -229,7 +239,6 @@ struct Graph {
     cudaGraphExec_t exec = nullptr;
     Tally per_replay;                 // the GEMMs one replay runs
     std::array<int32_t, 5> settings;  // the dispatcher settings at capture: the paths baked into the graph
-    void *scratch = nullptr;          // the correction path's per-stream scratch at capture
     ~Graph() {
         if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
@@ -263,7 +272,6 @@ struct GpuModel::State {
     Buffer final_norm;
     DeviceLinear head;
     uint64_t weight_bytes = 0;
-    int32_t max_groups = 0;  // over the INT4 weights: sizes the correction path's scratch
     bool loop_has_rounding_channels = false;  // frac4 / sign_bit on a looped linear (cross-iteration rounding)
 
     Activations act;
@@ -371,7 +379,6 @@ DeviceLinear make_linear(GpuModel::State &s, const Linear &w) {
         d.quant = pack_weight(w, s.device, s.own_stream, s.options.forms, &outcome);
         d.groups = w.n_groups();
         d.bytes = outcome.device_bytes;
-        s.max_groups = std::max(s.max_groups, d.groups);
     } else {
         ensure_cublas(s);
         const std::vector<uint16_t> values = dense_fp16(w);
@@ -479,54 +486,86 @@ void enqueue_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
     }
 }
 
-// Bytes of the correction path's per-stream scratch (a_sum [M][groups] FP32) for the longest GEMM.
-size_t correction_scratch_bytes(const GpuModel::State &s) {
-    return static_cast<size_t>(std::max(s.act.rows, s.act.chunk)) * s.max_groups * sizeof(float);
+// The buffer sizes of Activations for windows of `rows` tokens, in bytes.
+struct ActivationSizes {
+    int32_t chunk = 0;
+    size_t up_offset = 0;  // halves
+    size_t x = 0, xn = 0, qkv = 0, att = 0, proj = 0, gu = 0, hidden = 0, logits = 0, tokens = 0, nll = 0, rope = 0;
+    size_t total() const { return x + xn + qkv + att + proj + gu + hidden + logits + tokens + nll + 2 * rope; }
+};
+
+ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
+    const ModelConfig &c = s.config;
+    ActivationSizes z;
+    const int32_t auto_chunk = static_cast<int32_t>(
+        std::max<size_t>(8, kLogitBudgetBytes / (static_cast<size_t>(s.head.n) * sizeof(uint16_t)) / 8 * 8));
+    z.chunk = std::min(s.options.head_chunk_rows > 0 ? round_up(s.options.head_chunk_rows, 8) : auto_chunk,
+                       round_up(rows - 1, 8));
+    const size_t R = static_cast<size_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
+    const size_t half = sizeof(uint16_t);
+    z.up_offset = (R * F + 7) / 8 * 8;
+    z.x = R * D * sizeof(float);
+    z.xn = R * D * half;
+    z.qkv = R * 3 * A * half;
+    z.att = R * A * half;
+    z.proj = R * D * half;
+    z.gu = (z.up_offset + R * F) * half;  // >= R * 2F: holds the fused layout too
+    z.hidden = R * F * half;
+    z.logits = static_cast<size_t>(z.chunk) * s.head.n * half;
+    z.tokens = R * sizeof(int32_t);
+    z.nll = R * sizeof(float);
+    z.rope = R * (c.head_dim / 2) * sizeof(float);
+    return z;
+}
+
+// The dispatcher's workspace for every weight at up to `rows` rows (and the head's chunk) under the current settings.
+size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
+    size_t needed = 0;
+    const int64_t max_m = std::max(rows, chunk);
+    for (const DeviceLinear *l : s.linears()) {
+        if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m));
+    }
+    return needed;
 }
 
 // Activations for windows of `rows` tokens and a workspace for every weight at that many rows; both only grow.
-// Any change drops the captured graphs (they hold the old addresses).
-void ensure_buffers(GpuModel::State &s, int32_t rows, cudaStream_t stream) {
+// Any change drops the captured graphs (they hold the old addresses). The working set a call of `rows` tokens
+// uses is checked against the budget before anything is allocated.
+void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStream_t stream) {
     const ModelConfig &c = s.config;
+    const ActivationSizes z = activation_sizes(s, rows);
+    const size_t needed = workspace_bytes(s, std::max(rows, s.act.rows), std::max(z.chunk, s.act.chunk));
+    size_t free_bytes = 0, total_bytes = 0;
+    check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    // The machine's limit: what is free now plus what this model already holds and would give back first.
+    check_memory_budget(z.total() + workspace_bytes(s, rows, z.chunk), budget,
+                        free_bytes + s.act.bytes + s.workspace.bytes(), "device memory");
     if (rows > s.act.rows) {
         s.graphs.clear();
         s.act = Activations{};  // free before allocating the larger set
         Activations a;
         a.rows = rows;
-        const int32_t auto_chunk = static_cast<int32_t>(
-            std::max<size_t>(8, kLogitBudgetBytes / (static_cast<size_t>(s.head.n) * sizeof(uint16_t)) / 8 * 8));
-        a.chunk = std::min(s.options.head_chunk_rows > 0 ? round_up(s.options.head_chunk_rows, 8) : auto_chunk,
-                           round_up(rows - 1, 8));
-        const size_t R = static_cast<size_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
-        const size_t half = sizeof(uint16_t);
-        a.up_offset = (R * F + 7) / 8 * 8;
-        a.x = Buffer(R * D * sizeof(float));
-        a.xn = Buffer(R * D * half);
-        a.qkv = Buffer(R * 3 * A * half);
-        a.att = Buffer(R * A * half);
-        a.proj = Buffer(R * D * half);
-        a.gu = Buffer((a.up_offset + R * F) * half);  // >= R * 2F: holds the fused layout too
-        a.hidden = Buffer(R * F * half);
-        a.logits = Buffer(static_cast<size_t>(a.chunk) * s.head.n * half);
-        a.tokens = Buffer(R * sizeof(int32_t));
-        a.nll = Buffer(R * sizeof(float));
+        a.chunk = z.chunk;
+        a.up_offset = z.up_offset;
+        a.x = Buffer(z.x);
+        a.xn = Buffer(z.xn);
+        a.qkv = Buffer(z.qkv);
+        a.att = Buffer(z.att);
+        a.proj = Buffer(z.proj);
+        a.gu = Buffer(z.gu);
+        a.hidden = Buffer(z.hidden);
+        a.logits = Buffer(z.logits);
+        a.tokens = Buffer(z.tokens);
+        a.nll = Buffer(z.nll);
         std::vector<float> cos_table, sin_table;
         rope_tables(rows, c.head_dim, c.rope_theta, cos_table, sin_table);
         a.rope_cos = upload_floats(cos_table);
         a.rope_sin = upload_floats(sin_table);
-        for (const Buffer *b : {&a.x, &a.xn, &a.qkv, &a.att, &a.proj, &a.gu, &a.hidden, &a.logits, &a.tokens, &a.nll,
-                                &a.rope_cos, &a.rope_sin}) {
-            a.bytes += b->bytes();
-        }
+        a.bytes = z.total();
         s.act = std::move(a);
-        s.host_nll.resize(R);
+        s.host_nll.resize(static_cast<size_t>(rows));
     }
     // Sized at every call: the dequantize + cuBLAS path's share depends on the current dispatcher settings.
-    size_t needed = 0;
-    const int64_t max_m = std::max(s.act.rows, s.act.chunk);
-    for (const DeviceLinear *l : s.linears()) {
-        if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m));
-    }
     if (needed > s.workspace.bytes()) {
         s.graphs.clear();
         s.workspace = Buffer{};
@@ -535,19 +574,9 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, cudaStream_t stream) {
     }
 }
 
-// The correction path's per-stream scratch, grown now to the size the longest GEMM needs, so that it never grows
-// (and moves) during a capture or under a captured graph. nullptr when no weight has INT4 groups.
-void *correction_scratch(const GpuModel::State &s, cudaStream_t stream) {
-    if (s.max_groups == 0 || !(s.options.forms & TL_FORM_MARLIN_CORRECTION)) return nullptr;
-    void *p = gpu::scratch_buffer(correction_scratch_bytes(s), stream);
-    if (p == nullptr) fail(TL_ERR_OUT_OF_MEMORY, "could not allocate the correction path's scratch");
-    return p;
-}
-
-std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_t stream, void *scratch) {
+std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
     auto g = std::make_unique<Graph>();
     g->settings = dispatch_settings();
-    g->scratch = scratch;
     const Tally before = s.counted();
     // Relaxed: the dispatcher makes host-side CUDA calls (pointer attributes, cuBLAS stream binding) while
     // enqueueing; they are not stream work and must not invalidate the capture.
@@ -572,34 +601,31 @@ std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_
 }
 
 // Without graphs: enqueue the window. With graphs: replay the window length's graph when it is still valid; else run
-// the window eagerly (which also performs the dispatcher's lazy set-up: cuBLAS handles, scratch growth, occupancy
-// queries, none of which may happen inside a capture) and then capture it for the next windows of this length.
-void run_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
-    void *scratch = nullptr;
-    if (s.options.use_graphs) {
-        scratch = correction_scratch(s, stream);
+// the window eagerly (which also performs the dispatcher's lazy set-up: cuBLAS handles, occupancy queries, neither of
+// which may happen inside a capture) and then capture it for the next windows of this length. Returns the GEMMs run.
+Tally run_window(GpuModel::State &s, int32_t T, cudaStream_t stream, bool use_graphs) {
+    if (use_graphs) {
         const auto it = s.graphs.find(T);
         if (it != s.graphs.end()) {
             const Graph &g = *it->second;
-            if (g.settings == dispatch_settings() && g.scratch == scratch) {
+            if (g.settings == dispatch_settings()) {
                 check_cuda(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
-                s.ran += g.per_replay;
                 ++s.replays;
-                return;
+                return g.per_replay;
             }
             s.graphs.erase(it);
         }
     }
     const Tally before = s.counted();
     enqueue_window(s, T, stream);
-    s.ran += s.counted() - before;
-    if (s.options.use_graphs && s.uncapturable.count(T) == 0) {
+    const Tally ran = s.counted() - before;
+    if (use_graphs && s.uncapturable.count(T) == 0) {
         if (s.graphs.size() >= kMaxGraphs) s.graphs.clear();
         // The window has already run eagerly, so a failed capture costs speed, never the result: this window length
         // then stays eager on this model. (The per-weight dispatch counters keep the GEMMs the failed capture
         // enqueued.)
         try {
-            s.graphs.emplace(T, capture_window(s, T, stream, scratch));
+            s.graphs.emplace(T, capture_window(s, T, stream));
         } catch (const std::exception &e) {
             cudaGetLastError();  // a failed capture's error is not sticky: clear it for the next launch checks
             s.uncapturable.insert(T);
@@ -607,6 +633,7 @@ void run_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
                                  "); this window length runs without graphs on this model");
         }
     }
+    return ran;
 }
 
 }  // namespace
@@ -656,23 +683,11 @@ GpuModel::~GpuModel() {
 int32_t GpuModel::device() const { return state_->device; }
 const ModelConfig &GpuModel::config() const { return state_->config; }
 
-void GpuModel::set_use_graphs(bool on) {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->options.use_graphs = on;
-}
-
 GpuScoreStats GpuModel::stats() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const State &s = *state_;
     GpuScoreStats out;
-    out.dispatch.struct_size = sizeof out.dispatch;
-    out.dispatch.fp16_body = s.ran.v[0];
-    out.dispatch.marlin_fused = s.ran.v[1];
-    out.dispatch.marlin_correction = s.ran.v[2];
-    out.dispatch.dequant_cublas = s.ran.v[3];
-    out.dispatch.native = s.ran.v[4];
-    out.dispatch.fallbacks = s.ran.v[5];
-    out.cublas_dense = s.ran.v[6];
+    add_tally(out, s.ran);
     out.windows = s.windows;
     out.graph_captures = s.captures;
     out.graph_replays = s.replays;
@@ -686,7 +701,7 @@ uint64_t GpuModel::device_bytes() const {
 }
 
 ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
-                       int32_t device, void *stream_ptr) {
+                       int32_t device, void *stream_ptr, GpuScoreStats *call_stats) {
     GpuModel::State &s = *model.state_;
     const ModelConfig &c = s.config;
     if (device != s.device) {
@@ -702,12 +717,16 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
     const size_t stride = static_cast<size_t>(L) - 1;
     const size_t n_windows = plan.n_windows;
 
-    std::lock_guard<std::mutex> lock(s.mutex);
+    // Held while this call uses the model's buffers, and released around the progress callback (after the window's
+    // work is done and its NLLs are copied out), so the callback may call into the library, this model included.
+    std::unique_lock<std::mutex> lock(s.mutex);
     DeviceScope scope(s.device);
     cudaStream_t stream = stream_ptr != nullptr ? static_cast<cudaStream_t>(stream_ptr) : s.own_stream;
     // A sequence shorter than the window needs only its own length.
-    ensure_buffers(s, static_cast<int32_t>(std::min<size_t>(L, n_tokens)), stream);
+    const int32_t rows = static_cast<int32_t>(std::min<size_t>(L, n_tokens));
+    ensure_buffers(s, rows, options.max_memory_bytes, stream);
 
+    GpuScoreStats stats;
     ScoreResult result;
     result.n_windows = static_cast<int32_t>(n_windows);
     for (size_t w = 0; w < n_windows; ++w) {
@@ -716,23 +735,37 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
         check_cuda(cudaMemcpyAsync(s.act.tokens.as(), tokens + start, len * sizeof(int32_t), cudaMemcpyHostToDevice,
                                    stream),
                    "cudaMemcpyAsync (tokens)");
-        run_window(s, len, stream);
+        const uint64_t captures = s.captures, replays = s.replays;
+        const Tally ran = run_window(s, len, stream, options.use_graphs);
         check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.as(), (len - 1) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream),
                    "cudaMemcpyAsync (NLL)");
         check_cuda(cudaStreamSynchronize(stream), "the forward pass of window " + std::to_string(w));
+        s.ran += ran;
         ++s.windows;
+        add_tally(stats, ran);
+        ++stats.windows;
+        stats.graph_captures += s.captures - captures;
+        stats.graph_replays += s.replays - replays;
         for (int32_t p = 0; p + 1 < len; ++p) {
             result.nll_sum += s.host_nll[p];
             if (options.token_nll) options.token_nll[start + p] = s.host_nll[p];
         }
         result.tokens_scored += static_cast<uint64_t>(len - 1);
-        if (options.progress && !options.progress(result.tokens_scored, n_tokens - 1)) {
-            fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
-                                       std::to_string(result.tokens_scored) + " of " +
-                                       std::to_string(n_tokens - 1) + " tokens");
+        if (options.progress) {
+            lock.unlock();
+            const bool go_on = options.progress(result.tokens_scored, n_tokens - 1);
+            lock.lock();
+            if (!go_on) {
+                fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
+                                           std::to_string(result.tokens_scored) + " of " +
+                                           std::to_string(n_tokens - 1) + " tokens");
+            }
+            // A call made meanwhile may have dropped graphs or grown the workspace (settings change): check again.
+            ensure_buffers(s, rows, options.max_memory_bytes, stream);
         }
     }
+    if (call_stats != nullptr) *call_stats = stats;
     return result;
 }
 

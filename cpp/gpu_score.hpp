@@ -9,8 +9,9 @@
 // Precision: FP32 residual stream, FP16 GEMM inputs and outputs, FP32 math in every other kernel, NLL reduced in
 // FP32 per position and summed in double (cuda/forward/forward_kernels.hpp).
 //
-// Thread safety: a GpuModel serializes its own calls (an internal mutex held for the whole score_cuda call), so the
-// caller needs no lock; calls on one GpuModel never overlap, calls on different GpuModels may. The dispatcher
+// Thread safety: a GpuModel serializes its own calls (an internal mutex held while a score_cuda call uses the model,
+// released around the progress callback), so the caller needs no lock; calls on one GpuModel take turns window by
+// window, calls on different GpuModels may overlap. The dispatcher
 // settings (set_dispatch) are process-wide and read at every call.
 #pragma once
 
@@ -29,12 +30,6 @@ namespace tl {
 struct GpuModelOptions {
     // TL_FORM_* forms every INT4 linear is packed with (pack_weight); add TL_FORM_FP16_BODY for that path.
     uint32_t forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
-    // CUDA graphs: the first window of a given length runs eagerly and is then captured; later windows of that
-    // length replay the graph. A graph is dropped (and the length captured again) when the dispatcher settings or
-    // the buffers change, or when the correction path's per-stream scratch is not the one captured (another stream,
-    // or the scratch grew). With graphs on, `stream` must not be the legacy default stream (pass nullptr for the
-    // GpuModel's own stream). Off until measured (docs/benchmarks.md).
-    bool use_graphs = false;
     // Head positions per logits chunk, rounded up to a multiple of 8; 0 = as many as fit in 64 MiB of FP16 logits.
     int32_t head_chunk_rows = 0;
 };
@@ -61,8 +56,6 @@ public:
 
     int32_t device() const;
     const ModelConfig &config() const;
-    void set_use_graphs(bool on);
-    // Not from a progress callback: these take the lock that score_cuda holds.
     GpuScoreStats stats() const;
     // Device bytes held: weights in every packed form, activations, logits chunk, workspace.
     uint64_t device_bytes() const;
@@ -71,7 +64,8 @@ public:
 
 private:
     std::unique_ptr<State> state_;
-    friend ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *);
+    friend ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *,
+                                  GpuScoreStats *);
 };
 
 // Scores `tokens` like score_cpu (docs/architecture.md: windows of options.window tokens, default max_seq,
@@ -81,9 +75,12 @@ private:
 // `device` must be the GpuModel's.
 // Work runs on `stream` (a cudaStream_t; nullptr = the GpuModel's own non-blocking stream); the call returns when
 // it is done. Buffers are allocated on the first call and when a longer window than before is asked for, never
-// otherwise.
+// otherwise; options.max_memory_bytes bounds them (ScoreOptions). With options.use_graphs, each window length's
+// forward pass is captured in a CUDA graph after its first eager run and replayed afterwards; a graph is dropped
+// (and captured again) when the dispatcher settings or the buffers change. `call_stats`, when not null, receives
+// what this call ran (GEMMs by path, windows, captures, replays).
 ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
-                       int32_t device, void *stream);
+                       int32_t device, void *stream, GpuScoreStats *call_stats = nullptr);
 
 // ---- Host-side pieces, exposed for the unit tests ----
 

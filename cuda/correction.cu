@@ -1,11 +1,7 @@
 // The seed's asymmetric correction for the symmetric Marlin-class GEMM: C += (A group sums) @ delta, with
-// delta[g, n] = z + 8s, as two small kernels (a fused one would re-reduce A for every N tile), their grow-only
-// scratch buffer, and the wrapper the dispatcher calls.
+// delta[g, n] = z + 8s, as two small kernels (a fused one would re-reduce A for every N tile), and the wrapper the
+// dispatcher calls. The group sums live in the caller's scratch, so concurrent calls never share one.
 #include <cuda_fp16.h>
-
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "gpu_common.cuh"
 
@@ -47,56 +43,7 @@ __global__ void __launch_bounds__(kAccumThreads) correction_accum_kernel(__half 
     *out = __float2half_rn(__half2float(*out) + acc);
 }
 
-struct Scratch {
-    void *ptr = nullptr;
-    size_t bytes = 0;
-};
-
-std::mutex &scratch_mutex() {
-    static std::mutex *mutex = new std::mutex;  // never destroyed: usable from other static destructors
-    return *mutex;
-}
-std::map<std::pair<int, cudaStream_t>, Scratch> &scratch_table() {
-    static auto *table = new std::map<std::pair<int, cudaStream_t>, Scratch>;
-    return *table;
-}
-
 }  // namespace
-
-void *scratch_buffer(size_t bytes, cudaStream_t stream) {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
-    std::lock_guard<std::mutex> lock(scratch_mutex());
-    Scratch &s = scratch_table()[{device, stream}];
-    if (s.bytes >= bytes && s.ptr != nullptr) return s.ptr;
-    size_t grown = s.bytes == 0 ? 1u << 20 : s.bytes;
-    while (grown < bytes) grown *= 2;  // doubling: a steady state does no allocation
-    if (s.ptr != nullptr) cudaFree(s.ptr);  // synchronizes the device, so pending kernels are done with it
-    s.ptr = nullptr;
-    s.bytes = 0;
-    if (cudaMalloc(&s.ptr, grown) != cudaSuccess) {
-        cudaGetLastError();  // clear the (non-sticky) allocation error
-        s.ptr = nullptr;
-        return nullptr;
-    }
-    s.bytes = grown;
-    return s.ptr;
-}
-
-void scratch_release_all() {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return;
-    std::lock_guard<std::mutex> lock(scratch_mutex());
-    auto &table = scratch_table();
-    for (auto it = table.begin(); it != table.end();) {
-        if (it->first.first == device) {
-            cudaFree(it->second.ptr);
-            it = table.erase(it);
-        } else {
-            ++it;
-        }
-    }
-}
 
 int a_group_sum(const uint16_t *a, float *a_sum, int m, int k, int group_size, cudaStream_t stream) {
     if (a == nullptr || a_sum == nullptr) return kRcBadArgument;
@@ -118,20 +65,24 @@ int correction_accum(uint16_t *c, const float *a_sum, const float *delta, int m,
     return 0;
 }
 
+size_t correction_scratch_bytes(int m, int k, int gs) {
+    const int group_size = gs == -1 ? k : gs;
+    return group_size < 1 ? 0 : static_cast<size_t>(m) * (k / group_size) * sizeof(float);
+}
+
 int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const float *delta,
                           uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
-                          cudaStream_t stream) {
+                          float *a_sum, size_t a_sum_bytes, cudaStream_t stream) {
     if (delta == nullptr || y == nullptr || m < 1 || n < 1) return kRcBadArgument;
     const int group_size = gs == -1 ? k : gs;
     if (group_size < 1 || k % group_size != 0) return kRcUnsupported;
+    if (a_sum == nullptr || a_sum_bytes < correction_scratch_bytes(m, k, gs)) return kRcWorkspace;
     TL_GPU_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(m) * n * sizeof(uint16_t), stream));
     if (const int rc = marlin_gemm(x, words, scales, nullptr, y, m, n, k, gs, false, workspace, workspace_bytes,
                                    stream)) {
         return rc;
     }
     const int groups = k / group_size;
-    float *a_sum = static_cast<float *>(scratch_buffer(static_cast<size_t>(m) * groups * sizeof(float), stream));
-    if (a_sum == nullptr) return kRcWorkspace;
     if (const int rc = a_group_sum(x, a_sum, m, k, group_size, stream)) return rc;
     return correction_accum(y, a_sum, delta, m, n, groups, stream);
 }

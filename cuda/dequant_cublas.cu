@@ -58,11 +58,15 @@ int dequant_int4_fp16(const uint8_t *codes, const uint16_t *scales, const uint16
 }
 
 int cublas_gemm_fp16(cublasHandle_t handle, const uint16_t *x, const uint16_t *w_fp16, uint16_t *y, int m, int n,
-                     int k, cudaStream_t stream) {
+                     int k, cudaStream_t stream, void *cublas_workspace, size_t cublas_workspace_bytes) {
     if (handle == nullptr || x == nullptr || w_fp16 == nullptr || y == nullptr || m < 1 || n < 1 || k < 1) {
         return kRcBadArgument;
     }
-    if (cublasSetStream(handle, stream) != CUBLAS_STATUS_SUCCESS) return kRcCublas;
+    if (cublasSetStream(handle, stream) != CUBLAS_STATUS_SUCCESS) return kRcCublas;  // resets the workspace too
+    if (cublas_workspace != nullptr &&
+        cublasSetWorkspace(handle, cublas_workspace, cublas_workspace_bytes) != CUBLAS_STATUS_SUCCESS) {
+        return kRcCublas;
+    }
     // Column-major view: Y^T [N x M] = W^T (op T of the [K x N] column-major W) * X^T [K x M]; ld = row lengths.
     const float alpha = 1.0f, beta = 0.0f;
     const cublasStatus_t st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w_fp16, CUDA_R_16F, k,
@@ -73,12 +77,13 @@ int cublas_gemm_fp16(cublasHandle_t handle, const uint16_t *x, const uint16_t *w
 
 int dequant_cublas_gemm(cublasHandle_t handle, const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
                         const uint16_t *zeros, uint16_t *y, int m, int n, int k, int group_size, void *scratch,
-                        size_t scratch_bytes, cudaStream_t stream) {
+                        size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace,
+                        size_t cublas_workspace_bytes) {
     if (scratch == nullptr) return kRcBadArgument;
     if (scratch_bytes < static_cast<size_t>(n) * k * sizeof(uint16_t)) return kRcWorkspace;
     uint16_t *w = static_cast<uint16_t *>(scratch);
     if (const int rc = dequant_int4_fp16(codes, scales, zeros, w, n, k, group_size, stream)) return rc;
-    return cublas_gemm_fp16(handle, x, w, y, m, n, k, stream);
+    return cublas_gemm_fp16(handle, x, w, y, m, n, k, stream, cublas_workspace, cublas_workspace_bytes);
 }
 
 }  // namespace tl::gpu

@@ -59,7 +59,7 @@ constexpr int kMarlinWgmmaMinM = 33;
 // Weights of at most this many elements (K * N: Llama-8B qkv and every layer of the 2B model) take the wgmma kernel
 // from 17 rows: there (its 64-row tile on two warpgroups) it beat the medium kernel by 7-19% at M = 17-32 on four of
 // those five layers and lost 4-5% on the fifth at 17-24 rows, while on larger weights the medium kernel wins below
-// 33 rows (benchmarks.md).
+// 33 rows (measured on the H200).
 constexpr long long kMarlinWgmmaSmallKN = 1LL << 25;
 MarlinKernel marlin_kernel_for(int m);
 // The smallest M that tries the wgmma kernel for a K x N weight: the bound of marlin_set_wgmma_min_m, lowered to 17
@@ -99,29 +99,28 @@ int a_group_sum(const uint16_t *a, float *a_sum, int m, int k, int group_size, c
 // C[m, n] = fp16(C[m, n] + sum_g a_sum[m, g] * delta[g, n]); delta [G][N] FP32 (MarlinPacked::delta).
 int correction_accum(uint16_t *c, const float *a_sum, const float *delta, int m, int n, int groups,
                      cudaStream_t stream);
+// Bytes of the FP32 group sums [m][K / group size] that marlin_gemm_corrected needs as `a_sum` (gs == -1: one group).
+size_t correction_scratch_bytes(int m, int k, int gs);
 // The seed's wrapper: zero C (so a failed GEMM never leaves stale data), symmetric Marlin-class GEMM, a_group_sum
-// into the per-stream scratch, correction_accum. Returns the GEMM's rc (then the others').
+// into the caller's `a_sum` scratch (>= correction_scratch_bytes), correction_accum. Returns the GEMM's rc (then the
+// others'); kRcWorkspace when the scratch is missing or short.
 int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const float *delta,
                           uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
-                          cudaStream_t stream);
-
-// Grow-only (doubling) device scratch, one buffer per (device, stream), thread-safe. Growing frees the old buffer
-// (cudaFree synchronizes the device), so the first call of a given size must not happen during graph capture.
-// Returns nullptr when allocation fails.
-void *scratch_buffer(size_t bytes, cudaStream_t stream);
-// Frees every scratch buffer of the current device (tests; call only when no stream uses them).
-void scratch_release_all();
+                          float *a_sum, size_t a_sum_bytes, cudaStream_t stream);
 
 // ---- Large-M path: dequantize to FP16, then cuBLAS ---------------------------------------------------------------
 // w_fp16 [N][K] = q*s + z rounded once to FP16; the file layout as in native_int4_gemm (K even).
 int dequant_int4_fp16(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w_fp16, int n,
                       int k, int group_size, cudaStream_t stream);
-// Y = X @ W with W given as FP16 [N][K] (cublasGemmEx, FP16 in, FP32 compute). Sets the handle's stream.
+// Y = X @ W with W given as FP16 [N][K] (cublasGemmEx, FP16 in, FP32 compute). Sets the handle's stream and, when
+// `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that moves
+// between streams while earlier GEMMs still run must be given a workspace that no concurrent call uses).
 int cublas_gemm_fp16(cublasHandle_t handle, const uint16_t *x, const uint16_t *w_fp16, uint16_t *y, int m, int n,
-                     int k, cudaStream_t stream);
-// dequant_int4_fp16 into `scratch` (>= N*K*2 bytes), then cublas_gemm_fp16.
+                     int k, cudaStream_t stream, void *cublas_workspace = nullptr, size_t cublas_workspace_bytes = 0);
+// dequant_int4_fp16 into `scratch` (>= N*K*2 bytes), then cublas_gemm_fp16 with the workspace given.
 int dequant_cublas_gemm(cublasHandle_t handle, const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
                         const uint16_t *zeros, uint16_t *y, int m, int n, int k, int group_size, void *scratch,
-                        size_t scratch_bytes, cudaStream_t stream);
+                        size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace = nullptr,
+                        size_t cublas_workspace_bytes = 0);
 
 }  // namespace tl::gpu

@@ -15,9 +15,13 @@
  *    was compiled with it. Each *_init function takes that size as its second argument (pass sizeof(*options)),
  *    writes only the first struct_size bytes of the caller's struct (the defaults, as far as they fit) and sets
  *    struct_size, so a caller built against an older, smaller header is never written past its struct.
- *    A smaller size from an older caller is accepted: the fields it lacks take their defaults. A size smaller
- *    than the first version of the struct, or larger than the library knows, is TL_ERR_INVALID_ARGUMENT (from
- *    the *_init functions too, which then write nothing).
+ *    Input structs (options, descriptors): a smaller size from an older caller is accepted and the fields it
+ *    lacks take their defaults; a size that is not the size of one of the struct's versions is
+ *    TL_ERR_INVALID_ARGUMENT (from the *_init functions too, which then write nothing).
+ *    Output structs (properties, reports, results, counts): the caller sets struct_size; any size from the
+ *    struct's first version on is accepted. The library writes the first min(struct_size, its own size) bytes
+ *    and sets struct_size to that number, so a caller built against a newer, larger header learns which fields
+ *    this library filled.
  *  - Nothing in the library aborts or exits; C++ exceptions and CUDA errors become statuses.
  *  - *_free(NULL) is a no-op.
  *
@@ -25,6 +29,12 @@
  * the functions taking `const tl_model *` (tl_score included) on one model at the same time. A tl_weight
  * created by tl_weight_create / tl_weight_quantize is likewise read-only and may be shared. Freeing an object
  * while another thread uses it is the caller's bug. The log callback is process-global.
+ *
+ * Callbacks: the progress callback (tl_score_options.progress) may call any function of this library, tl_score
+ * on the same model included; only freeing or re-packing the model being scored is the caller's bug. The log
+ * callback must not call into the library: a status-returning function called from inside it returns
+ * TL_ERR_UNSUPPORTED without doing anything (tl_status_string, tl_last_error_message and the version functions
+ * work as usual).
  */
 #ifndef TINYLOOP_H
 #define TINYLOOP_H
@@ -113,7 +123,8 @@ static const int32_t TL_LOG_INFO = 2;
 static const int32_t TL_LOG_DEBUG = 3;
 
 /** Receives one line of text (no trailing newline) at a level. May be called from any thread the library
- *  runs on; must not call back into the library. */
+ *  runs on, possibly while the library holds locks; must not call back into the library (such calls return
+ *  TL_ERR_UNSUPPORTED). */
 typedef void (*tl_log_fn)(void *user_data, int32_t level, const char *message);
 
 /** Sets the process-global log callback and the most verbose level passed to it. `callback == NULL` turns
@@ -412,15 +423,21 @@ TL_API tl_status tl_stream_destroy(void *stream);
 /** Waits until all work queued on `stream` (NULL = the legacy default stream) is done. */
 TL_API tl_status tl_stream_synchronize(void *stream);
 
-/** Device workspace tl_quant_gemm needs for this weight at this M (0 is possible). Thread-safe. */
+/** Device workspace tl_quant_gemm needs for this weight at this M under the current dispatcher settings (0 is
+ *  possible): the Marlin-class kernels' counters plus the scratch of the path that may run (the correction
+ *  form's group sums, dequantize + cuBLAS's FP16 weight, cuBLAS's own workspace). Thread-safe. */
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes);
 
 /** Y = X · W on the GPU: x is FP16 [m][k] row-major, y FP16 [m][n] row-major, both device pointers on the
  *  weight's device, 16-byte aligned. The weight must have been packed (tl_pack_marlin / tl_weight_pack_marlin).
  *  `workspace` holds at least tl_quant_gemm_workspace_size(weight, m) bytes of device memory, zero-filled
- *  before its first use (the library leaves it zero-filled after each call); NULL when that size is 0.
- *  One workspace must not serve two calls that can run at the same time. Enqueued on `stream`; returns without
- *  waiting. The dispatcher tries, in order: the FP16 body (if enabled and packed), the Marlin-class kernel
+ *  before its first use and not written by the caller between calls; NULL when that size is 0. Each call
+ *  returns its counters region to zero when its work completes and uses the rest as scratch, whose contents
+ *  after a call are unspecified. All per-call scratch comes from this workspace, so calls with different
+ *  workspaces may run at the same time on one weight and one stream or many; one workspace must not serve two
+ *  calls that can run at the same time (calls queued on one stream never do). A workspace smaller than the size
+ *  above is not an error: a path whose share does not fit is skipped, as if it refused. Enqueued on `stream`;
+ *  returns without waiting. The dispatcher tries, in order: the FP16 body (if enabled and packed), the Marlin-class kernel
  *  (or dequantize + cuBLAS from TL_DISPATCH_CUBLAS_MIN_M on), the native INT4 kernel; a path that refuses the
  *  call falls through to the next, so the result is the same whichever ran. Thread-safe on a shared weight. */
 TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, int64_t m, void *stream,
@@ -449,7 +466,8 @@ static const int32_t TL_BACKEND_CPU = 1;
 static const int32_t TL_BACKEND_CUDA = 2;
 
 /** Progress: `done` of `total` tokens processed. Return 0 to go on, non-zero to stop (the call then returns
- *  TL_ERR_CANCELLED). Called on the thread that called tl_score. */
+ *  TL_ERR_CANCELLED). Called on the thread that called tl_score, between windows, with no lock of the library
+ *  held: it may call into the library, tl_score on the same model included. */
 typedef int32_t (*tl_progress_fn)(void *user_data, uint64_t done, uint64_t total);
 
 typedef struct tl_score_options {
@@ -475,8 +493,15 @@ typedef struct tl_score_options {
     int32_t device;
     void *stream;
     /** CUDA backend: 1 (default) captures each window length's forward pass in a CUDA graph and replays it;
-     *  0 runs every launch eagerly. Graphs measured faster or equal everywhere (docs/benchmarks.md). */
+     *  0 runs every launch eagerly. Graphs measured faster, or within 3% at 4K-token windows (docs/benchmarks.md). */
     int32_t use_graphs;
+    /** The most bytes of working memory the call may use for activations, scratch and logits: host memory on
+     *  the CPU backend, device memory on the CUDA backend (the model's weights, and the device copy the first
+     *  CUDA call makes of them, are not counted). 0 (default): no budget beyond what the machine has. Sizes
+     *  follow the tokens actually scored: min(window, n_tokens). Past the budget the call returns
+     *  TL_ERR_OUT_OF_MEMORY before allocating, and the message gives the size it needed.
+     *  (Added after the struct's first version: a caller built against the older header gets the default.) */
+    uint64_t max_memory_bytes;
 } tl_score_options;
 
 /** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */

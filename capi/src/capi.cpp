@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -44,6 +46,21 @@ ThreadError &thread_error() {
     return error;
 }
 
+// Set on a thread while it runs the log callback. The callback runs under the sink's lock and often under a model's
+// lock, so a call back into the library from it is refused with a status instead of deadlocking.
+thread_local bool t_inside_log_callback = false;
+
+// The refused calls change only the thread's message pointer (to static text), which is restored afterwards, so the
+// call that logged keeps its own message.
+struct InsideLogCallback {
+    const char *saved = thread_error().current;
+    InsideLogCallback() { t_inside_log_callback = true; }
+    ~InsideLogCallback() {
+        t_inside_log_callback = false;
+        thread_error().current = saved;
+    }
+};
+
 void clear_error() { thread_error().current = ""; }
 
 void set_error(const char *message) {
@@ -61,6 +78,10 @@ void set_error(const char *message) {
 template <class Body>
 tl_status guarded(Body &&body) noexcept {
     clear_error();
+    if (t_inside_log_callback) {
+        thread_error().current = "called from inside the log callback, which must not call into the library";
+        return TL_ERR_UNSUPPORTED;
+    }
     try {
         body();
         return TL_OK;
@@ -88,28 +109,68 @@ void require_not_null(const T *p, const char *name) {
     if (p == nullptr) tl::fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
 
-// Every struct is in its first version, so its smallest accepted size is its full size. A later version that
-// appends fields keeps the old size as the minimum and fills the missing fields with defaults.
+// The size of each struct's first version: the smallest struct_size accepted. A struct that appends fields keeps
+// its old size here (tl_score_options gained max_memory_bytes after its first version).
 template <class T>
-void require_struct_size(const T *s, const char *name) {
-    require_not_null(s, name);
-    if (s->struct_size != sizeof(T)) {
-        tl::fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + "->struct_size is " + std::to_string(s->struct_size) +
-                                              ", expected " + std::to_string(sizeof(T)) + " (use the _init function)");
-    }
-}
-
-// The size of each initialisable struct's first version: the smallest struct_size its *_init accepts. Every
-// struct is in its first version today; one that appends fields keeps its old size here.
-template <class T>
-constexpr uint32_t kFirstVersionSize = 0;  // 0: not listed, and init_struct refuses to compile
+constexpr uint32_t kFirstVersionSize = 0;  // 0: not listed, and the helpers below refuse to compile
 template <> constexpr uint32_t kFirstVersionSize<tl_load_options> = sizeof(tl_load_options);
 template <> constexpr uint32_t kFirstVersionSize<tl_weight_desc> = sizeof(tl_weight_desc);
 template <> constexpr uint32_t kFirstVersionSize<tl_quantize_options> = sizeof(tl_quantize_options);
 template <> constexpr uint32_t kFirstVersionSize<tl_pack_options> = sizeof(tl_pack_options);
 template <> constexpr uint32_t kFirstVersionSize<tl_pack_report> = sizeof(tl_pack_report);
-template <> constexpr uint32_t kFirstVersionSize<tl_score_options> = sizeof(tl_score_options);
+template <> constexpr uint32_t kFirstVersionSize<tl_score_options> = offsetof(tl_score_options, max_memory_bytes);
 template <> constexpr uint32_t kFirstVersionSize<tl_score_result> = sizeof(tl_score_result);
+template <> constexpr uint32_t kFirstVersionSize<tl_model_properties> = sizeof(tl_model_properties);
+template <> constexpr uint32_t kFirstVersionSize<tl_weight_properties> = sizeof(tl_weight_properties);
+template <> constexpr uint32_t kFirstVersionSize<tl_device_properties> = sizeof(tl_device_properties);
+template <> constexpr uint32_t kFirstVersionSize<tl_dispatch_counts> = sizeof(tl_dispatch_counts);
+
+// The struct sizes an input struct may have: one per version (every struct has at most two today).
+template <class T>
+bool is_version_size(uint32_t size) {
+    static_assert(kFirstVersionSize<T> > 0, "list the struct's first-version size in kFirstVersionSize");
+    return size == kFirstVersionSize<T> || size == sizeof(T);
+}
+template <class T>
+std::string version_sizes() {
+    return kFirstVersionSize<T> == sizeof(T) ? std::to_string(sizeof(T))
+                                              : std::to_string(kFirstVersionSize<T>) + " or " + std::to_string(sizeof(T));
+}
+
+// An input struct from the caller, of one of the struct's versions. The caller's bytes are laid over `defaults`, so
+// fields an older caller lacks keep their defaults.
+template <class T>
+T read_input_struct(const T *in, const char *name, T defaults) {
+    require_not_null(in, name);
+    const uint32_t size = in->struct_size;
+    if (!is_version_size<T>(size)) {
+        tl::fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + "->struct_size is " + std::to_string(size) +
+                                              ", expected " + version_sizes<T>() + " (use the _init function)");
+    }
+    std::memcpy(&defaults, in, size);
+    defaults.struct_size = sizeof(T);
+    return defaults;
+}
+
+// An output struct of the caller's: any struct_size from the first version on. A caller built against an older
+// header gets the fields it knows; one built against a newer, larger header gets every field this library knows,
+// and its struct_size is set to the bytes written so it can tell which fields hold values.
+template <class T>
+void require_output_struct(const T *out, const char *name) {
+    static_assert(kFirstVersionSize<T> > 0, "list the struct's first-version size in kFirstVersionSize");
+    require_not_null(out, name);
+    if (out->struct_size < kFirstVersionSize<T>) {
+        tl::fail(TL_ERR_INVALID_ARGUMENT, std::string(name) + "->struct_size is " + std::to_string(out->struct_size) +
+                                              ", expected at least " + std::to_string(kFirstVersionSize<T>) +
+                                              " (set it to sizeof the struct)");
+    }
+}
+template <class T>
+void write_output_struct(T *out, T value) {
+    const uint32_t size = std::min<uint32_t>(out->struct_size, sizeof(T));
+    value.struct_size = size;
+    std::memcpy(out, &value, size);
+}
 
 // Shared body of the *_init functions. The defaults are built in a full local struct and only the caller's
 // struct_size bytes are copied out, so a caller compiled against an older, smaller struct is never overrun.
@@ -118,12 +179,9 @@ tl_status init_struct(T *out, uint32_t struct_size, const char *name, SetDefault
     return guarded([&] {
         static_assert(kFirstVersionSize<T> > 0, "list the struct's first-version size in kFirstVersionSize");
         require_not_null(out, name);
-        const uint32_t smallest = kFirstVersionSize<T>, largest = sizeof(T);
-        if (struct_size < smallest || struct_size > largest) {
-            std::string expected = std::to_string(smallest);
-            if (largest != smallest) expected += ".." + std::to_string(largest);
+        if (!is_version_size<T>(struct_size)) {
             tl::fail(TL_ERR_INVALID_ARGUMENT, "struct_size is " + std::to_string(struct_size) + ", expected " +
-                                                  expected + " (pass sizeof(*" + name + "))");
+                                                  version_sizes<T>() + " (pass sizeof(*" + name + "))");
         }
         T full;
         std::memset(&full, 0, sizeof full);
@@ -201,7 +259,10 @@ void log(int32_t level, const std::string &message) {
     if (!log_enabled(level)) return;
     LogSink &sink = log_sink();
     std::lock_guard<std::mutex> lock(sink.mutex);
-    if (sink.callback != nullptr && level <= sink.max_level.load()) sink.callback(sink.user_data, level, message.c_str());
+    if (sink.callback != nullptr && level <= sink.max_level.load()) {
+        InsideLogCallback inside;
+        sink.callback(sink.user_data, level, message.c_str());
+    }
 }
 
 }  // namespace tl
@@ -277,9 +338,11 @@ TL_API tl_status tl_model_load(const char *path, const tl_load_options *options,
         require_not_null(path, "path");
         tl::LoadOptions load;
         if (options != nullptr) {
-            require_struct_size(options, "options");
-            load.use_mmap = bool_flag(options->use_mmap, "options->use_mmap") != 0;
-            load.validate_values = bool_flag(options->validate_values, "options->validate_values") != 0;
+            tl_load_options defaults;
+            tl_load_options_init(&defaults, sizeof defaults);
+            const tl_load_options o = read_input_struct(options, "options", defaults);
+            load.use_mmap = bool_flag(o.use_mmap, "options->use_mmap") != 0;
+            load.validate_values = bool_flag(o.validate_values, "options->validate_values") != 0;
         }
         auto handle = std::make_unique<tl_model>();
         handle->model = tl::load_model(path, load);
@@ -300,7 +363,7 @@ TL_API void tl_model_free(tl_model *model) { delete model; }
 TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out) {
     return guarded([&] {
         require_not_null(model, "model");
-        require_struct_size(out, "out");
+        require_output_struct(out, "out");
         const tl::Model &m = *model->model;
         const tl::ModelConfig &c = m.config;
         tl_model_properties p;
@@ -337,7 +400,7 @@ TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out) 
             }
         }
         p.parameter_count = params;
-        *out = p;
+        write_output_struct(out, p);
     });
 }
 
@@ -401,7 +464,10 @@ TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_we
     return guarded([&] {
         require_not_null(out_weight, "out_weight");
         *out_weight = nullptr;
-        require_struct_size(desc, "desc");
+        tl_weight_desc defaults;
+        tl_weight_desc_init(&defaults, sizeof defaults);
+        const tl_weight_desc desc_copy = read_input_struct(desc, "desc", defaults);
+        desc = &desc_copy;
         const int32_t gs = check_weight_shape(desc->k, desc->n, desc->group_size, desc->bits, "desc->");
         require_not_null(desc->codes, "desc->codes");
         require_not_null(desc->scales, "desc->scales");
@@ -447,10 +513,7 @@ TL_API tl_status tl_weight_quantize(const float *w, int32_t k, int32_t n, const 
         require_not_null(w, "w");
         tl_quantize_options opts;
         tl_quantize_options_init(&opts, sizeof opts);
-        if (options != nullptr) {
-            require_struct_size(options, "options");
-            opts = *options;
-        }
+        if (options != nullptr) opts = read_input_struct(options, "options", opts);
         require(opts.method == TL_QUANT_ASYMMETRIC || opts.method == TL_QUANT_SYMMETRIC,
                 "options->method must be TL_QUANT_ASYMMETRIC or TL_QUANT_SYMMETRIC, got " + std::to_string(opts.method));
         check_weight_shape(k, n, opts.group_size, opts.bits, "");
@@ -474,7 +537,7 @@ TL_API void tl_weight_free(tl_weight *weight) {
 TL_API tl_status tl_weight_info(const tl_weight *weight, tl_weight_properties *out) {
     return guarded([&] {
         require_not_null(weight, "weight");
-        require_struct_size(out, "out");
+        require_output_struct(out, "out");
         const tl::Linear &l = weight->linear;
         tl_weight_properties p;
         std::memset(&p, 0, sizeof p);
@@ -489,7 +552,7 @@ TL_API tl_status tl_weight_info(const tl_weight *weight, tl_weight_properties *o
         p.borrowed = weight->borrowed;
         p.bytes = l.quant_bytes();
         p.name = l.name.c_str();
-        *out = p;
+        write_output_struct(out, p);
     });
 }
 
@@ -518,8 +581,10 @@ TL_API tl_status tl_device_count(int32_t *out_count) {
 
 TL_API tl_status tl_device_info(int32_t device, tl_device_properties *out) {
     return guarded([&] {
-        require_struct_size(out, "out");
-        tl::device_info(device, out);
+        require_output_struct(out, "out");
+        tl_device_properties p;
+        tl::device_info(device, &p);
+        write_output_struct(out, p);
     });
 }
 
@@ -537,10 +602,7 @@ namespace {
 tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
     tl_pack_options opts;
     tl_pack_options_init(&opts, sizeof opts);
-    if (options != nullptr) {
-        require_struct_size(options, "options");
-        opts = *options;
-    }
+    if (options != nullptr) opts = read_input_struct(options, "options", opts);
     const uint32_t known = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
     require((opts.forms & ~known) == 0, "options->forms has unknown bits: " + std::to_string(opts.forms & ~known));
     return opts;
@@ -548,7 +610,7 @@ tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
 
 // Packs `weights` all-or-nothing: the new device forms replace the old ones only once every weight succeeded.
 void pack_weights(const std::vector<tl_weight *> &weights, const tl_pack_options &opts, tl_pack_report *out_report) {
-    if (out_report != nullptr) require_struct_size(out_report, "out_report");
+    if (out_report != nullptr) require_output_struct(out_report, "out_report");
     tl_pack_report report;
     tl_pack_report_init(&report, sizeof report);
     std::vector<std::shared_ptr<tl::DeviceWeight>> packed;
@@ -565,7 +627,7 @@ void pack_weights(const std::vector<tl_weight *> &weights, const tl_pack_options
     tl::log(TL_LOG_INFO, "[pack] " + std::to_string(report.weights_packed) + " of " +
                              std::to_string(report.weights_uploaded) + " weights packed for the Marlin-class kernel, " +
                              std::to_string(report.extra_device_bytes) + " extra device bytes");
-    if (out_report != nullptr) *out_report = report;
+    if (out_report != nullptr) write_output_struct(out_report, report);
 }
 
 const tl::DeviceWeight &packed_weight(const tl_weight *weight) {
@@ -677,8 +739,10 @@ TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, 
 
 TL_API tl_status tl_weight_dispatch_counts(const tl_weight *weight, tl_dispatch_counts *out) {
     return guarded([&] {
-        require_struct_size(out, "out");
-        tl::dispatch_counts(packed_weight(weight), out);
+        require_output_struct(out, "out");
+        tl_dispatch_counts c;
+        tl::dispatch_counts(packed_weight(weight), &c);
+        write_output_struct(out, c);
     });
 }
 
@@ -701,13 +765,10 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         const auto start = std::chrono::steady_clock::now();
         require_not_null(model, "model");
         require_not_null(tokens, "tokens");
-        require_struct_size(out_result, "out_result");
+        require_output_struct(out_result, "out_result");
         tl_score_options opts;
         tl_score_options_init(&opts, sizeof opts);
-        if (options != nullptr) {
-            require_struct_size(options, "options");
-            opts = *options;
-        }
+        if (options != nullptr) opts = read_input_struct(options, "options", opts);
         require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
                                    std::to_string(n_tokens));
         require(opts.n_threads >= 0 && opts.n_threads <= 1024,
@@ -734,6 +795,8 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         score.window = opts.window;
         score.token_nll = opts.token_nll;
         score.cross_iter_round = tl::get_dispatch(TL_DISPATCH_CROSS_ITER_ROUND) != 0;
+        score.use_graphs = opts.use_graphs != 0;
+        score.max_memory_bytes = opts.max_memory_bytes;
         if (opts.progress != nullptr) {
             const tl_progress_fn fn = opts.progress;
             void *user = opts.progress_user_data;
@@ -748,17 +811,15 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         if (on_gpu) {
             try {
                 tl::GpuModel &gpu = gpu_model_for(*model, opts.device);
-                const tl::GpuScoreStats before = gpu.stats();
-                gpu.set_use_graphs(opts.use_graphs != 0);
-                r = tl::score_cuda(gpu, tokens, n_tokens, score, opts.device, opts.stream);
-                const tl::GpuScoreStats after = gpu.stats();
-                result.gemm_marlin_fused = after.dispatch.marlin_fused - before.dispatch.marlin_fused;
-                result.gemm_marlin_correction = after.dispatch.marlin_correction - before.dispatch.marlin_correction;
-                result.gemm_dequant_cublas = after.dispatch.dequant_cublas - before.dispatch.dequant_cublas;
-                result.gemm_fp16_body = after.dispatch.fp16_body - before.dispatch.fp16_body;
-                result.gemm_native = after.dispatch.native - before.dispatch.native;
-                result.gemm_fallbacks = after.dispatch.fallbacks - before.dispatch.fallbacks;
-                result.gemm_dense_cublas = after.cublas_dense - before.cublas_dense;
+                tl::GpuScoreStats ran;  // this call's own counts, whatever other threads run on the model
+                r = tl::score_cuda(gpu, tokens, n_tokens, score, opts.device, opts.stream, &ran);
+                result.gemm_marlin_fused = ran.dispatch.marlin_fused;
+                result.gemm_marlin_correction = ran.dispatch.marlin_correction;
+                result.gemm_dequant_cublas = ran.dispatch.dequant_cublas;
+                result.gemm_fp16_body = ran.dispatch.fp16_body;
+                result.gemm_native = ran.dispatch.native;
+                result.gemm_fallbacks = ran.dispatch.fallbacks;
+                result.gemm_dense_cublas = ran.cublas_dense;
             } catch (const tl::Error &e) {
                 // AUTO takes the CPU when the GPU path declines a request it does not support; real failures stand.
                 if (opts.backend != TL_BACKEND_AUTO || e.code() != TL_ERR_UNSUPPORTED) throw;
@@ -774,7 +835,12 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         result.backend = on_gpu ? TL_BACKEND_CUDA : TL_BACKEND_CPU;
         result.n_windows = r.n_windows;
         result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        *out_result = result;
+        if (tl::log_enabled(TL_LOG_DEBUG)) {
+            tl::log(TL_LOG_DEBUG, std::string("[score] ") + (on_gpu ? "CUDA" : "CPU") + ": " +
+                                      std::to_string(r.tokens_scored) + " tokens in " + std::to_string(r.n_windows) +
+                                      " windows, " + std::to_string(result.seconds) + " s");
+        }
+        write_output_struct(out_result, result);
     });
 }
 

@@ -145,7 +145,7 @@ __device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&
 
 // Partial sums into the FP32 workspace as reductions without a result (red): the vector atomicAdd overloads compile
 // to ATOMG, whose destination registers stay reserved until the round trip (~1-2 us under load) ends. (Timing of the
-// stream kernel unchanged by it, gpu-notes.md sixth shift.)
+// stream kernel unchanged by it on the H200.)
 __device__ __forceinline__ void add_partial(float *dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");

@@ -68,7 +68,7 @@ int pick_medium_wide_rows(int rows_per_tile, int gpt, const marlin::Params &p, c
     }
 }
 
-// Which medium mainloop runs. Measured on the H200 (docs/gpu-notes.md, same-run A/B): the split kernel's 24-row
+// Which medium mainloop runs. Measured on the H200 (same-run A/B): the split kernel's 24-row
 // tile (NB = 3, no spills) wins at M <= 24, the wide-warp kernel from 25 rows (the split kernel's NB = 4 spills).
 // TINYLOOP_MEDIUM_VARIANT=split or =wide (read once) forces one of them everywhere, for A/B timing.
 enum class MediumVariant { Auto, Split, Wide };

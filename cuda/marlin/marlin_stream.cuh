@@ -4,8 +4,8 @@
 // differs is how work and data reach the warps.
 //
 // Why: the skinny kernel's warps meet at one block barrier per slice (a stage holds activations and scales that other
-// threads copied), so the slowest warp sets the pace and all warps issue their loads in bursts (gpu-notes.md, runs 7
-// and 8: barrier and data waits). Here every warp is independent. It streams its own share of the weights through a
+// threads copied), so the slowest warp sets the pace and all warps issue their loads in bursts (measured on the H200:
+// barrier and data waits). Here every warp is independent. It streams its own share of the weights through a
 // private cp.async ring in shared memory; a stage holds the warp's 64-column strip x 128 k of packed words (each lane
 // copies exactly the 16-byte pieces it later reads), the strip's scales (and zeros) and the M activation rows of those
 // 128 k; the pieces that other lanes read are ordered by __syncwarp alone. Activations are re-read by every warp
@@ -19,8 +19,8 @@
 // and re-zeroes them. Why not the usual stream-K arrival counter, the last arriving warp writing Y: while the grid
 // streams, an L2 round trip waits behind the DRAM traffic for microseconds, and the counter costs three in a row
 // (fence, atomic, read-back) at the end of each cut strip, mid-stream for every warp that crosses a strip: on the
-// H200 ~7 us on each such warp (per-warp timelines) and ~11 us on the kernel (ablation; gpu-notes.md, seventh
-// shift). The kernel boundary orders the reductions before the fix-up's reads for free.
+// H200 ~7 us on each such warp (per-warp timelines) and ~11 us on the kernel (ablation).
+// The kernel boundary orders the reductions before the fix-up's reads for free.
 // Requires K % 128 == 0 and a group size of 32, 64 or a multiple of 128 (per column included); else the launcher
 // refuses and marlin_gemm runs the skinny kernel.
 #pragma once
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_ke
     // All of the strip's sums are loaded first, then re-zeroed, then written to Y, each lane always a whole quad
     // (sums of rows outside M are zero: nobody adds to them). Loading, zeroing and storing quad by quad, each lane
     // only the rows inside M (take_strip_partials), made this kernel take 11-13 us instead of ~1 on Llama-70B
-    // gate+up at M = 1 (gpu-notes.md, seventh shift).
+    // gate+up at M = 1.
     float *part = p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4;
     float4 sums[NB][4];
 #pragma unroll

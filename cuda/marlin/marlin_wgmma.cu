@@ -24,8 +24,8 @@
 // Two kernels share the copy side (WgmmaCopier), the compute side and the epilogue (WgmmaTile): marlin_wgmma_kernel,
 // where every thread copies and computes and one block barrier per slice orders the ring (the tiles up to 64 rows,
 // and the A/B form above), and from 65 rows marlin_wgmma_ws_kernel, warp-specialized: a third warpgroup issues the
-// copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (gpu-notes.md, eighth
-// shift: 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, in the A/B passes of benchmarks.md).
+// copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (measured on the
+// H200: 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, against every warp copying).
 #include "marlin_device.cuh"
 
 namespace tl::gpu::marlin {
@@ -625,13 +625,13 @@ int pick_wgmma(const Params &p, const LaunchEnv &env, int gpt) {
     if (p.m <= 64) {
         // Up to 64 rows: one warpgroup per block, two blocks per SM; or, for a weight of at most
         // env.wgmma_split_max_kn elements, two warpgroups per block splitting the tile's words (each weight still
-        // dequantized once), one block per SM. Measured on the H200 (gpu-notes.md, sixth shift) at M = 33-64: the
+        // dequantized once), one block per SM. Measured on the H200 at M = 33-64: the
         // split is 6-22% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
         // slower on 8B gate+up and the 70B layers, where two independent blocks per SM keep more in flight.
         const bool split = static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn;
         return split ? launch_for_groups<2, 64, FUSED>(gpt, p, env) : launch_for_groups<1, 64, FUSED>(gpt, p, env);
     }
-    // Above 64 rows: the warp-specialized kernel (gpu-notes.md, eighth shift), or every warp copying and computing
+    // Above 64 rows: the warp-specialized kernel, or every warp copying and computing
     // (env.wgmma_producer = false, the A/B form).
     return env.wgmma_producer ? launch_for_groups<2, 128, FUSED, true>(gpt, p, env)
                               : launch_for_groups<2, 128, FUSED>(gpt, p, env);

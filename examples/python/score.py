@@ -72,6 +72,7 @@ class ScoreOptions(ctypes.Structure):
         ("device", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
         ("use_graphs", ctypes.c_int32),
+        ("max_memory_bytes", ctypes.c_uint64),
     ]
 
 

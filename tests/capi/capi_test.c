@@ -136,3 +136,21 @@ void assert_rejects_wrong_struct_size(tl_status (*call)(uint32_t), uint32_t full
                   what, wrong[i], tl_last_error_message());
     }
 }
+
+void assert_output_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what) {
+    const uint32_t wrong[] = {0, (uint32_t)sizeof(uint32_t), full_size - 1};
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); ++i) {
+        const tl_status status = call(wrong[i]);
+        cr_assert_eq(status, TL_ERR_INVALID_ARGUMENT, "%s with struct_size %u: %d (%s)", what, wrong[i], (int)status,
+                     tl_status_string(status));
+        cr_assert(contains_word(tl_last_error_message(), "struct_size"), "%s with struct_size %u: message \"%s\"",
+                  what, wrong[i], tl_last_error_message());
+    }
+    /* A caller built against a newer header has a larger output struct: accepted. */
+    const uint32_t larger[] = {full_size + 8, full_size + SPARE_BYTES};
+    for (size_t i = 0; i < sizeof(larger) / sizeof(larger[0]); ++i) {
+        const tl_status status = call(larger[i]);
+        cr_assert(status != TL_ERR_INVALID_ARGUMENT || !contains_word(tl_last_error_message(), "struct_size"),
+                  "%s with a larger struct_size %u: %s", what, larger[i], tl_last_error_message());
+    }
+}

@@ -62,6 +62,9 @@ void scratch_path(char *out, size_t out_size, const char *stem);
 /* Asserts that `call(size)` is TL_ERR_INVALID_ARGUMENT naming struct_size for each wrong size: 0, a size holding
  * only struct_size, and two sizes larger than the library knows. */
 void assert_rejects_wrong_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what);
+/* An output struct's size: smaller than its first version is TL_ERR_INVALID_ARGUMENT naming struct_size; larger
+ * sizes (a newer caller's struct) are accepted. */
+void assert_output_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what);
 
 /* Asserts that `call` returned TL_OK and left the thread's message empty. */
 #define ASSERT_OK(call)                                                                                      \

@@ -203,3 +203,27 @@ Test(log, unset_callback_is_not_called, .init = rng_seed_from_env) {
     exercise_library();
     cr_assert_eq(log_seen.calls, 0, "an unset callback was called %d times", log_seen.calls);
 }
+
+/* The log callback must not call into the library: such a call returns TL_ERR_UNSUPPORTED at once (no deadlock on
+ * the locks held while logging), and the library keeps working. */
+static tl_status inner_status = TL_OK;
+static int inner_calls = 0;
+
+static void call_back_in(void *user_data, int32_t level, const char *message) {
+    (void)user_data;
+    (void)level;
+    (void)message;
+    ++inner_calls;
+    inner_status = tl_set_log_callback(NULL, NULL, TL_LOG_ERROR);
+}
+
+Test(log, callback_calling_the_library_gets_a_status) {
+    ASSERT_OK(tl_set_log_callback(call_back_in, NULL, TL_LOG_DEBUG));
+    tl_model *missing = NULL;
+    cr_assert_eq(tl_model_load("/nonexistent-dir/log.tinyloop", NULL, &missing), TL_ERR_IO);
+    exercise_library();
+    ASSERT_OK(tl_set_log_callback(NULL, NULL, TL_LOG_ERROR));
+    cr_assert_gt(inner_calls, 0, "tl_score logs its summary at TL_LOG_DEBUG");
+    cr_assert_eq(inner_status, TL_ERR_UNSUPPORTED, "got %d", (int)inner_status);
+    cr_assert_str_eq(tl_status_string(TL_ERR_UNSUPPORTED), "unsupported");
+}

@@ -294,6 +294,64 @@ static void assert_cancelled_at(int stop_at_call) {
 Test(score, cancels_at_the_first_report) { assert_cancelled_at(1); }
 Test(score, cancels_between_windows) { assert_cancelled_at(2); }
 
+/* The progress callback may call into the library, tl_score on the same model included (no lock is held). */
+struct reentry {
+    const tl_model *model;
+    int calls;
+    tl_status inner_status;
+    double inner_nll;
+};
+
+static int32_t score_again(void *user_data, uint64_t done, uint64_t total) {
+    (void)done;
+    (void)total;
+    struct reentry *r = user_data;
+    if (r->calls++ == 0) {
+        int32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        tl_score_options options;
+        tl_score_options_init(&options, sizeof options);
+        options.backend = TL_BACKEND_CPU;
+        tl_score_result result;
+        tl_score_result_init(&result, sizeof result);
+        r->inner_status = tl_score(r->model, tokens, 8, &options, &result);
+        r->inner_nll = result.nll_sum;
+    }
+    return 0;
+}
+
+Test(score, progress_callback_may_score_the_same_model) {
+    enum { N = 60 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    struct reentry r = {model, 0, -100, 0};
+    tl_score_options options = cpu_options(NULL, 0);
+    options.window = 20;
+    options.progress = score_again;
+    options.progress_user_data = &r;
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    cr_assert_gt(r.calls, 1);
+    cr_assert_eq(r.inner_status, TL_OK, "the re-entrant tl_score returned %d", (int)r.inner_status);
+    cr_assert_gt(r.inner_nll, 0.0);
+}
+
+/* The memory budget: below what the call needs it fails with TL_ERR_OUT_OF_MEMORY before doing any work and says
+ * how much it needed; with a generous budget the same call succeeds. */
+Test(score, memory_budget_is_enforced) {
+    enum { N = 50 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_score_options options = cpu_options(NULL, 0);
+    options.n_threads = 1;
+    options.max_memory_bytes = 1024;
+    tl_score_result result = fresh_result();
+    cr_assert_eq(tl_score(model, tokens, N, &options, &result), TL_ERR_OUT_OF_MEMORY);
+    cr_assert(strstr(tl_last_error_message(), "max_memory_bytes") != NULL, "%s", tl_last_error_message());
+    cr_assert(strstr(tl_last_error_message(), "needs about") != NULL, "%s", tl_last_error_message());
+    options.max_memory_bytes = (uint64_t)1 << 30;
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+}
+
 /* ---- backends ---- */
 
 Test(score, cuda_backend_runs_or_reports_no_device) {

@@ -107,22 +107,60 @@ static void assert_checks_struct_size(tl_status (*call)(uint32_t), uint32_t full
     assert_rejects_wrong_struct_size(call, full_size, what);
 }
 
+static void assert_checks_output_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what) {
+    const tl_status ok = call(full_size);
+    cr_assert_eq(ok, TL_OK, "%s with its full size: %s: %s", what, tl_status_string(ok), tl_last_error_message());
+    assert_output_struct_size(call, full_size, what);
+}
+
 Test(struct_size, tl_load_options) { assert_checks_struct_size(load_with, sizeof(tl_load_options), "tl_model_load"); }
 Test(struct_size, tl_model_properties) {
-    assert_checks_struct_size(model_info_with, sizeof(tl_model_properties), "tl_model_info");
+    assert_checks_output_size(model_info_with, sizeof(tl_model_properties), "tl_model_info");
 }
 Test(struct_size, tl_weight_desc) { assert_checks_struct_size(create_with, sizeof(tl_weight_desc), "tl_weight_create"); }
 Test(struct_size, tl_quantize_options) {
     assert_checks_struct_size(quantize_with, sizeof(tl_quantize_options), "tl_weight_quantize");
 }
 Test(struct_size, tl_weight_properties) {
-    assert_checks_struct_size(weight_info_with, sizeof(tl_weight_properties), "tl_weight_info");
+    assert_checks_output_size(weight_info_with, sizeof(tl_weight_properties), "tl_weight_info");
 }
 Test(struct_size, tl_score_options) {
     assert_checks_struct_size(score_options_with, sizeof(tl_score_options), "tl_score (options)");
 }
 Test(struct_size, tl_score_result) {
-    assert_checks_struct_size(score_result_with, sizeof(tl_score_result), "tl_score (out_result)");
+    assert_checks_output_size(score_result_with, sizeof(tl_score_result), "tl_score (out_result)");
+}
+
+/* A caller built against a newer header passes a larger output struct: the library writes only the bytes it knows,
+ * says how many in struct_size, and leaves the rest of the caller's struct alone. */
+Test(struct_size, larger_output_structs_get_the_known_fields) {
+    struct { tl_model_properties s; unsigned char spare[SPARE_BYTES]; } info;
+    memset(&info, 0xA5, sizeof info);
+    info.s.struct_size = sizeof info;
+    ASSERT_OK(tl_model_info(model, &info.s));
+    cr_assert_eq(info.s.struct_size, sizeof info.s);
+    cr_assert_eq(info.s.vocab, FIXTURE_VOCAB);
+    for (size_t i = 0; i < SPARE_BYTES; ++i) cr_assert_eq(info.spare[i], 0xA5, "tl_model_info wrote spare byte %zu", i);
+
+    struct { tl_score_result s; unsigned char spare[SPARE_BYTES]; } result;
+    memset(&result, 0x5A, sizeof result);
+    result.s.struct_size = sizeof result;
+    tl_score_options options;
+    tl_score_options_init(&options, sizeof options);
+    options.backend = TL_BACKEND_CPU;
+    ASSERT_OK(tl_score(model, kTokens, 5, &options, &result.s));
+    cr_assert_eq(result.s.struct_size, sizeof result.s);
+    cr_assert_eq(result.s.tokens_scored, 4);
+    for (size_t i = 0; i < SPARE_BYTES; ++i) cr_assert_eq(result.spare[i], 0x5A, "tl_score wrote spare byte %zu", i);
+}
+
+/* tl_score_options gained max_memory_bytes after its first version: a caller built against the first version (its
+ * struct ends at use_graphs) is accepted and gets the default, while sizes between the versions are refused. */
+Test(struct_size, tl_score_options_of_the_first_version) {
+    const uint32_t first = (uint32_t)offsetof(tl_score_options, max_memory_bytes);
+    cr_assert_eq(score_options_with(first), TL_OK, "%s", tl_last_error_message());
+    cr_assert_eq(score_options_with(first + 4), TL_ERR_INVALID_ARGUMENT);
+    cr_assert(contains_word(tl_last_error_message(), "struct_size"), "%s", tl_last_error_message());
 }
 
 /* Adapters giving every *_init one type, so one checker walks them all. */

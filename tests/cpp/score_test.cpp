@@ -161,6 +161,44 @@ TEST_F(Score, ModelShapeMismatchIsRejected) {
     EXPECT_NE(message.find("loop.mlp_up"), std::string::npos) << message;
 }
 
+// Memory follows the tokens scored, not the model's max_seq: a model claiming a window of 2^20 tokens scores two
+// tokens at once and in little memory (this sized 2^20-row activations, ~16 GB, before).
+TEST_F(Score, MemoryFollowsTheTokensNotMaxSeq) {
+    tl::ModelConfig c = small_config();
+    c.max_seq = 1 << 20;
+    tl::SyntheticOptions options;
+    options.seed = seed_;
+    const auto model = tl::make_synthetic_model(c, options);
+    tl::ScoreOptions o;
+    o.n_threads = 2;
+    o.max_memory_bytes = 64u << 20;  // far below 2^20 rows, far above 2 rows
+    const tl::ScoreResult r = tl::score_cpu(*model, tokens_.data(), 2, o);
+    EXPECT_EQ(r.tokens_scored, 1u);
+    EXPECT_EQ(r.n_windows, 1);
+    EXPECT_LT(tl::cpu_score_bytes(*model, 2, 2, false), uint64_t{64} << 20);
+    EXPECT_GT(tl::cpu_score_bytes(*model, 1 << 20, 2, false), uint64_t{1} << 30);
+}
+
+// Past the budget the call fails before allocating, with TL_ERR_OUT_OF_MEMORY naming the size it needed; the same
+// call within the budget succeeds; the estimate grows with the window.
+TEST_F(Score, MemoryBudgetIsEnforced) {
+    tl::ScoreOptions o;
+    o.n_threads = 1;
+    const uint64_t needed = tl::cpu_score_bytes(*model_, 64, 1, false);
+    EXPECT_GT(needed, tl::cpu_score_bytes(*model_, 16, 1, false));
+    o.max_memory_bytes = needed - 1;
+    const auto [status, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o); });
+    EXPECT_EQ(status, TL_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
+    EXPECT_NE(message.find("max_memory_bytes"), std::string::npos) << message;
+    o.max_memory_bytes = needed;
+    EXPECT_EQ(tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o).tokens_scored, tokens_.size() - 1);
+    // A shorter window fits a budget the default window does not.
+    o.window = 16;
+    o.max_memory_bytes = tl::cpu_score_bytes(*model_, 16, 1, false);
+    EXPECT_EQ(tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o).tokens_scored, tokens_.size() - 1);
+}
+
 TEST(ThreadPool, WorkerExceptionsReachTheCallerAndThePoolSurvives) {
     tl::ThreadPool pool(4);
     EXPECT_EQ(pool.size(), 4);

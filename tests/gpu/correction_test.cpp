@@ -1,4 +1,4 @@
-// The seed's correction kernels against host references within 2 ULP, and the grow-only scratch buffer.
+// The seed's correction kernels against host references within 2 ULP.
 // (The wrapper marlin_gemm_corrected is checked end to end in marlin_test.cpp.)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <string>
 #include <vector>
 
@@ -127,40 +126,6 @@ TEST(CorrectionLaunchers, RefuseInvalidArguments) {
     EXPECT_EQ(tl::gpu::kRcBadArgument, tl::gpu::a_group_sum(a.get(), f.get(), 1, 96, 64, nullptr));  // 64 !| 96
     EXPECT_EQ(tl::gpu::kRcBadArgument, tl::gpu::a_group_sum(nullptr, f.get(), 1, 64, 64, nullptr));
     EXPECT_EQ(tl::gpu::kRcBadArgument, tl::gpu::correction_accum(a.get(), f.get(), f.get(), 0, 16, 1, nullptr));
-}
-
-// Grow-only, doubling, one buffer per stream, safe to call from many threads at once.
-TEST(ScratchBuffer, GrowsByDoublingPerStreamAndIsThreadSafe) {
-    cudaStream_t stream = nullptr;
-    CUDA_OK(cudaStreamCreate(&stream));
-    void *small = tl::gpu::scratch_buffer(1000, stream);
-    ASSERT_NE(small, nullptr);
-    EXPECT_EQ(small, tl::gpu::scratch_buffer(10, stream)) << "a smaller request reuses the buffer";
-    void *big = tl::gpu::scratch_buffer(5u << 20, stream);
-    ASSERT_NE(big, nullptr);
-    CUDA_OK(cudaMemset(big, 0, 5u << 20));  // really that large
-    EXPECT_EQ(big, tl::gpu::scratch_buffer(6u << 20, stream)) << "doubling from 1 MiB reaches 8 MiB";
-
-    constexpr int kThreads = 8;
-    std::vector<cudaStream_t> streams(kThreads);
-    for (auto &s : streams) CUDA_OK(cudaStreamCreate(&s));
-    std::vector<void *> got(kThreads, nullptr);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-            for (int rep = 0; rep < 50; ++rep) got[t] = tl::gpu::scratch_buffer((rep + 1) * 65536, streams[t]);
-        });
-    }
-    for (auto &th : threads) th.join();
-    for (int t = 0; t < kThreads; ++t) {
-        ASSERT_NE(got[t], nullptr);
-        for (int u = 0; u < t; ++u) EXPECT_NE(got[t], got[u]) << "streams share a scratch buffer";
-        CUDA_OK(cudaMemsetAsync(got[t], 0, 50 * 65536, streams[t]));
-    }
-    CUDA_OK(cudaDeviceSynchronize());
-    tl::gpu::scratch_release_all();
-    for (auto &s : streams) CUDA_OK(cudaStreamDestroy(s));
-    CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ struct FusedCase {
     size_t ws_bytes;
     DeviceBuffer<uint16_t> dx, dy, ds, dz, dss;
     DeviceBuffer<uint32_t> dw, dws;
-    DeviceBuffer<float> ddelta;
+    DeviceBuffer<float> ddelta, a_sum;
     DeviceBuffer<uint8_t> work;
 
     FusedCase(int m_, int k_, int n_, int group_size, Modes modes = Modes::Fused)
@@ -55,14 +55,15 @@ struct FusedCase {
           ws_bytes(tl::gpu::marlin_workspace_bytes(tlt::sm_count())), dx(x.size()),
           dy(static_cast<size_t>(m_) * n_), ds(packed.scales.size()), dz(packed.zeros.size()),
           dss(sym.scales.size()), dw(packed.words.size()), dws(sym.words.size()), ddelta(sym.delta.size()),
-          work(ws_bytes) {}
+          a_sum(tl::gpu::correction_scratch_bytes(m_, k_, gs) / sizeof(float) + 1), work(ws_bytes) {}
     std::string name() const {
         return "M=" + std::to_string(m) + " K=" + std::to_string(k) + " N=" + std::to_string(n) + " group " +
                std::to_string(w.group_size);
     }
     // Allocations and uploads; call once under ASSERT_TRUE.
     ::testing::AssertionResult upload() {
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dw.ok(), dws.ok(), ddelta.ok(), work.ok()}) {
+        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dw.ok(), dws.ok(), ddelta.ok(), a_sum.ok(),
+                        work.ok()}) {
             if (!ok) return ::testing::AssertionFailure() << "cudaMalloc failed";
         }
         for (cudaError_t rc : {dx.upload(x), dw.upload(packed.words), ds.upload(packed.scales),
@@ -97,7 +98,8 @@ struct FusedCase {
         return fused_mode ? tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
                                                  work.get(), ws_bytes, nullptr)
                           : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(), dy.get(), m,
-                                                           n, k, gs, work.get(), ws_bytes, nullptr);
+                                                           n, k, gs, work.get(), ws_bytes, a_sum.get(),
+                                                           a_sum.count() * sizeof(float), nullptr);
     }
     // Waits for the call and fetches Y.
     cudaError_t result(std::vector<uint16_t> &y) {
@@ -133,7 +135,7 @@ std::vector<GemmShape> gemm_shapes() {
         // slices (K = 384: three of them), per row with K % 128 != 0 (64-deep slices).
         {9, 1024, 1536, 32, false, ""},    {13, 1152, 320, 192, false, ""},   {5, 512, 704, 64, false, ""},
         {3, 28672, 1024, 28672, false, ""}, {4, 384, 256, 128, false, ""},     {2, 320, 192, 320, false, ""},
-        // The benchmark layers of H200-NOTES (K x N).
+        // The benchmark layers of tl_bench (K x N).
         {1, 2048, 6144, 128, true, "tl_qkv"},       {16, 2048, 2048, 2048, true, "tl_out"},
         {64, 2048, 16384, 128, true, "tl_gateup"},  {7, 8192, 2048, 128, true, "tl_down"},
         {33, 4096, 6144, 4096, true, "l8_qkv"},     {16, 4096, 28672, 128, true, "l8_gateup"},

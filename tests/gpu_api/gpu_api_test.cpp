@@ -14,76 +14,11 @@
 #include "half.hpp"
 #include "tinyloop.h"
 
+#include "api_test_util.hpp"
+
+using namespace apitest;
+
 namespace {
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-#define TL_OK_(call) ASSERT_EQ((call), TL_OK) << #call << ": " << tl_last_error_message()
-
-std::mt19937_64 &rng() {
-    static std::mt19937_64 gen(std::random_device{}());
-    return gen;
-}
-
-struct DeviceMemory {
-    void *ptr = nullptr;
-    explicit DeviceMemory(size_t bytes) {
-        if (bytes > 0 && cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
-    }
-    ~DeviceMemory() { cudaFree(ptr); }
-};
-
-struct WeightDeleter {
-    void operator()(tl_weight *w) const { tl_weight_free(w); }
-};
-using WeightPtr = std::unique_ptr<tl_weight, WeightDeleter>;
-
-WeightPtr random_weight(int k, int n, int group_size) {
-    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(k)));
-    std::vector<float> w(static_cast<size_t>(k) * n);
-    for (float &v : w) v = normal(rng());
-    tl_quantize_options opts;
-    tl_quantize_options_init(&opts, sizeof opts);
-    opts.group_size = group_size;
-    tl_weight *raw = nullptr;
-    EXPECT_EQ(tl_weight_quantize(w.data(), k, n, &opts, &raw), TL_OK) << tl_last_error_message();
-    return WeightPtr(raw);
-}
-
-struct Problem {
-    int m, k, n;
-    std::vector<uint16_t> x;  // FP16 [m][k]
-    std::vector<double> ref;  // [m][n], FP64 from the FP16 x and the exactly dequantized W
-};
-
-Problem make_problem(const tl_weight *w, int m) {
-    tl_weight_properties p;
-    p.struct_size = sizeof p;
-    EXPECT_EQ(tl_weight_info(w, &p), TL_OK);
-    Problem pr{m, p.k, p.n, {}, {}};
-    std::vector<float> wt(static_cast<size_t>(p.k) * p.n);  // [n][k]
-    EXPECT_EQ(tl_weight_dequantize(w, wt.data(), wt.size()), TL_OK);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    pr.x.resize(static_cast<size_t>(m) * p.k);
-    for (uint16_t &v : pr.x) v = tl::float_to_half(normal(rng()));
-    pr.ref.assign(static_cast<size_t>(m) * p.n, 0.0);
-    for (int i = 0; i < m; ++i)
-        for (int j = 0; j < p.n; ++j) {
-            double acc = 0;
-            for (int kk = 0; kk < p.k; ++kk)
-                acc += static_cast<double>(tl::half_to_float(pr.x[static_cast<size_t>(i) * p.k + kk])) *
-                       wt[static_cast<size_t>(j) * p.k + kk];
-            pr.ref[static_cast<size_t>(i) * p.n + j] = acc;
-        }
-    return pr;
-}
-
-tl_dispatch_counts counts_of(const tl_weight *w) {
-    tl_dispatch_counts c;
-    std::memset(&c, 0, sizeof c);
-    c.struct_size = sizeof c;
-    EXPECT_EQ(tl_weight_dispatch_counts(w, &c), TL_OK) << tl_last_error_message();
-    return c;
-}
 
 // Runs one tl_quant_gemm with a fresh zero-filled workspace of `workspace_bytes` (the queried size when
 // SIZE_MAX), a poisoned output, and returns the relative error against the reference (NaN if any output is not
@@ -111,41 +46,6 @@ double run_gemm(const tl_weight *w, const Problem &pr, size_t workspace_bytes = 
         den += pr.ref[i] * pr.ref[i];
     }
     return std::sqrt(num / den);
-}
-
-void pack(tl_weight *w, uint32_t forms, tl_pack_report *report) {
-    tl_pack_options opts;
-    tl_pack_options_init(&opts, sizeof opts);
-    opts.forms = forms;
-    tl_pack_report_init(report, sizeof *report);
-    EXPECT_EQ(tl_weight_pack_marlin(w, &opts, report), TL_OK) << tl_last_error_message();
-}
-
-constexpr uint32_t kAllForms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
-
-enum class Path { Native, Fused, Correction, Cublas, Fp16Body };
-
-void select(Path path) {
-    tl_set_dispatch(TL_DISPATCH_USE_MARLIN, path != Path::Native);
-    tl_set_dispatch(TL_DISPATCH_FP16_BODY, path == Path::Fp16Body);
-    tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, path == Path::Correction ? 2 : 1);
-    tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, path == Path::Cublas ? 1 : 0);
-}
-
-uint64_t counter(const tl_dispatch_counts &c, Path path) {
-    switch (path) {
-        case Path::Native: return c.native;
-        case Path::Fused: return c.marlin_fused;
-        case Path::Correction: return c.marlin_correction;
-        case Path::Cublas: return c.dequant_cublas;
-        case Path::Fp16Body: return c.fp16_body;
-    }
-    return 0;
-}
-
-const char *path_name(Path p) {
-    static const char *names[] = {"native", "fused", "correction", "cublas", "fp16-body"};
-    return names[static_cast<int>(p)];
 }
 
 }  // namespace
@@ -259,6 +159,23 @@ TEST(GpuApi, TooSmallWorkspaceFallsThrough) {
     EXPECT_EQ(c.native, 1u);
     EXPECT_EQ(c.fallbacks, 1u);
     EXPECT_EQ(c.marlin_fused, 0u);
+}
+
+// A weight whose K is not a multiple of 8 cannot get an FP16 body (the dequantizer's vector width): packing skips
+// the body instead of failing, and the FP16-body setting then runs the weight on the next path.
+TEST(GpuApi, Fp16BodySkippedWhereTheDequantizerCannotRun) {
+    WeightPtr w = random_weight(100, 72, 0);
+    ASSERT_TRUE(w);
+    tl_pack_report report;
+    pack(w.get(), kAllForms, &report);
+    EXPECT_EQ(report.weights_uploaded, 1u);
+    EXPECT_EQ(report.extra_device_bytes, 0u) << "no Marlin-class form (K % 64 != 0) and no body";
+    select(Path::Fp16Body);
+    const Problem pr = make_problem(w.get(), 5);
+    EXPECT_LE(run_gemm(w.get(), pr), 2e-3);
+    const tl_dispatch_counts c = counts_of(w.get());
+    EXPECT_EQ(c.native, 1u);
+    EXPECT_EQ(c.fp16_body + c.fallbacks, 0u);
 }
 
 TEST(GpuApi, BadArgumentsAreRefusedWithoutTouchingTheDevice) {

@@ -291,15 +291,24 @@ tl::GpuScoreStats stats_delta(const tl::GpuScoreStats &a, const tl::GpuScoreStat
     return d;
 }
 
-GpuRun gpu_score(tl::GpuModel &gm, const std::vector<int32_t> &tokens, int32_t window, void *stream = nullptr) {
+GpuRun gpu_score(tl::GpuModel &gm, const std::vector<int32_t> &tokens, int32_t window, void *stream = nullptr,
+                 bool graphs = false) {
     GpuRun run;
     run.nll.assign(tokens.size() - 1, NAN);
     tl::ScoreOptions o;
     o.window = window;
     o.token_nll = run.nll.data();
+    o.use_graphs = graphs;
     const tl::GpuScoreStats before = gm.stats();
-    run.result = tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, stream);
+    tl::GpuScoreStats call;
+    run.result = tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, stream, &call);
     run.delta = stats_delta(gm.stats(), before);
+    // Alone on the model, the call's own counts are the model's change.
+    EXPECT_EQ(call.dispatch.marlin_fused, run.delta.dispatch.marlin_fused);
+    EXPECT_EQ(call.dispatch.native, run.delta.dispatch.native);
+    EXPECT_EQ(call.cublas_dense, run.delta.cublas_dense);
+    EXPECT_EQ(call.windows, run.delta.windows);
+    EXPECT_EQ(call.graph_replays, run.delta.graph_replays);
     return run;
 }
 
@@ -368,7 +377,6 @@ TEST_P(ScoreParity, Matches) {
         EXPECT_EQ(d.windows, calls * static_cast<uint64_t>(p.cpu.windows));
     };
 
-    gm.set_use_graphs(false);
     const GpuRun eager = gpu_score(gm, p.tokens, p.window);
     EXPECT_EQ(eager.result.n_windows, p.cpu.windows);
     EXPECT_EQ(eager.result.tokens_scored, n - 1);
@@ -382,10 +390,8 @@ TEST_P(ScoreParity, Matches) {
 
     // Graphs: the first call runs each new window length eagerly and captures it (128 and 46 tokens), replaying the
     // second 128-token window; the second call replays all three.
-    gm.set_use_graphs(true);
-    const GpuRun first = gpu_score(gm, p.tokens, p.window);
-    const GpuRun second = gpu_score(gm, p.tokens, p.window);
-    gm.set_use_graphs(false);
+    const GpuRun first = gpu_score(gm, p.tokens, p.window, nullptr, true);
+    const GpuRun second = gpu_score(gm, p.tokens, p.window, nullptr, true);
     EXPECT_EQ(first.delta.graph_captures, 2u);
     EXPECT_EQ(first.delta.graph_replays, 1u);
     EXPECT_EQ(second.delta.graph_captures, 0u);
@@ -525,10 +531,8 @@ TEST_F(ScoreApi, UserStreamAndBufferReuse) {
     cudaStream_t stream = nullptr;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const GpuRun user = gpu_score(gm, tokens, 100, stream);
-    gm.set_use_graphs(true);
-    const GpuRun graphed = gpu_score(gm, tokens, 100, stream);
-    const GpuRun replayed = gpu_score(gm, tokens, 100, stream);
-    gm.set_use_graphs(false);
+    const GpuRun graphed = gpu_score(gm, tokens, 100, stream, true);
+    const GpuRun replayed = gpu_score(gm, tokens, 100, stream, true);
     CUDA_OK(cudaStreamDestroy(stream));
     EXPECT_EQ(replayed.delta.graph_replays, 3u);
     EXPECT_EQ(own.nll, user.nll);

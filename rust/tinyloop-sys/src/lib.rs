@@ -295,6 +295,8 @@ c_structs! {
         pub stream: *mut c_void,
         /// CUDA backend: 1 to capture each window length's forward pass in a CUDA graph.
         pub use_graphs: i32,
+        /// Working-memory budget in bytes (host on the CPU, device on CUDA); 0 = the machine's.
+        pub max_memory_bytes: u64,
     }
 
     /// What `tl_score` reports.

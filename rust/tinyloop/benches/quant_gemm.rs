@@ -1,4 +1,4 @@
-//! Criterion benchmarks of `quant_gemm` per dispatcher path on the benchmark layers of shared/H200-NOTES.md.
+//! Criterion benchmarks of `quant_gemm` per dispatcher path on the benchmark layers of bench/tl_bench.cu.
 //!
 //! Method (as bench/tl_bench.cu where it can be): random weights and activations, weights rotated through as many
 //! copies as tl_bench uses (at least 2, together at least 256 MB: over 4x the H200's 60 MB L2) so the cache is
@@ -25,7 +25,7 @@ use tinyloop::{
     PackForms, PackOptions, QuantWeight, Stream, Weight, WeightDesc, Workspace,
 };
 
-/// (name, K, N) from H200-NOTES.md, "Benchmark shapes everyone uses".
+/// (name, K, N): the benchmark layers of bench/tl_bench.cu.
 const LAYERS: [(&str, usize, usize); 10] = [
     ("TinyLoop qkv", 2048, 6144),
     ("TinyLoop out", 2048, 2048),

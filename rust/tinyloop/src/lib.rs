@@ -168,6 +168,7 @@ mod tests {
         assert!(score.progress.is_none() && score.token_nll.is_null() && !ours.token_nll);
         assert_eq!((ours.device as i32, i32::from(ours.use_graphs)), (score.device, score.use_graphs));
         assert!(score.stream.is_null());
+        assert_eq!(ours.max_memory_bytes, score.max_memory_bytes);
 
         let mut pack: sys::tl_pack_options = unsafe { std::mem::zeroed() };
         assert_eq!(
