@@ -43,7 +43,7 @@
 
 #include "check_cuda.hpp"
 #include "gpu_kernels.hpp"
-#include "half.hpp"
+#include "util/half.hpp"
 #include "tinyloop.h"
 
 namespace {

@@ -32,7 +32,7 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
                      uint16_t *y, int m, int n, int k, int group_size, cudaStream_t stream);
 
 // ---- Marlin-class tensor-core GEMM (cuda/marlin/) -------------------------------------------------------------------
-// Weights packed by tl::marlin_pack (cpp/marlin_pack.hpp): words [N/64][K/16][32][4], scales (and zeros for the
+// Weights packed by tl::marlin_pack (cpp/gpu/marlin_pack.hpp): words [N/64][K/16][32][4], scales (and zeros for the
 // fused mode) [G][N] permuted. gs is the kernel's group size: 32, a multiple of 64 dividing K, or -1 for per-column
 // scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
 // x, y, words, scales, zeros must be 16-byte aligned.

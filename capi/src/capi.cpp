@@ -19,14 +19,15 @@
 #include <nlohmann/json.hpp>
 
 #include "build_info.hpp"
-#include "cpu_forward.hpp"
-#include "error.hpp"
-#include "format.hpp"
-#include "gpu_backend.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "format/format.hpp"
+#include "gpu/gpu_backend.hpp"
 #include "handles.hpp"
-#include "half.hpp"
-#include "model.hpp"
-#include "quant.hpp"
+#include "util/half.hpp"
+#include "format/model.hpp"
+#include "quant/quant.hpp"
 
 
 
@@ -46,21 +47,6 @@ ThreadError &thread_error() {
     return error;
 }
 
-// Set on a thread while it runs the log callback. The callback runs under the sink's lock and often under a model's
-// lock, so a call back into the library from it is refused with a status instead of deadlocking.
-thread_local bool t_inside_log_callback = false;
-
-// The refused calls change only the thread's message pointer (to static text), which is restored afterwards, so the
-// call that logged keeps its own message.
-struct InsideLogCallback {
-    const char *saved = thread_error().current;
-    InsideLogCallback() { t_inside_log_callback = true; }
-    ~InsideLogCallback() {
-        t_inside_log_callback = false;
-        thread_error().current = saved;
-    }
-};
-
 void clear_error() { thread_error().current = ""; }
 
 void set_error(const char *message) {
@@ -77,11 +63,9 @@ void set_error(const char *message) {
 // is TL_ERR_INTERNAL.
 template <class Body>
 tl_status guarded(Body &&body) noexcept {
+    // From inside the log callback: refused, and the thread's message is left to the call that logged.
+    if (tl::inside_log_callback()) return TL_ERR_UNSUPPORTED;
     clear_error();
-    if (t_inside_log_callback) {
-        thread_error().current = "called from inside the log callback, which must not call into the library";
-        return TL_ERR_UNSUPPORTED;
-    }
     try {
         body();
         return TL_OK;
@@ -191,20 +175,6 @@ tl_status init_struct(T *out, uint32_t struct_size, const char *name, SetDefault
     });
 }
 
-// ---- Logging ----
-
-struct LogSink {
-    std::mutex mutex;
-    tl_log_fn callback = nullptr;
-    void *user_data = nullptr;
-    std::atomic<int32_t> max_level{-1};
-};
-
-LogSink &log_sink() {
-    static LogSink sink;
-    return sink;
-}
-
 int32_t bool_flag(int32_t v, const char *name) {
     require(v == 0 || v == 1, std::string(name) + " must be 0 or 1, got " + std::to_string(v));
     return v;
@@ -251,21 +221,6 @@ const char *build_info_json() {
 
 }  // namespace
 
-namespace tl {
-
-bool log_enabled(int32_t level) { return level <= log_sink().max_level.load(std::memory_order_relaxed); }
-
-void log(int32_t level, const std::string &message) {
-    if (!log_enabled(level)) return;
-    LogSink &sink = log_sink();
-    std::lock_guard<std::mutex> lock(sink.mutex);
-    if (sink.callback != nullptr && level <= sink.max_level.load()) {
-        InsideLogCallback inside;
-        sink.callback(sink.user_data, level, message.c_str());
-    }
-}
-
-}  // namespace tl
 
 // =============================================================================================================
 extern "C" {
@@ -314,11 +269,7 @@ TL_API tl_status tl_set_log_callback(tl_log_fn callback, void *user_data, int32_
     return guarded([&] {
         require(max_level >= TL_LOG_ERROR && max_level <= TL_LOG_DEBUG,
                 "max_level must be TL_LOG_ERROR..TL_LOG_DEBUG, got " + std::to_string(max_level));
-        LogSink &sink = log_sink();
-        std::lock_guard<std::mutex> lock(sink.mutex);
-        sink.callback = callback;
-        sink.user_data = user_data;
-        sink.max_level.store(callback != nullptr ? max_level : -1);
+        tl::set_log_callback(callback, user_data, max_level);
     });
 }
 
@@ -582,8 +533,16 @@ TL_API tl_status tl_device_count(int32_t *out_count) {
 TL_API tl_status tl_device_info(int32_t device, tl_device_properties *out) {
     return guarded([&] {
         require_output_struct(out, "out");
+        const tl::DeviceProperties d = tl::device_info(device);
         tl_device_properties p;
-        tl::device_info(device, &p);
+        std::memset(&p, 0, sizeof p);
+        std::memcpy(p.name, d.name.data(), std::min(sizeof p.name - 1, d.name.size()));
+        p.sm_major = d.sm_major;
+        p.sm_minor = d.sm_minor;
+        p.sm_count = d.sm_count;
+        p.total_memory = d.total_memory;
+        p.free_memory = d.free_memory;
+        p.marlin_supported = d.marlin_supported;
         write_output_struct(out, p);
     });
 }
@@ -740,8 +699,15 @@ TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, 
 TL_API tl_status tl_weight_dispatch_counts(const tl_weight *weight, tl_dispatch_counts *out) {
     return guarded([&] {
         require_output_struct(out, "out");
+        const tl::DispatchCounts d = tl::dispatch_counts(packed_weight(weight));
         tl_dispatch_counts c;
-        tl::dispatch_counts(packed_weight(weight), &c);
+        std::memset(&c, 0, sizeof c);
+        c.fp16_body = d.fp16_body;
+        c.marlin_fused = d.marlin_fused;
+        c.marlin_correction = d.marlin_correction;
+        c.dequant_cublas = d.dequant_cublas;
+        c.native = d.native;
+        c.fallbacks = d.fallbacks;
         write_output_struct(out, c);
     });
 }

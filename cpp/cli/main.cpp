@@ -20,11 +20,11 @@
 
 #include <CLI/CLI.hpp>
 
-#include "error.hpp"
-#include "format.hpp"
-#include "gptq.hpp"
-#include "quant.hpp"
-#include "synthetic.hpp"
+#include "util/error.hpp"
+#include "format/format.hpp"
+#include "gptq/gptq.hpp"
+#include "quant/quant.hpp"
+#include "quant/synthetic.hpp"
 #include "tinyloop.h"
 
 namespace {

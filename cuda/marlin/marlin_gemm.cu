@@ -8,7 +8,7 @@
 
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
-#include "marlin_pack.hpp"
+#include "gpu/marlin_pack.hpp"
 
 namespace tl::gpu::marlin {
 // The medium kernel's wide-warp mainloop (marlin_medium.cuh; instantiated in marlin_medium_{fused,symmetric}.cu):

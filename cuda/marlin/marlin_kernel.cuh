@@ -1,5 +1,5 @@
 // The Marlin-class INT4 x FP16 GEMM kernel for M > 16 (SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
-// tl::marlin_pack (cpp/marlin_pack.hpp documents the layout). M <= 16 runs marlin_skinny.cuh instead. Written for
+// tl::marlin_pack (cpp/gpu/marlin_pack.hpp documents the layout). M <= 16 runs marlin_skinny.cuh instead. Written for
 // this project; upstream Marlin was read to understand the technique, nothing was copied.
 //
 // Shape of the computation

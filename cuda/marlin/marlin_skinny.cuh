@@ -2,7 +2,7 @@
 // packed weights, tiles (8 warps x 64-column strips = 512 columns), cp.async ring and stream-K reduction as the
 // M > 16 kernel in marlin_kernel.cuh. What differs is how the weights meet the tensor cores.
 //
-// Operands swapped: Y^T = W^T X^T. Lane L's packed word w (cpp/marlin_pack.hpp) is exactly the A fragment of
+// Operands swapped: Y^T = W^T X^T. Lane L's packed word w (cpp/gpu/marlin_pack.hpp) is exactly the A fragment of
 // mma.m16n8k16 for a 16 x 16 weight tile whose rows are the strip's columns 16w + L/4 (nibbles 0, 2, 4, 6) and
 // 16w + 8 + L/4 (nibbles 1, 3, 5, 7). So the weights are A and the activations B, 8 rows per mma: M <= 8 needs
 // one n8 tile (half the mma of a 16-row A tile), M <= 16 two.

@@ -1,6 +1,6 @@
 // The Marlin-class INT4 x FP16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
-// kernels (cpp/marlin_pack.hpp); used on the H200 from 33 rows, or 17 for small weights (marlin_wgmma_min_m_for).
+// kernels (cpp/gpu/marlin_pack.hpp); used on the H200 from 33 rows, or 17 for small weights (marlin_wgmma_min_m_for).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
 // per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on two). Per

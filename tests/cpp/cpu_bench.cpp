@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "synthetic.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "quant/synthetic.hpp"
 
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? std::atoi(argv[1]) : 0;

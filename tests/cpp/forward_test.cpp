@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "quant.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "quant/quant.hpp"
 #include "reference.hpp"
-#include "synthetic.hpp"
+#include "quant/synthetic.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "half.hpp"
+#include "util/half.hpp"
 #include "reference.hpp"
 
 namespace {

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
-#include "half.hpp"
-#include "quant.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
+#include "quant/quant.hpp"
 #include "reference.hpp"
 
 namespace {

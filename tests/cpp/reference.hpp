@@ -1,6 +1,6 @@
 // An independent float64 implementation of the model (docs/architecture.md), written with naive loops and
 // double everywhere, for checking the CPU backend. It reads weights straight from a Linear's storage and
-// shares no code with cpp/cpu_forward.cpp or cpp/quant.cpp.
+// shares no code with cpp/cpu/cpu_forward.cpp or cpp/quant/quant.cpp.
 #pragma once
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "half.hpp"
-#include "model.hpp"
+#include "util/half.hpp"
+#include "format/model.hpp"
 
 namespace ref {
 

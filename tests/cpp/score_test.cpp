@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "error.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "util/error.hpp"
 #include "reference.hpp"
-#include "synthetic.hpp"
-#include "thread_pool.hpp"
+#include "quant/synthetic.hpp"
+#include "util/thread_pool.hpp"
 
 namespace {
 

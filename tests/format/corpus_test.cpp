@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "error.hpp"
+#include "util/error.hpp"
 #include "format_test_util.hpp"
 #include "tinyloop.h"
 

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "half.hpp"
+#include "util/half.hpp"
 
 namespace tlt {
 namespace {

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "format.hpp"
-#include "model.hpp"
+#include "format/format.hpp"
+#include "format/model.hpp"
 
 namespace tlt {
 

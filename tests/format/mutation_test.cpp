@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "error.hpp"
+#include "util/error.hpp"
 #include "format_test_util.hpp"
 #include "tinyloop.h"
 

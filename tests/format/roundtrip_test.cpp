@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <limits>
 
-#include "error.hpp"
+#include "util/error.hpp"
 #include "format_test_util.hpp"
-#include "synthetic.hpp"
+#include "quant/synthetic.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <set>
 #include <thread>
 
-#include "error.hpp"
+#include "util/error.hpp"
 #include "format_test_util.hpp"
 #include "tinyloop.h"
 

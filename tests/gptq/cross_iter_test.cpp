@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "cross_iter.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "quant/cross_iter.hpp"
 #include "gptq_test_util.hpp"
-#include "quant.hpp"
-#include "synthetic.hpp"
+#include "quant/quant.hpp"
+#include "quant/synthetic.hpp"
 
 namespace {
 

@@ -13,13 +13,13 @@
 #include <Eigen/Core>
 #include <Eigen/LU>
 
-#include "error.hpp"
-#include "format.hpp"
-#include "gptq.hpp"
+#include "util/error.hpp"
+#include "format/format.hpp"
+#include "gptq/gptq.hpp"
 #include "gptq_test_util.hpp"
-#include "quant.hpp"
-#include "synthetic.hpp"
-#include "thread_pool.hpp"
+#include "quant/quant.hpp"
+#include "quant/synthetic.hpp"
+#include "util/thread_pool.hpp"
 
 namespace {
 

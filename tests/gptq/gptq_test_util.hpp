@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "half.hpp"
-#include "model.hpp"
-#include "quant.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "util/half.hpp"
+#include "format/model.hpp"
+#include "quant/quant.hpp"
 
 namespace gptq_test {
 

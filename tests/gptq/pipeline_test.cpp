@@ -11,12 +11,12 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "error.hpp"
-#include "format.hpp"
-#include "gptq.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "util/error.hpp"
+#include "format/format.hpp"
+#include "gptq/gptq.hpp"
 #include "gptq_test_util.hpp"
-#include "synthetic.hpp"
+#include "quant/synthetic.hpp"
 
 namespace {
 

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "cross_iter.hpp"
-#include "error.hpp"
-#include "gptq.hpp"
-#include "synthetic.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "quant/cross_iter.hpp"
+#include "util/error.hpp"
+#include "gptq/gptq.hpp"
+#include "quant/synthetic.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 
 #include "gpu_kernels.hpp"
 #include "gpu_test_util.hpp"
-#include "half.hpp"
+#include "util/half.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-#include "half.hpp"
+#include "util/half.hpp"
 
 namespace tlt {
 

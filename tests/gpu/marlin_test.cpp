@@ -17,8 +17,8 @@
 
 #include "gpu_kernels.hpp"
 #include "gpu_test_util.hpp"
-#include "half.hpp"
-#include "marlin_pack.hpp"
+#include "util/half.hpp"
+#include "gpu/marlin_pack.hpp"
 #include "tinyloop.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "half.hpp"
+#include "util/half.hpp"
 #include "tinyloop.h"
 
 namespace apitest {

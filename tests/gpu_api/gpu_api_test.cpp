@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "half.hpp"
+#include "util/half.hpp"
 #include "tinyloop.h"
 
 #include "api_test_util.hpp"

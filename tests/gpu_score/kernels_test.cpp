@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "forward/forward_kernels.hpp"
-#include "gpu_score.hpp"
-#include "half.hpp"
+#include "gpu/gpu_score.hpp"
+#include "util/half.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "error.hpp"
-#include "gpu_backend.hpp"
-#include "gpu_score.hpp"
-#include "half.hpp"
-#include "quant.hpp"
-#include "synthetic.hpp"
+#include "util/error.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "gpu/gpu_score.hpp"
+#include "util/half.hpp"
+#include "quant/quant.hpp"
+#include "quant/synthetic.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -225,7 +225,7 @@ void select_path(Path p) {
     tl::set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0);
 }
 
-uint64_t path_count(const tl_dispatch_counts &c, Path p) {
+uint64_t path_count(const tl::DispatchCounts &c, Path p) {
     switch (p) {
         case Path::Native: return c.native;
         case Path::Fused: return c.marlin_fused;

@@ -8,10 +8,10 @@
 #include <set>
 #include <vector>
 
-#include "error.hpp"
-#include "half.hpp"
-#include "marlin_pack.hpp"
-#include "quant.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
+#include "gpu/marlin_pack.hpp"
+#include "quant/quant.hpp"
 
 namespace {
 

@@ -1,9 +1,9 @@
-#include "model.hpp"
+#include "format/model.hpp"
 
 #include <cstring>
 
-#include "error.hpp"
-#include "half.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
 
 namespace tl {
 

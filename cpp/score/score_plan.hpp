@@ -1,5 +1,5 @@
-// The CPU reference backend: exact dequantization, FP32 activations and accumulation, NLL in double.
-// It is the ground truth every GPU path is compared with.
+// What both scoring backends share: the request's options and result, the plan of windows a request is split into,
+// the model checks run before any pointer is followed, and the working-memory budget.
 #pragma once
 
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "model.hpp"
+#include "format/model.hpp"
 
 namespace tl {
 
@@ -55,28 +55,14 @@ ScorePlan plan_score(const ModelConfig &config, const int32_t *tokens, size_t n_
 // "head"), which fails when the backend cannot use its storage.
 void check_model_shapes(const Model &model, void (*check_storage)(const Linear &w, const std::string &name));
 
-// Bytes of host working memory score_cpu needs for windows of `rows` tokens on `workers` threads.
-uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round);
+// Checks a Model's config (positive dimensions, an even head_dim) and then its shapes (check_model_shapes): what both
+// backends need before they follow any pointer. `check_storage` is the backend's test of one linear's storage.
+void check_model(const Model &model, void (*check_storage)(const Linear &w, const std::string &name));
+
 // Fails with TL_ERR_OUT_OF_MEMORY when `needed` exceeds `budget` (or, with no budget, `machine`); `what` names the
 // memory ("host memory", "device memory").
 void check_memory_budget(uint64_t needed, uint64_t budget, uint64_t machine, const char *what);
-
-// Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
-ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);
-
-// ---- Forward pieces, exposed for the unit tests. Row-major; T = sequence length. ----
-
-// y[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * gain[i]
-void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, float eps);
-
-// Rotary embedding in place on q or k laid out [T][n_heads][head_dim], rotate-half convention:
-// pairs (i, i + head_dim/2) rotated by angle pos * theta^(-2i/head_dim).
-void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0);
-
-// Causal multi-head attention: qkv [T][3][n_heads][head_dim] (after RoPE on q and k) -> out [T][n_heads*head_dim].
-void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads);
-
-// y[m][n] = sum_k x[m][k] * W[k][n] with W from a Linear (dequantized exactly), FP32 accumulation.
-void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads);
+// Bytes of physical memory of this machine (UINT64_MAX when the system does not say).
+uint64_t host_memory_bytes();
 
 }  // namespace tl

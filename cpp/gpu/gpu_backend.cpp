@@ -1,4 +1,4 @@
-#include "gpu_backend.hpp"
+#include "gpu/gpu_backend.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,15 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
 
 #if defined(TL_WITH_CUDA)
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
 
-#include "cuda_host.hpp"
+#include "gpu/cuda_host.hpp"
 #include "gpu_kernels.hpp"
-#include "marlin_pack.hpp"
+#include "gpu/marlin_pack.hpp"
 #endif
 
 namespace tl {
@@ -95,11 +96,11 @@ namespace {
 }  // namespace
 
 int32_t device_count() noexcept { return 0; }
-void device_info(int32_t, tl_device_properties *) { no_cuda(); }
+DeviceProperties device_info(int32_t) { no_cuda(); }
 std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint32_t, PackOutcome *) { no_cuda(); }
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
 void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t, void *) { no_cuda(); }
-void dispatch_counts(const DeviceWeight &, tl_dispatch_counts *) { no_cuda(); }
+DispatchCounts dispatch_counts(const DeviceWeight &) { no_cuda(); }
 void *device_malloc(int32_t, size_t) { no_cuda(); }
 void device_free(void *ptr, void *) {
     if (ptr != nullptr) no_cuda();
@@ -297,7 +298,7 @@ int32_t device_count() noexcept {
     return count;
 }
 
-void device_info(int32_t device, tl_device_properties *out) {
+DeviceProperties device_info(int32_t device) {
     require_device(device);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
@@ -306,25 +307,22 @@ void device_info(int32_t device, tl_device_properties *out) {
         DeviceScope scope(device);
         check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     }
-    tl_device_properties p;
-    std::memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    std::memcpy(p.name, prop.name, std::min(sizeof p.name - 1, std::strlen(prop.name)));
+    DeviceProperties p;
+    p.name = prop.name;
     p.sm_major = prop.major;
     p.sm_minor = prop.minor;
     p.sm_count = prop.multiProcessorCount;
     p.total_memory = total_bytes;
     p.free_memory = free_bytes;
     p.marlin_supported = prop.major >= 8;
-    *out = p;
+    return p;
 }
 
 std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream_ptr, uint32_t forms,
                                           PackOutcome *outcome) {
     if (!w.quantized || w.bits != 4) fail(TL_ERR_UNSUPPORTED, "'" + w.name + "' is not an INT4 weight");
     require_device(device);
-    tl_device_properties props;
-    device_info(device, &props);
+    const DeviceProperties props = device_info(device);
     DeviceScope scope(device);
     auto stream = static_cast<cudaStream_t>(stream_ptr);
 
@@ -541,17 +539,15 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     done(dw.n_native);
 }
 
-void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out) {
-    tl_dispatch_counts c;
-    std::memset(&c, 0, sizeof c);
-    c.struct_size = sizeof c;
+DispatchCounts dispatch_counts(const DeviceWeight &dw) {
+    DispatchCounts c;
     c.fp16_body = dw.n_fp16.load();
     c.marlin_fused = dw.n_fused.load();
     c.marlin_correction = dw.n_correction.load();
     c.dequant_cublas = dw.n_cublas.load();
     c.native = dw.n_native.load();
     c.fallbacks = dw.n_fallbacks.load();
-    *out = c;
+    return c;
 }
 
 void *device_malloc(int32_t device, size_t bytes) {

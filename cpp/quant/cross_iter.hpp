@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "model.hpp"
-#include "quant.hpp"
+#include "format/model.hpp"
+#include "quant/quant.hpp"
 
 namespace tl {
 

@@ -1,4 +1,4 @@
-#include "gptq.hpp"
+#include "gptq/gptq.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,12 +10,12 @@
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
 
-#include "cpu_forward.hpp"
-#include "cross_iter.hpp"
-#include "error.hpp"
-#include "format.hpp"
-#include "half.hpp"
-#include "thread_pool.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "quant/cross_iter.hpp"
+#include "util/error.hpp"
+#include "format/format.hpp"
+#include "util/half.hpp"
+#include "util/thread_pool.hpp"
 
 namespace tl {
 

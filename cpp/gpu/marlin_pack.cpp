@@ -1,9 +1,9 @@
-#include "marlin_pack.hpp"
+#include "gpu/marlin_pack.hpp"
 
 #include <cmath>
 
-#include "error.hpp"
-#include "half.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
 
 namespace tl {
 

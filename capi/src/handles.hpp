@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "gpu_backend.hpp"
-#include "gpu_score.hpp"
-#include "model.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "gpu/gpu_score.hpp"
+#include "format/model.hpp"
 
 struct tl_weight {
     tl::Linear linear;  // views share ownership of their storage through linear.keepalive

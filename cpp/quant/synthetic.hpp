@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "model.hpp"
-#include "quant.hpp"
+#include "format/model.hpp"
+#include "quant/quant.hpp"
 
 namespace tl {
 

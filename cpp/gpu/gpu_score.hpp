@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu_forward.hpp"
-#include "model.hpp"
-#include "tinyloop.h"
+#include "format/model.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "score/score_plan.hpp"
 
 namespace tl {
 
@@ -37,7 +37,7 @@ struct GpuModelOptions {
 // What ran, accumulated over a GpuModel's life (graph replays included, which the per-weight dispatch_counts do
 // not see: they count a captured GEMM once, at capture).
 struct GpuScoreStats {
-    tl_dispatch_counts dispatch{};  // INT4 GEMMs by path, summed over the model's weights
+    DispatchCounts dispatch;  // INT4 GEMMs by path, summed over the model's weights
     uint64_t cublas_dense = 0;      // FP16 GEMMs of dense linears and dense/tied heads
     uint64_t windows = 0;
     uint64_t graph_captures = 0;

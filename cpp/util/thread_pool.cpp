@@ -1,10 +1,10 @@
-#include "thread_pool.hpp"
+#include "util/thread_pool.hpp"
 
 #include <string>
 #include <system_error>
 
-#include "error.hpp"
-#include "tinyloop.h"
+#include "util/error.hpp"
+#include "util/log.hpp"
 
 namespace tl {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model.hpp"
-#include "quant.hpp"
+#include "format/model.hpp"
+#include "quant/quant.hpp"
 
 namespace tl {
 

@@ -1,4 +1,4 @@
-#include "cross_iter.hpp"
+#include "quant/cross_iter.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "error.hpp"
-#include "half.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
 
 namespace tl {
 

@@ -1,5 +1,6 @@
 // Errors inside the library: every failure is a tl::Error carrying a tl_status and a message; the C API's
-// exception barrier (capi/src/capi.cpp) turns it into the status and the thread's last error message.
+// exception barrier (capi/src/capi.cpp) turns it into the status and the thread's last error message. The library
+// below the C API uses the header's status and constant values (never renumbered), none of its structs or functions.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +21,5 @@ private:
 };
 
 [[noreturn]] inline void fail(tl_status code, const std::string &message) { throw Error(code, message); }
-
-// Library-wide logging through the callback set with tl_set_log_callback (no-op when none is set).
-void log(int32_t level, const std::string &message);
-bool log_enabled(int32_t level);
 
 }  // namespace tl

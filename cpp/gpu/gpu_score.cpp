@@ -1,4 +1,4 @@
-#include "gpu_score.hpp"
+#include "gpu/gpu_score.hpp"
 
 #include <algorithm>
 #include <array>
@@ -10,16 +10,17 @@
 #include <set>
 #include <string>
 
-#include "error.hpp"
-#include "gpu_backend.hpp"
-#include "half.hpp"
-#include "quant.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "util/half.hpp"
+#include "quant/quant.hpp"
 
 #if defined(TL_WITH_CUDA)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda_host.hpp"
+#include "gpu/cuda_host.hpp"
 #include "forward/forward_kernels.hpp"
 #include "gpu_kernels.hpp"
 #endif
@@ -185,7 +186,6 @@ struct Tally {
 };
 
 void add_tally(GpuScoreStats &out, const Tally &t) {
-    out.dispatch.struct_size = sizeof out.dispatch;
     out.dispatch.fp16_body += t.v[0];
     out.dispatch.marlin_fused += t.v[1];
     out.dispatch.marlin_correction += t.v[2];
@@ -307,8 +307,7 @@ struct GpuModel::State {
         Tally t;
         for (const DeviceLinear *l : linears()) {
             if (!l->quant) continue;
-            tl_dispatch_counts c;
-            dispatch_counts(*l->quant, &c);
+            const DispatchCounts c = dispatch_counts(*l->quant);
             const uint64_t v[6] = {c.fp16_body, c.marlin_fused, c.marlin_correction, c.dequant_cublas, c.native,
                                    c.fallbacks};
             for (int i = 0; i < 6; ++i) t.v[i] += v[i];
@@ -331,17 +330,14 @@ void check_gpu_storage(const Linear &w, const std::string &name) {
     }
 }
 
-void check_model(const Model &model) {
-    const ModelConfig &c = model.config;
-    if (c.d_model <= 0 || c.n_heads <= 0 || c.head_dim <= 0 || c.ffn <= 0 || c.vocab <= 0 || c.pre < 0 ||
-        c.loops < 0 || c.head_dim % 2 != 0) {
-        fail(TL_ERR_INVALID_ARGUMENT, "model: config has a non-positive dimension or an odd head_dim");
-    }
-    if (c.head_dim > gpu::kAttentionMaxHeadDim) {
-        fail(TL_ERR_UNSUPPORTED, "model: head_dim = " + std::to_string(c.head_dim) + " exceeds the GPU attention's " +
+// The checks both backends make, then the GPU attention's head_dim limit.
+void check_gpu_model(const Model &model) {
+    check_model(model, check_gpu_storage);
+    const int32_t head_dim = model.config.head_dim;
+    if (head_dim > gpu::kAttentionMaxHeadDim) {
+        fail(TL_ERR_UNSUPPORTED, "model: head_dim = " + std::to_string(head_dim) + " exceeds the GPU attention's " +
                                      std::to_string(gpu::kAttentionMaxHeadDim));
     }
-    check_model_shapes(model, check_gpu_storage);
 }
 
 gpu::TableType table_type(DType dtype) {
@@ -639,7 +635,7 @@ Tally run_window(GpuModel::State &s, int32_t T, cudaStream_t stream, bool use_gr
 }  // namespace
 
 GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &options) {
-    check_model(model);
+    check_gpu_model(model);
     const int32_t count = device_count();
     if (count == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device on this machine");
     if (device < 0 || device >= count) {

@@ -1,13 +1,13 @@
-#include "synthetic.hpp"
+#include "quant/synthetic.hpp"
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "cross_iter.hpp"
-#include "error.hpp"
-#include "format.hpp"
-#include "half.hpp"
+#include "quant/cross_iter.hpp"
+#include "util/error.hpp"
+#include "format/format.hpp"
+#include "util/half.hpp"
 
 namespace tl {
 

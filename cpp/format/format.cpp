@@ -1,7 +1,7 @@
 // The .tinyloop loader and writer (docs/format.md). Every byte of the file is distrusted: the header is parsed
 // and checked in full, against itself and against the config, before a tensor view is handed out, and all size
 // arithmetic is overflow-checked.
-#include "format.hpp"
+#include "format/format.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace tl {
 namespace {

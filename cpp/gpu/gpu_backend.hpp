@@ -6,9 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
-#include "model.hpp"
-#include "tinyloop.h"
+#include "format/model.hpp"
+#include "util/error.hpp"
 
 namespace tl {
 
@@ -16,7 +17,18 @@ namespace tl {
 struct DeviceWeight;
 
 int32_t device_count() noexcept;
-void device_info(int32_t device, tl_device_properties *out);
+struct DeviceProperties {
+    std::string name;
+    int32_t sm_major = 0, sm_minor = 0, sm_count = 0;
+    uint64_t total_memory = 0, free_memory = 0;
+    bool marlin_supported = false;  // our Marlin-class kernels run on it (SM 8.0 or newer)
+};
+DeviceProperties device_info(int32_t device);
+
+// Calls per dispatcher path since the weight was packed; `fallbacks` counts calls in which a path refused.
+struct DispatchCounts {
+    uint64_t fp16_body = 0, marlin_fused = 0, marlin_correction = 0, dequant_cublas = 0, native = 0, fallbacks = 0;
+};
 
 struct PackOutcome {
     bool packed = false;    // received a Marlin-class form
@@ -36,7 +48,7 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
 // else concurrently.
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream, void *workspace,
                 size_t workspace_bytes, void *cublas_handle = nullptr);
-void dispatch_counts(const DeviceWeight &dw, tl_dispatch_counts *out);
+DispatchCounts dispatch_counts(const DeviceWeight &dw);
 
 // Device memory and streams for the C API's callers (throw TL_ERR_NO_DEVICE / TL_ERR_CUDA / TL_ERR_INVALID_ARGUMENT).
 void *device_malloc(int32_t device, size_t bytes);

@@ -1,4 +1,4 @@
-#include "quant.hpp"
+#include "quant/quant.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <memory>
 #include <utility>
 
-#include "error.hpp"
-#include "half.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
 
 namespace tl {
 

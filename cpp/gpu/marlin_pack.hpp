@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "model.hpp"
+#include "format/model.hpp"
 
 namespace tl {
 

@@ -1,0 +1,34 @@
+// The CPU reference backend: exact dequantization, FP32 activations and accumulation, NLL in double.
+// It is the ground truth every GPU path is compared with.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "format/model.hpp"
+#include "score/score_plan.hpp"
+
+namespace tl {
+
+// Bytes of host working memory score_cpu needs for windows of `rows` tokens on `workers` threads.
+uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round);
+// Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
+ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);
+
+// ---- Forward pieces, exposed for the unit tests. Row-major; T = sequence length. ----
+
+// y[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * gain[i]
+void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, float eps);
+
+// Rotary embedding in place on q or k laid out [T][n_heads][head_dim], rotate-half convention:
+// pairs (i, i + head_dim/2) rotated by angle pos * theta^(-2i/head_dim).
+void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0);
+
+// Causal multi-head attention: qkv [T][3][n_heads][head_dim] (after RoPE on q and k) -> out [T][n_heads*head_dim].
+void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads);
+
+// y[m][n] = sum_k x[m][k] * W[k][n] with W from a Linear (dequantized exactly), FP32 accumulation.
+void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads);
+
+}  // namespace tl
