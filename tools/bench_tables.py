@@ -37,7 +37,7 @@ OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
 # weight of at most kMarlinWgmmaSmallKN elements (marlin_wgmma_min_m_for).
 WGMMA_MIN_M = 33
 WGMMA_SMALL_KN = 1 << 25
-# cpp/gpu_backend.cpp: a weight of at most this many elements switches to dequantize + cuBLAS from min(setting, 128).
+# cpp/gpu/gpu_backend.cpp: a weight of at most this many elements switches to dequantize + cuBLAS from min(setting, 128).
 CUBLAS_SMALL_KN = 1 << 25
 # ... and a weight of at least this many at twice the setting.
 CUBLAS_LARGE_KN = 1 << 27
@@ -73,7 +73,7 @@ def group128_cells(path):
 
 
 def dispatcher_choice(c, m, cublas_min_m):
-    """What tl_quant_gemm runs (cpp/gpu_backend.cpp, cublas_path_wanted): dequantize + cuBLAS from cublas_min_m rows,
+    """What tl_quant_gemm runs (cpp/gpu/gpu_backend.cpp, cublas_path_wanted): dequantize + cuBLAS from cublas_min_m rows,
     or from min(cublas_min_m, 128) for a weight with K·N <= 2^25, from 2 * cublas_min_m for one with K·N >= 2^27; the
     fused Marlin-class kernel below."""
     threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= CUBLAS_SMALL_KN else cublas_min_m
