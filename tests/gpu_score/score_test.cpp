@@ -16,8 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "util/error.hpp"
+#include "cpu/cpu_forward.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "util/error.hpp"
 #include "gpu/gpu_score.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
