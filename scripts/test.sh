@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the CTest suites (C++, C conformance, format corpus, ABI checks; GPU tests skip without a GPU),
-# cargo test, and the whole CTest suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# cargo test, the whole CTest suite again under AddressSanitizer + UndefinedBehaviorSanitizer, a bounded libFuzzer
+# run of the model loader (tests/fuzz) and the concurrency tests under ThreadSanitizer.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -18,3 +19,62 @@ TL_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" -DTL_CUDA=OFF -DCMAKE_B
   -DTL_SANITIZE=address,undefined
 # The slow-labelled test (the demo model's full evaluation text) is left out here: it checks numbers, not memory.
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE slow
+
+# ---- Fuzzing (tests/fuzz): clang, libFuzzer + ASan + UBSan, CPU only; only the fuzz target is built ----
+echo "== fuzz: build tl_fuzz_model_load (clang, libFuzzer + ASan + UBSan, CPU build) =="
+step_start=$SECONDS
+fuzz_dir="$root/build-fuzz"
+cmake -S "$root" -B "$fuzz_dir" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTL_FUZZ=ON \
+  -DTL_BUILD_TESTS=OFF -DTL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTL_SANITIZE=fuzzer-no-link,address,undefined >/dev/null
+cmake --build "$fuzz_dir" --target tl_fuzz_model_load -j"$jobs"
+fuzzer="$fuzz_dir/bin/tl_fuzz_model_load"
+echo "fuzz build: $((SECONDS - step_start)) s"
+
+# libFuzzer exits non-zero on a crash, leak, sanitizer report, timeout or over-limit allocation and writes the
+# input to artifacts/; the log stays in the build folder and only its end is shown on failure.
+# Per input: 2 GiB of RSS, 1 GiB in one allocation, 30 s.
+fuzz_limits=(-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30)
+run_fuzzer() {
+  local log=$1
+  shift
+  rm -rf "$fuzz_dir/artifacts" && mkdir -p "$fuzz_dir/artifacts"
+  if ! TMPDIR="$fuzz_dir" UBSAN_OPTIONS=print_stacktrace=1 \
+      "$fuzzer" "${fuzz_limits[@]}" -artifact_prefix="$fuzz_dir/artifacts/" "$@" >"$log" 2>&1; then
+    # The report from its first line (the stack), not ASan's shadow-byte legend at its end.
+    awk '/ERROR: |runtime error: / { on = 1 } on && n++ < 100' "$log" | grep . || tail -n 60 "$log"
+    echo "FUZZ FAILURE (full log: $log). Reproducer, replay with: $fuzzer <file>"
+    # Fuzzing writes the input to artifacts/; a replay of given files names the file it was running instead.
+    find "$fuzz_dir/artifacts" -type f -printf '  %p\n'
+    grep '^Running: ' "$log" | tail -n 1 | sed 's/^Running: /  /'
+    return 1
+  fi
+}
+
+echo "== fuzz: 60 s of libFuzzer from a copy of the seed corpus =="
+step_start=$SECONDS
+# A fresh copy each run: the fuzzer adds inputs to its corpus folder, and tests/ must stay untouched.
+rm -rf "$fuzz_dir/corpus" && cp -r "$root/tests/fuzz/corpus" "$fuzz_dir/corpus"
+run_fuzzer "$fuzz_dir/fuzz.log" -max_total_time=60 -print_final_stats=1 -dict="$root/tests/fuzz/tinyloop.dict" \
+  "$fuzz_dir/corpus" || exit 1
+grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_dir/fuzz.log" || true
+grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)' "$fuzz_dir/fuzz.log" || true
+echo "fuzz run: $((SECONDS - step_start)) s"
+
+echo "== fuzz: every seed corpus file once under ASan + UBSan =="
+step_start=$SECONDS
+# Files (not a folder) as arguments: libFuzzer runs each once and writes nothing.
+run_fuzzer "$fuzz_dir/corpus-replay.log" "$root"/tests/fuzz/corpus/* || exit 1
+echo "$(grep -c '^Running: ' "$fuzz_dir/corpus-replay.log") seed files ran clean ($((SECONDS - step_start)) s)"
+
+# ---- ThreadSanitizer: the concurrency tests (tests/cpp/concurrency_test.cpp), CPU only, nothing else built ----
+echo "== CTest -L concurrency under ThreadSanitizer (CPU build) =="
+step_start=$SECONDS
+tsan_dir="$root/build-tsan"
+cmake -S "$root" -B "$tsan_dir" -DTL_CUDA=OFF -DTL_CAPI_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTL_SANITIZE=thread >/dev/null
+cmake --build "$tsan_dir" --target tl_concurrency_tests -j"$jobs"
+# halt_on_error: the first race fails its test at once, with both stacks printed.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --test-dir "$tsan_dir" --output-on-failure -j"$jobs" -L concurrency --no-tests=error
+echo "ThreadSanitizer step: $((SECONDS - step_start)) s"
