@@ -15,7 +15,11 @@ packages=(
   librust-log-dev      # Rust crate: destructors log the errors they cannot return
   librust-serde-json-dev  # Rust scoring-service example: line-delimited JSON
   librust-criterion-dev   # Rust benchmarks (cargo bench)
+  librust-bindgen+runtime-dev  # Rust drift test: reads tinyloop.h through libclang (test-only helper crate)
+  librust-syn-dev         # Rust drift test: lists the items bindgen generates
   python3              # the ctypes example (examples/python), run by CTest
+  clang                # the fuzz step of scripts/test.sh: libFuzzer is clang-only
+  libclang-rt-14-dev   # libFuzzer + clang's sanitizer runtimes for clang 14 (merely Recommended by clang-14's packages)
 )
 # Rust toolchain: Debian's, unless one is already on PATH (e.g. rustup).
 command -v cargo >/dev/null 2>&1 || packages+=(cargo rustc)

@@ -2,8 +2,9 @@
 //!
 //! Everything here is `unsafe` to use and documented in the header, which is the contract; the safe API is the
 //! `tinyloop` crate. Names keep their C spelling so the header and these bindings read the same. A drift test
-//! (`cargo test -p tinyloop-sys`) parses the header and checks constants, function names, struct fields and
-//! struct layouts against this file.
+//! (`cargo test -p tinyloop-sys`) compares this file with bindgen's bindings of the header: constants (values
+//! and types), type aliases, opaque handles, struct layouts (size, alignment, field names, order, offsets and
+//! types) and function signatures.
 //!
 //! The library is compiled from the repository's C++ sources by the build script, or linked from
 //! `TINYLOOP_LIB_DIR` (see the crate README).
@@ -14,18 +15,28 @@ use std::ffi::c_void;
 use std::marker::{PhantomData, PhantomPinned};
 use std::os::raw::c_char;
 
-/// Declares constants and, for the drift test, the list of their names and values.
+/// Declares constants and, for the drift test, the table of their names, values and types.
 macro_rules! c_constants {
     ($( $(#[$meta:meta])* pub const $name:ident : $ty:ty = $value:expr ; )*) => {
         $( $(#[$meta])* pub const $name: $ty = $value; )*
 
         #[cfg(test)]
-        pub(crate) const CONSTANTS: &[(&str, i64)] = &[$((stringify!($name), $name as i64)),*];
+        drift_table!(constants: $($name),*);
     };
 }
 
-/// Declares `#[repr(C)]` structs and, for the drift test, each one's name, size, alignment and fields in order
-/// with their offsets.
+/// Declares type aliases and, for the drift test, the table of the types they name.
+macro_rules! c_types {
+    ($( $(#[$meta:meta])* pub type $name:ident = $ty:ty ; )*) => {
+        $( $(#[$meta])* pub type $name = $ty; )*
+
+        #[cfg(test)]
+        drift_table!(types: $($name),*);
+    };
+}
+
+/// Declares `#[repr(C)]` structs and, for the drift test, the table of each one's size, alignment and fields in
+/// order with their offsets and types.
 macro_rules! c_structs {
     ($(
         $(#[$meta:meta])*
@@ -39,17 +50,92 @@ macro_rules! c_structs {
         )*
 
         #[cfg(test)]
-        pub(crate) fn struct_layouts() -> Vec<drift_tests::StructLayout> {
-            vec![$(
-                drift_tests::StructLayout {
-                    name: stringify!($name),
-                    size: std::mem::size_of::<$name>(),
-                    align: std::mem::align_of::<$name>(),
-                    fields: vec![$((stringify!($field), field_offset!($name, $field))),*],
-                }
-            ),*]
+        drift_table!(structs: $($name { $($field),* })*);
+    };
+}
+
+/// Declares the library's functions and, for the drift test, the table of their names and signatures.
+macro_rules! c_functions {
+    ($( $(#[$meta:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)? ; )*) => {
+        extern "C" {
+            $( $(#[$meta])* pub fn $name($($arg: $ty),*) $(-> $ret)?; )*
+        }
+
+        #[cfg(test)]
+        drift_table!(functions: $($name($($arg),*))*);
+    };
+}
+
+/// Declares opaque C handles: zero-sized, only ever used behind a pointer, and neither `Send`, `Sync` nor
+/// `Unpin` (the safe crate decides what may cross threads). For the drift test, also the table of their names.
+macro_rules! opaque_handles {
+    ($( $(#[$meta:meta])* $name:ident ; )*) => {
+        $(
+            $(#[$meta])*
+            #[repr(C)]
+            pub struct $name {
+                _private: [u8; 0],
+                _marker: PhantomData<(*mut u8, PhantomPinned)>,
+            }
+        )*
+
+        #[cfg(test)]
+        drift_table!(handles: $($name),*);
+    };
+}
+
+/// Builds one of the drift test's tables, as a function named after its kind (`drift_constants`,
+/// `drift_types`, `drift_handles`, `drift_structs`, `drift_functions`) in the module where it is invoked. The
+/// declaring macros above invoke it for these bindings; the bindgen bindings of the header invoke it in the same
+/// forms (the `tinyloop-sys-header-bindgen` crate), so both sides' tables are made by the same code from the
+/// compiled items: values, sizes, offsets and types are the compiler's, not text.
+#[cfg(test)]
+macro_rules! drift_table {
+    (constants: $($name:ident),* $(,)?) => {
+        pub(crate) fn drift_constants() -> Vec<crate::drift_tests::Constant> {
+            vec![$(crate::drift_tests::Constant {
+                name: stringify!($name),
+                value: $name as i64,
+                type_name: crate::drift_tests::type_name_of(&$name),
+            }),*]
         }
     };
+    (types: $($name:ident),* $(,)?) => {
+        pub(crate) fn drift_types() -> Vec<crate::drift_tests::Alias> {
+            vec![$(crate::drift_tests::Alias { name: stringify!($name), type_name: std::any::type_name::<$name>() }),*]
+        }
+    };
+    (handles: $($name:ident),* $(,)?) => {
+        pub(crate) fn drift_handles() -> Vec<&'static str> {
+            vec![$(stringify!($name)),*]
+        }
+    };
+    (structs: $($name:ident { $($field:ident),* $(,)? })*) => {
+        pub(crate) fn drift_structs() -> Vec<crate::drift_tests::StructLayout> {
+            vec![$(crate::drift_tests::StructLayout {
+                name: stringify!($name),
+                size: std::mem::size_of::<$name>(),
+                align: std::mem::align_of::<$name>(),
+                fields: vec![$(crate::drift_tests::Field {
+                    name: stringify!($field),
+                    offset: field_offset!($name, $field),
+                    type_name: crate::drift_tests::field_type_name(|value: &$name| &value.$field),
+                }),*],
+            }),*]
+        }
+    };
+    (functions: $($name:ident ( $($parameter:ident),* $(,)? ))*) => {
+        pub(crate) fn drift_functions() -> Vec<crate::drift_tests::Function> {
+            vec![$(crate::drift_tests::Function {
+                name: stringify!($name),
+                // The function as a pointer: its type is the signature, parameter and return types resolved.
+                signature: crate::drift_tests::type_name_of(
+                    &($name as unsafe extern "C" fn($(drift_table!(@infer $parameter)),*) -> _),
+                ),
+            }),*]
+        }
+    };
+    (@infer $parameter:ident) => { _ };
 }
 
 /// The byte offset of a field (what `std::mem::offset_of!` gives from Rust 1.77; this works on Debian's 1.63).
@@ -64,33 +150,14 @@ macro_rules! field_offset {
     }};
 }
 
-/// Declares the library's functions and, for the drift test, the list of their names.
-macro_rules! c_functions {
-    ($( $(#[$meta:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)? ; )*) => {
-        extern "C" {
-            $( $(#[$meta])* pub fn $name($($arg: $ty),*) $(-> $ret)?; )*
-        }
-
-        #[cfg(test)]
-        pub(crate) const FUNCTIONS: &[&str] = &[$(stringify!($name)),*];
-    };
+c_types! {
+    /// `TL_OK` or a negative `TL_ERR_*` value.
+    pub type tl_status = i32;
+    /// Receives one log line (no trailing newline) at a level; must not call back into the library.
+    pub type tl_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: i32, message: *const c_char)>;
+    /// Progress of `tl_score`: return 0 to go on, non-zero to stop with `TL_ERR_CANCELLED`.
+    pub type tl_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, done: u64, total: u64) -> i32>;
 }
-
-/// Declares an opaque C handle: zero-sized, only ever used behind a pointer, and neither `Send`, `Sync` nor
-/// `Unpin` (the safe crate decides what may cross threads).
-macro_rules! opaque_handle {
-    ($(#[$meta:meta])* $name:ident) => {
-        $(#[$meta])*
-        #[repr(C)]
-        pub struct $name {
-            _private: [u8; 0],
-            _marker: PhantomData<(*mut u8, PhantomPinned)>,
-        }
-    };
-}
-
-/// `TL_OK` or a negative `TL_ERR_*` value.
-pub type tl_status = i32;
 
 c_constants! {
     /// The version of the header these bindings mirror (`TL_VERSION_MAJOR`).
@@ -165,20 +232,12 @@ c_constants! {
     pub const TL_BACKEND_CUDA: i32 = 2;
 }
 
-/// Receives one log line (no trailing newline) at a level; must not call back into the library.
-pub type tl_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: i32, message: *const c_char)>;
-
-/// Progress of `tl_score`: return 0 to go on, non-zero to stop with `TL_ERR_CANCELLED`.
-pub type tl_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, done: u64, total: u64) -> i32>;
-
-opaque_handle!(
+opaque_handles! {
     /// A loaded model (`tl_model_load` / `tl_model_free`). Read-only once loaded.
-    tl_model
-);
-opaque_handle!(
+    tl_model;
     /// A quantized linear layer, borrowed from a model or owned by the caller (`tl_weight_free`).
-    tl_weight
-);
+    tl_weight;
+}
 
 c_structs! {
     /// Options of `tl_model_load` (`tl_load_options_init` fills the defaults).
