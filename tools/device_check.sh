@@ -56,8 +56,11 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
       if [ "$tool" = racecheck ] && [[ "$cmd" == *tl_gpu_tests* ]]; then
         filter="--gtest_filter=-MarlinLauncher.DispatcherSendsSmallWeightsToCublasFrom128Rows"
       fi
+      # The stress tests under racecheck: one shared stream only. With a stream per thread, compute-sanitizer 2026.x's
+      # racecheck reports "Internal Sanitizer Error: Detected a failure to track a kernel launch" and stops making
+      # progress (H200, 2026-12-02); memcheck runs every case.
       if [ "$tool" = racecheck ] && [[ "$cmd" == *tl_gpu_concurrency_tests* ]]; then
-        filter="--gtest_filter=-*cublas*:*fp16_body*"
+        filter="--gtest_filter=ScoreStress.*:*native_shared_stream:*fused_shared_stream:*correction_shared_stream"
       fi
       echo "---- compute-sanitizer --tool $tool $cmd" >>"$OUT/sanitizer.log"
       # shellcheck disable=SC2086
