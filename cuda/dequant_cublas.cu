@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
+#include "gpu/cublas_loader.hpp"
 #include "gpu_common.cuh"
 
 namespace tl::gpu {
@@ -62,14 +63,16 @@ int cublas_gemm_fp16(cublasHandle_t handle, const uint16_t *x, const uint16_t *w
     if (handle == nullptr || x == nullptr || w_fp16 == nullptr || y == nullptr || m < 1 || n < 1 || k < 1) {
         return kRcBadArgument;
     }
-    if (cublasSetStream(handle, stream) != CUBLAS_STATUS_SUCCESS) return kRcCublas;  // resets the workspace too
+    const CublasApi *cublas = cublas_api();
+    if (cublas == nullptr) return kRcCublas;
+    if (cublas->set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS) return kRcCublas;  // resets the workspace too
     if (cublas_workspace != nullptr &&
-        cublasSetWorkspace(handle, cublas_workspace, cublas_workspace_bytes) != CUBLAS_STATUS_SUCCESS) {
+        cublas->set_workspace(handle, cublas_workspace, cublas_workspace_bytes) != CUBLAS_STATUS_SUCCESS) {
         return kRcCublas;
     }
     // Column-major view: Y^T [N x M] = W^T (op T of the [K x N] column-major W) * X^T [K x M]; ld = row lengths.
     const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w_fp16, CUDA_R_16F, k,
+    const cublasStatus_t st = cublas->gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w_fp16, CUDA_R_16F, k,
                                            x, CUDA_R_16F, k, &beta, y, CUDA_R_16F, n, CUBLAS_COMPUTE_32F,
                                            CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : kRcCublas;

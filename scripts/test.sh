@@ -11,6 +11,10 @@ echo "== build and CTest =="
 "$root/scripts/build.sh"
 ctest --test-dir "${TL_BUILD_DIR:-$root/build}" --output-on-failure -j"$jobs"
 
+echo "== consumers: find_package, pkg-config, FetchContent =="
+# The build above installed into a scratch prefix, plus a CPU-only FetchContent build of the library (tests/consumers).
+"$root/tests/consumers/run.sh" "$root" "$root/build-consumers" "${TL_BUILD_DIR:-$root/build}"
+
 echo "== cargo test =="
 (cd "$root/rust" && cargo test --offline)
 

@@ -311,7 +311,10 @@ TL_API tl_status tl_weight_dequantize(const tl_weight *weight, float *out, size_
  * library. CUDA failures become TL_ERR_CUDA with the CUDA error name in the message.
  * ------------------------------------------------------------------------------------------------------- */
 
-/** Number of usable CUDA devices: 0 (and TL_OK) in a build without CUDA or on a machine without a GPU. */
+/** Number of usable CUDA devices: 0 (and TL_OK) in a build without CUDA, on a machine without a GPU or without the
+ *  NVIDIA driver. The library links no CUDA library dynamically (cuBLAS is loaded on first use), so it loads
+ *  everywhere. Where a GPU works but cuBLAS cannot be loaded, tl_quant_gemm skips its cuBLAS paths and GPU scoring
+ *  fails with TL_ERR_CUDA naming the library. */
 TL_API tl_status tl_device_count(int32_t *out_count);
 
 typedef struct tl_device_properties {

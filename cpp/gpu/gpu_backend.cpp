@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
 
+#include "gpu/cublas_loader.hpp"
 #include "gpu/cuda_host.hpp"
 #include "gpu_kernels.hpp"
 #include "gpu/marlin_pack.hpp"
@@ -201,7 +202,10 @@ public:
             }
         }
         cublasHandle_t h = nullptr;
-        const cublasStatus_t st = cublasCreate(&h);
+        std::string why;
+        const gpu::CublasApi *cublas = gpu::cublas_api(&why);
+        if (cublas == nullptr) fail(TL_ERR_CUDA, "cuBLAS is not available: " + why);
+        const cublasStatus_t st = cublas->create(&h);
         if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
         return Lease{this, device, h};
     }
@@ -480,6 +484,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     // The caller's cuBLAS handle, else one borrowed from the pool for this call.
     auto with_cublas = [&](auto &&gemm) {
         if (cublas_handle != nullptr) return gemm(static_cast<cublasHandle_t>(cublas_handle));
+        if (gpu::cublas_api() == nullptr) return gpu::kRcCublas;  // not loadable here: the next path runs
         auto lease = cublas_pool().borrow(dw.device);
         return gemm(lease.handle);
     };

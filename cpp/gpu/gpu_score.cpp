@@ -20,6 +20,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "gpu/cublas_loader.hpp"
 #include "gpu/cuda_host.hpp"
 #include "forward/forward_kernels.hpp"
 #include "gpu_kernels.hpp"
@@ -286,7 +287,7 @@ struct GpuModel::State {
 
     ~State() {
         graphs.clear();
-        if (cublas != nullptr) cublasDestroy(cublas);
+        if (cublas != nullptr) gpu::cublas_api()->destroy(cublas);  // created through it, so it is loaded
         if (own_stream != nullptr) cudaStreamDestroy(own_stream);
     }
 
@@ -360,7 +361,10 @@ Buffer upload_floats(const std::vector<float> &v) { return Buffer::upload(v.data
 
 void ensure_cublas(GpuModel::State &s) {
     if (s.cublas != nullptr) return;
-    const cublasStatus_t st = cublasCreate(&s.cublas);
+    std::string why;
+    const gpu::CublasApi *cublas = gpu::cublas_api(&why);
+    if (cublas == nullptr) fail(TL_ERR_CUDA, "cuBLAS is not available: " + why);
+    const cublasStatus_t st = cublas->create(&s.cublas);
     if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
 }
 

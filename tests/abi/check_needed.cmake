@@ -1,0 +1,21 @@
+# Fails when the shared library needs a CUDA library to load: the CUDA runtime is linked statically and cuBLAS is
+# loaded at run time, so a CUDA-enabled build loads (and runs on the CPU) on a host without the CUDA libraries.
+#   cmake -DLIBRARY=<libtinyloop.so> -DREADELF=<readelf> -P check_needed.cmake
+execute_process(COMMAND ${READELF} -d ${LIBRARY} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${READELF} -d ${LIBRARY} failed (${rc})")
+endif()
+string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[([^]\n]+)\\]" entries "${dynamic}")
+set(needed "")
+set(cuda "")
+foreach(entry IN LISTS entries)
+  string(REGEX REPLACE ".*\\[([^]]+)\\]" "\\1" name "${entry}")
+  list(APPEND needed ${name})
+  if(name MATCHES "^lib(cuda|cudart|cublas|cublasLt|nvrtc|nvJitLink)[.]")
+    list(APPEND cuda ${name})
+  endif()
+endforeach()
+if(cuda)
+  message(FATAL_ERROR "${LIBRARY} needs CUDA libraries to load: ${cuda} (all NEEDED: ${needed})")
+endif()
+message(STATUS "NEEDED: ${needed}")
