@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "util/error.hpp"
 #include "format/format.hpp"
@@ -32,6 +35,16 @@ namespace {
 struct CliError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+
+// A command line that cannot work whatever the files hold (a missing option, say): exit 2 like CLI11's parse errors.
+struct UsageError : CliError {
+    using CliError::CliError;
+};
+
+// The exit statuses, in every --help's footer (subcommands copy the footer when they are added).
+constexpr const char *kExitStatus =
+    "Exit status: 0 success (--help and --version included); 1 runtime error (a model or file that does not load, "
+    "a failed score); 2 usage error (an unknown subcommand or option, a missing argument, an invalid value).";
 
 void check(tl_status status, const char *what) {
     if (status != TL_OK) {
@@ -53,7 +66,7 @@ tl::ModelConfig preset_config(const std::string &name) {
         c.d_model = 2048, c.n_heads = 16, c.head_dim = 128, c.ffn = 8192, c.vocab = 50257;
         c.pre = 2, c.loops = 8, c.max_seq = 4096, c.group_size = 0;
     } else {
-        throw CliError("unknown preset '" + name + "' (tiny, demo, 2b)");
+        throw UsageError("unknown preset '" + name + "' (tiny, demo, 2b)");
     }
     return c;
 }
@@ -148,6 +161,82 @@ int32_t draw_progress(void *, uint64_t done, uint64_t total) {
     return 0;
 }
 
+std::string format_duration(double seconds) {
+    const long s = std::lround(seconds);
+    char buf[32];
+    if (s < 60) std::snprintf(buf, sizeof buf, "%ld s", s);
+    else if (s < 3600) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+    else std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    return buf;
+}
+
+// Progress when stderr is not a terminal (a log, CI): whole lines, one per `interval` seconds and one at the end,
+// since a redrawn bar would fill a log with carriage returns. The callback runs between windows, so a line can
+// come later than the interval, never in the middle of a window.
+struct ProgressLog {
+    double interval = 5;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
+};
+
+int32_t log_progress(void *user, uint64_t done, uint64_t total) {
+    auto &p = *static_cast<ProgressLog *>(user);
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && std::chrono::duration<double>(now - p.last).count() < p.interval) return 0;
+    p.last = now;
+    const double elapsed = std::chrono::duration<double>(now - p.start).count();
+    const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
+    const std::string eta = done == total ? "0 s" : rate > 0 ? format_duration((total - done) / rate) : "unknown";
+    std::fprintf(stderr, "progress %llu/%llu tokens (%.1f%%), %.1f tok/s, ETA %s\n",
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                 total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, rate, eta.c_str());
+    std::fflush(stderr);
+    return 0;
+}
+
+// llama-perplexity's uncertainty: PPL = exp(m), m the mean NLL, and by the delta method
+// SE(PPL) ≈ exp(m) · s / sqrt(n), s the NLLs' sample standard deviation. NaN for fewer than 2 tokens.
+double perplexity_stderr(double perplexity, const std::vector<float> &nll) {
+    const size_t n = nll.size();
+    if (n < 2) return NAN;
+    double mean = 0;
+    for (float x : nll) mean += x;
+    mean /= static_cast<double>(n);
+    double squares = 0;  // two passes: no cancellation between sum(x^2) and n·mean^2
+    for (float x : nll) squares += (x - mean) * (x - mean);
+    return perplexity * std::sqrt(squares / static_cast<double>(n - 1)) / std::sqrt(static_cast<double>(n));
+}
+
+// --version: the library's version and what the build holds, from tl_build_info()'s JSON.
+std::string version_text() {
+    std::string text = std::string("tinyloop ") + tl_version_string();
+    const nlohmann::json info = nlohmann::json::parse(tl_build_info(), nullptr, false);
+    if (!info.is_object()) return text + "\nbuild: (no build information)";
+    text += "\nbuild: CUDA ";
+    if (info.value("cuda", false)) {
+        text += "on";
+        if (info.contains("cuda_version") && info["cuda_version"].is_string()) {
+            text += " (CUDA " + info["cuda_version"].get<std::string>();
+            if (info.contains("cuda_architectures") && !info["cuda_architectures"].empty()) {
+                text += ", architectures";
+                for (const auto &a : info["cuda_architectures"]) text += " " + a.dump();
+            }
+            text += ")";
+        }
+    } else {
+        text += "off";
+    }
+    text += ", " + info.value("compiler", std::string("unknown compiler")) + ", " +
+            info.value("build_type", std::string("unknown build type"));
+    return text;
+}
+
+// A float as the short decimal the text output prints (%.7g), so that JSON says 1e-05, not 9.999999747378752e-06.
+double short_decimal(float value) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.7g", static_cast<double>(value));
+    return std::strtod(buf, nullptr);
+}
+
 struct ModelHandle {
     tl_model *model = nullptr;
     explicit ModelHandle(const std::string &path) { check(tl_model_load(path.c_str(), nullptr, &model), "load"); }
@@ -158,12 +247,26 @@ struct ModelHandle {
 
 // ---- Commands ----
 
-int cmd_info(const std::string &path) {
+int cmd_info(const std::string &path, bool json) {
     ModelHandle h(path);
     tl_model_properties p;
     p.struct_size = sizeof p;
     check(tl_model_info(h.model, &p), "info");
     const char *head = p.head_kind == 1 ? "quantized" : p.head_kind == 0 ? "dense" : "tied to the embedding";
+    if (json) {
+        const nlohmann::ordered_json j = {
+            {"model", path}, {"format_version", p.format_version}, {"d_model", p.d_model}, {"n_heads", p.n_heads},
+            {"head_dim", p.head_dim}, {"ffn", p.ffn}, {"vocab", p.vocab}, {"n_pre", p.n_pre}, {"n_loops", p.n_loops},
+            {"max_seq", p.max_seq}, {"quantized", p.n_quant_weights > 0}, {"bits", p.bits},
+            {"group_size", p.group_size}, {"rope_theta", short_decimal(p.rope_theta)},
+            {"norm_eps", short_decimal(p.norm_eps)}, {"head", p.head_kind == 2 ? "tied" : head},
+            {"n_quant_weights", p.n_quant_weights}, {"n_dense_linears", p.n_dense_linears},
+            {"has_frac4", p.has_frac4 != 0}, {"has_sign_bit", p.has_sign_bit != 0},
+            {"parameter_count", p.parameter_count}, {"file_bytes", p.file_bytes}, {"n_tensors", p.n_tensors},
+            {"tensor_bytes", p.tensor_bytes}, {"quant_weight_bytes", p.quant_weight_bytes}};
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+    }
     std::printf("model            %s\n", path.c_str());
     std::printf("format_version   %d\n", p.format_version);
     std::printf("d_model          %d\n", p.d_model);
@@ -190,7 +293,8 @@ int cmd_info(const std::string &path) {
 }
 
 int cmd_score(const std::string &model_path, const std::string &text, const std::string &token_file,
-              const std::string &backend, int threads, int window, uint64_t max_tokens, const std::string &per_token) {
+              const std::string &backend, int threads, int window, uint64_t max_tokens, const std::string &per_token,
+              bool json, double progress_interval) {
     std::vector<int32_t> tokens =
         token_file.empty() ? read_text_tokens(text, max_tokens) : read_token_file(token_file, max_tokens);
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
@@ -203,16 +307,46 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     opts.backend = backends.at(backend);
     opts.n_threads = threads;
     opts.window = window;
-    if (isatty(STDERR_FILENO)) opts.progress = draw_progress;
-    std::vector<float> nll;
-    if (!per_token.empty()) {
-        nll.resize(tokens.size() - 1);
-        opts.token_nll = nll.data();
-        opts.token_nll_len = nll.size();
+    ProgressLog progress_log;
+    progress_log.interval = progress_interval;
+    if (isatty(STDERR_FILENO)) {
+        opts.progress = draw_progress;
+    } else {
+        opts.progress = log_progress;
+        opts.progress_user_data = &progress_log;
     }
+    // Always taken (4 bytes a token, as much as the tokens): the perplexity's standard error needs every NLL.
+    std::vector<float> nll(tokens.size() - 1);
+    opts.token_nll = nll.data();
+    opts.token_nll_len = nll.size();
     tl_score_result r;
     check(tl_score_result_init(&r, sizeof r), "score result");
+    progress_log.start = progress_log.last = std::chrono::steady_clock::now();
     check(tl_score(h.model, tokens.data(), tokens.size(), &opts, &r), "score");
+    const double ppl_stderr = perplexity_stderr(r.perplexity, nll);
+    const double tokens_per_second = static_cast<double>(tokens.size()) / r.seconds;
+    if (!per_token.empty()) {
+        std::ofstream out(per_token);
+        for (size_t i = 0; i < nll.size(); ++i) out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
+        if (!out) throw CliError("cannot write '" + per_token + "'");
+    }
+    if (json) {
+        const nlohmann::ordered_json j = {
+            {"model", model_path},
+            {"text", token_file.empty() ? nlohmann::ordered_json(text) : nlohmann::ordered_json()},
+            {"token_file", token_file.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(token_file)},
+            {"tokens", tokens.size()}, {"tokens_scored", r.tokens_scored}, {"nll_sum", r.nll_sum},
+            {"nll_mean", r.nll_sum / static_cast<double>(r.tokens_scored)}, {"perplexity", r.perplexity},
+            {"perplexity_stderr", ppl_stderr},  // NaN (fewer than 2 tokens scored) is written as null
+            {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"}, {"windows", r.n_windows},
+            {"seconds", r.seconds}, {"tokens_per_second", tokens_per_second},
+            {"gemm_paths",
+             {{"marlin_fused", r.gemm_marlin_fused}, {"marlin_correction", r.gemm_marlin_correction},
+              {"dequant_cublas", r.gemm_dequant_cublas}, {"fp16_body", r.gemm_fp16_body},
+              {"native", r.gemm_native}, {"dense_cublas", r.gemm_dense_cublas}, {"fallbacks", r.gemm_fallbacks}}}};
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+    }
 
     std::printf("tokens        %llu scored (%zu in, %d window%s)\n", static_cast<unsigned long long>(r.tokens_scored),
                 tokens.size(), r.n_windows, r.n_windows == 1 ? "" : "s");
@@ -229,12 +363,8 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     }
     std::printf("nll           %.6f nats/token\n", r.nll_sum / static_cast<double>(r.tokens_scored));
     std::printf("perplexity    %.4f\n", r.perplexity);
-    std::printf("time          %.3f s, %.1f tokens/s\n", r.seconds, static_cast<double>(tokens.size()) / r.seconds);
-    if (!per_token.empty()) {
-        std::ofstream out(per_token);
-        for (size_t i = 0; i < nll.size(); ++i) out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
-        if (!out) throw CliError("cannot write '" + per_token + "'");
-    }
+    std::printf("PPL = %.4f ± %.5f\n", r.perplexity, ppl_stderr);
+    std::printf("time          %.3f s, %.1f tokens/s\n", r.seconds, tokens_per_second);
     return 0;
 }
 
@@ -243,10 +373,14 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
 int main(int argc, char **argv) {
     CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 models"};
     app.require_subcommand(1);
+    app.footer(kExitStatus);  // before add_subcommand: each subcommand copies its parent's footer
+    app.set_version_flag("--version", [] { return version_text(); }, "print the library version and build, then exit");
 
     std::string model_path;
+    bool json = false;
     auto *info = app.add_subcommand("info", "print a model's configuration and sizes");
     info->add_option("model", model_path, "the .tinyloop file")->required();
+    info->add_flag("--json", json, "print one JSON object instead of the table");
 
     std::string out_path, preset = "tiny";
     tl::ModelConfig overrides;  // 0 = take the preset's value
@@ -281,7 +415,7 @@ int main(int argc, char **argv) {
     quantize->add_option("output", out_path, "the INT4 .tinyloop to write")->required();
     quantize->add_option("--method", method, "minmax | gptq")
         ->check(CLI::IsMember({"minmax", "gptq"}))->capture_default_str();
-    quantize->add_option("--calib", calib_path, "GPTQ calibration text (byte-level tokens)");
+    quantize->add_option("--calib", calib_path, "GPTQ calibration text, read as bytes: one token per byte");
     quantize->add_option("--damp", quant.gptq.damp, "GPTQ dampening, a fraction of mean(diag H)")
         ->capture_default_str();
     quantize->add_flag("--act-order", quant.gptq.act_order, "GPTQ: quantize inputs by decreasing activation energy");
@@ -296,9 +430,13 @@ int main(int argc, char **argv) {
     std::string text, token_file, backend = "auto", per_token;
     int threads = 0, window = 0;
     int64_t max_tokens = 0;  // signed, so that a negative value is refused rather than wrapped to "all"
-    auto *score = app.add_subcommand("score", "perplexity of a text (byte-level tokens) or a token file");
+    auto *score = app.add_subcommand("score", "perplexity of a text (one token per byte) or a token file");
+    score->footer(std::string("Text is read as raw bytes: each byte of the --text file is one token (0-255), with no "
+                              "tokenizer and no decoding, so a non-ASCII UTF-8 character is several tokens. This fits "
+                              "byte-level models (vocab 256, like the demo model); for another tokenizer's ids use "
+                              "--tokens.\n\n") + kExitStatus);
     score->add_option("model", model_path, "the .tinyloop file")->required();
-    auto *text_opt = score->add_option("--text", text, "a text file; each byte is a token (at most 1 GiB is read)");
+    auto *text_opt = score->add_option("--text", text, "a text file read as bytes, one token per byte (1 GiB at most)");
     auto *tokens_opt = score->add_option("--tokens", token_file, "a file of whitespace-separated token ids");
     text_opt->excludes(tokens_opt);
     score->add_option("--backend", backend, "auto | cpu | cuda")
@@ -314,11 +452,44 @@ int main(int argc, char **argv) {
     score->add_option("--max-tokens", max_tokens, "score at most this many tokens (read only those), 0 = all")
         ->check(non_negative);
     score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
-
-    CLI11_PARSE(app, argc, argv);
+    score->add_flag("--json", json, "print one JSON object instead of the report");
+    double progress_interval = 5;
+    score->add_option("--progress-interval", progress_interval,
+                      "seconds between progress lines when stderr is not a terminal (0 = after every window)")
+        ->check(CLI::Validator(
+            [](std::string &value) {
+                char *end = nullptr;
+                const double v = std::strtod(value.c_str(), &end);
+                return end != value.c_str() && *end == '\0' && v >= 0 ? std::string()
+                                                                     : "must be 0 or a positive number of seconds";
+            },
+            "S >= 0"))
+        ->envname("TINYLOOP_PROGRESS_INTERVAL")->capture_default_str();
 
     try {
-        if (*info) return cmd_info(model_path);
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+        // The top level has only flags, so its first other argument names the subcommand; CLI11 would only say
+        // that a subcommand is required.
+        for (int i = 1; i < argc; ++i) {
+            if (argv[i][0] == '-') continue;
+            const std::vector<const CLI::App *> subs = static_cast<const CLI::App &>(app).get_subcommands({});
+            if (std::none_of(subs.begin(), subs.end(), [&](const CLI::App *s) { return s->check_name(argv[i]); })) {
+                std::string names;
+                for (const CLI::App *s : subs) names += (names.empty() ? "" : ", ") + s->get_name();
+                std::fprintf(stderr, "tinyloop: '%s' is not a subcommand; the subcommands are: %s\n", argv[i],
+                             names.c_str());
+                return 2;
+            }
+            break;
+        }
+        app.exit(e);
+        return 2;  // every usage error, not CLI11's own codes (105, 106, ...)
+    }
+
+    try {
+        if (*info) return cmd_info(model_path, json);
         if (*make) {
             tl::ModelConfig c = preset_config(preset);
             for (auto [field, value] : {std::pair{&c.d_model, overrides.d_model}, {&c.n_heads, overrides.n_heads},
@@ -338,7 +509,7 @@ int main(int argc, char **argv) {
         if (*quantize) {
             quant.quantizer = method == "gptq" ? tl::Quantizer::Gptq : tl::Quantizer::MinMax;
             if (quant.quantizer == tl::Quantizer::Gptq && calib_path.empty()) {
-                throw CliError("--method gptq needs --calib FILE");
+                throw UsageError("--method gptq needs --calib FILE");
             }
             quant.gptq.method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
             quant.gptq.group_size = group_size >= 0 ? group_size : 128;
@@ -359,13 +530,16 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (*score) {
-            if (text.empty() && token_file.empty()) throw CliError("score needs --text FILE or --tokens FILE");
+            if (text.empty() && token_file.empty()) throw UsageError("score needs --text FILE or --tokens FILE");
             return cmd_score(model_path, text, token_file, backend, threads, window, static_cast<uint64_t>(max_tokens),
-                             per_token);
+                             per_token, json, progress_interval);
         }
     } catch (const tl::Error &e) {
         std::fprintf(stderr, "tinyloop: %s: %s\n", tl_status_string(e.code()), e.what());
         return 1;
+    } catch (const UsageError &e) {
+        std::fprintf(stderr, "tinyloop: %s\n", e.what());
+        return 2;
     } catch (const std::exception &e) {
         std::fprintf(stderr, "tinyloop: %s\n", e.what());
         return 1;
