@@ -10,7 +10,8 @@
  *  - Each status-returning call resets the calling thread's error message; on failure it sets a message that
  *    names the offending argument, tensor or file. tl_last_error_message() reads it.
  *  - Output pointers are written only on success, except the object creators (tl_model_load, tl_weight_create,
- *    tl_weight_quantize), which set *out to NULL on failure so that a failed create never leaves a pointer to free.
+ *    tl_weight_quantize, tl_weight_import_int4), which set *out to NULL on failure so that a failed create never
+ *    leaves a pointer to free.
  *  - Option and result structs start with `uint32_t struct_size`, which holds sizeof(the struct) as the caller
  *    was compiled with it. Each *_init function takes that size as its second argument (pass sizeof(*options)),
  *    writes only the first struct_size bytes of the caller's struct (the defaults, as far as they fit) and sets
@@ -27,8 +28,8 @@
  *
  * Thread safety: a loaded tl_model is read-only after tl_model_load returns; any number of threads may call
  * the functions taking `const tl_model *` (tl_score included) on one model at the same time. A tl_weight
- * created by tl_weight_create / tl_weight_quantize is likewise read-only and may be shared. Freeing an object
- * while another thread uses it is the caller's bug. The log callback is process-global.
+ * created by tl_weight_create / tl_weight_quantize / tl_weight_import_int4 is likewise read-only and may be
+ * shared. Freeing an object while another thread uses it is the caller's bug. The log callback is process-global.
  *
  * Callbacks: the progress callback (tl_score_options.progress) may call any function of this library, tl_score
  * on the same model included; only freeing or re-packing the model being scored is the caller's bug. The log
@@ -140,7 +141,7 @@ typedef struct tl_model tl_model;
 
 /** A quantized linear layer: W[k, n] = q[n, k] * s[n, g] + z[n, g], g = k / group_size (see docs/format.md).
  *  Either borrowed from a model (valid until the model is freed; never pass it to tl_weight_free) or owned
- *  by the caller (from tl_weight_create / tl_weight_quantize, freed with tl_weight_free). */
+ *  by the caller (from tl_weight_create / tl_weight_quantize / tl_weight_import_int4, freed with tl_weight_free). */
 typedef struct tl_weight tl_weight;
 
 typedef struct tl_load_options {
@@ -250,6 +251,53 @@ TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc, uint32_t struct_size)
 /** Creates an owned weight from host arrays (copied; the caller keeps its arrays). Validates sizes and that
  *  every scale and zero is finite. On failure *out_weight is set to NULL. */
 TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_weight);
+
+/** INT4 checkpoint layouts tl_weight_import_int4 reads (docs/format.md, "Importing GPTQ / AWQ weights"). */
+/** AutoGPTQ / GPTQModel "v1": qweight packs 8 rows of K per int32, qzeros store zero - 1. */
+static const int32_t TL_INT4_LAYOUT_GPTQ = 0;
+/** AutoAWQ GEMM: qweight and qzeros pack 8 columns per int32 in AWQ's order 0, 2, 4, 6, 1, 3, 5, 7. */
+static const int32_t TL_INT4_LAYOUT_AWQ = 1;
+
+/** One quantized linear layer as a GPTQ or AWQ checkpoint stores it: the tensors' data in host memory, row-major,
+ *  borrowed for the call (tl_weight_import_int4 copies what it keeps). G = k / group_size groups. The checkpoint's
+ *  weight is W[k, n] = (q[k, n] - z[g, n]) * s[g, n], g = g_idx[k] (or k / group_size); nibbles are read low first. */
+typedef struct tl_int4_import_desc {
+    uint32_t struct_size;
+    /** TL_INT4_LAYOUT_GPTQ (default) or TL_INT4_LAYOUT_AWQ. */
+    int32_t layout;
+    /** Input features (rows of W), in [1, 2^20]: a multiple of 8 for GPTQ, even for AWQ. */
+    int32_t k;
+    /** Output features (columns of W), in [1, 2^24], a multiple of 8. */
+    int32_t n;
+    /** Group size along K; must divide k. 0 (default) or k means per row (a checkpoint's -1). */
+    int32_t group_size;
+    /** GPTQ: [k/8][n], word [r][c] holds q of rows 8r..8r+7 of column c. AWQ: [k][n/8], word [r][c] holds
+     *  columns 8c..8c+7 of row r, nibble i being column 8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]. */
+    const int32_t *qweight;
+    /** [G][n/8], word [g][c] holds columns 8c..8c+7 (GPTQ: in order, each nibble being zero - 1; AWQ: in AWQ's
+     *  order, the zero itself). */
+    const int32_t *qzeros;
+    /** [G][n] IEEE half-precision bit patterns. Finite. */
+    const uint16_t *scales;
+    /** Optional (NULL), GPTQ only: [k] the group of each input row, in [0, G). Only g_idx[k] == k / group_size is
+     *  supported: act-order (desc_act) checkpoints are TL_ERR_UNSUPPORTED. */
+    const int32_t *g_idx;
+    /** Optional (NULL): a name for messages and lookups. Copied. */
+    const char *name;
+} tl_int4_import_desc;
+
+/** Fills `desc` with zeros/NULLs (layout TL_INT4_LAYOUT_GPTQ, per row) and sets struct_size; pass sizeof(*desc) as
+ *  struct_size. */
+TL_API tl_status tl_int4_import_desc_init(tl_int4_import_desc *desc, uint32_t struct_size);
+
+/** Creates an owned weight (freed with tl_weight_free, packable with tl_weight_pack_marlin) from a GPTQ or AWQ
+ *  checkpoint's tensors. The codes are kept, the scales copied, and each zero becomes the offset z' = -z * s,
+ *  computed in FP32 and rounded once to FP16: that rounding is the only difference from the checkpoint's own
+ *  dequantization. TL_ERR_INVALID_ARGUMENT (naming the field) for a NULL pointer, a bad layout, shape or group
+ *  size, a g_idx value out of range, a scale that is not finite or an offset that overflows FP16;
+ *  TL_ERR_UNSUPPORTED for a g_idx other than k / group_size (act-order needs a K permutation not applied yet).
+ *  On failure *out_weight is set to NULL. */
+TL_API tl_status tl_weight_import_int4(const tl_int4_import_desc *desc, tl_weight **out_weight);
 
 static const int32_t TL_QUANT_ASYMMETRIC = 0;
 static const int32_t TL_QUANT_SYMMETRIC = 1;
@@ -379,8 +427,8 @@ TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_siz
  *  need not be packed. */
 TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options, tl_pack_report *out_report);
 
-/** The same for one owned weight (from tl_weight_create / tl_weight_quantize). TL_ERR_INVALID_ARGUMENT for a
- *  weight borrowed from a model: pack the model instead. */
+/** The same for one owned weight (from tl_weight_create / tl_weight_quantize / tl_weight_import_int4).
+ *  TL_ERR_INVALID_ARGUMENT for a weight borrowed from a model: pack the model instead. */
 TL_API tl_status tl_weight_pack_marlin(tl_weight *weight, const tl_pack_options *options,
                                        tl_pack_report *out_report);
 

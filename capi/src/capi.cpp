@@ -27,6 +27,7 @@
 #include "handles.hpp"
 #include "util/half.hpp"
 #include "format/model.hpp"
+#include "quant/int4_import.hpp"
 #include "quant/quant.hpp"
 
 
@@ -99,6 +100,7 @@ template <class T>
 constexpr uint32_t kFirstVersionSize = 0;  // 0: not listed, and the helpers below refuse to compile
 template <> constexpr uint32_t kFirstVersionSize<tl_load_options> = sizeof(tl_load_options);
 template <> constexpr uint32_t kFirstVersionSize<tl_weight_desc> = sizeof(tl_weight_desc);
+template <> constexpr uint32_t kFirstVersionSize<tl_int4_import_desc> = sizeof(tl_int4_import_desc);
 template <> constexpr uint32_t kFirstVersionSize<tl_quantize_options> = sizeof(tl_quantize_options);
 template <> constexpr uint32_t kFirstVersionSize<tl_pack_options> = sizeof(tl_pack_options);
 template <> constexpr uint32_t kFirstVersionSize<tl_pack_report> = sizeof(tl_pack_report);
@@ -444,6 +446,35 @@ TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_we
         if (desc->sign_bit != nullptr) m.sign_bit.assign(desc->sign_bit, desc->sign_bit + n * k / 8);
         auto w = std::make_unique<tl_weight>();
         w->linear = tl::make_quantized_linear(desc->name != nullptr ? desc->name : "", std::move(m));
+        *out_weight = w.release();
+    });
+}
+
+TL_API tl_status tl_int4_import_desc_init(tl_int4_import_desc *desc, uint32_t struct_size) {
+    return init_struct(desc, struct_size, "desc", [](tl_int4_import_desc &d) { d.layout = TL_INT4_LAYOUT_GPTQ; });
+}
+
+TL_API tl_status tl_weight_import_int4(const tl_int4_import_desc *desc, tl_weight **out_weight) {
+    return guarded([&] {
+        require_not_null(out_weight, "out_weight");
+        *out_weight = nullptr;
+        tl_int4_import_desc defaults;
+        tl_int4_import_desc_init(&defaults, sizeof defaults);
+        const tl_int4_import_desc d = read_input_struct(desc, "desc", defaults);
+        require(d.layout == TL_INT4_LAYOUT_GPTQ || d.layout == TL_INT4_LAYOUT_AWQ,
+                "desc->layout must be TL_INT4_LAYOUT_GPTQ or TL_INT4_LAYOUT_AWQ, got " + std::to_string(d.layout));
+        tl::Int4Checkpoint checkpoint;
+        checkpoint.layout = d.layout == TL_INT4_LAYOUT_GPTQ ? tl::Int4Layout::Gptq : tl::Int4Layout::Awq;
+        checkpoint.k = d.k;
+        checkpoint.n = d.n;
+        checkpoint.group_size = d.group_size;
+        checkpoint.qweight = d.qweight;
+        checkpoint.qzeros = d.qzeros;
+        checkpoint.scales = d.scales;
+        checkpoint.g_idx = d.g_idx;
+        checkpoint.field_prefix = "desc->";
+        auto w = std::make_unique<tl_weight>();
+        w->linear = tl::make_quantized_linear(d.name != nullptr ? d.name : "", tl::import_int4(checkpoint));
         *out_weight = w.release();
     });
 }

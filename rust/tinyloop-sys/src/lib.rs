@@ -201,6 +201,11 @@ c_constants! {
     /// Log level: debugging detail.
     pub const TL_LOG_DEBUG: i32 = 3;
 
+    /// INT4 checkpoint layout: AutoGPTQ / GPTQModel "v1" (`tl_weight_import_int4`).
+    pub const TL_INT4_LAYOUT_GPTQ: i32 = 0;
+    /// INT4 checkpoint layout: AutoAWQ GEMM (`tl_weight_import_int4`).
+    pub const TL_INT4_LAYOUT_AWQ: i32 = 1;
+
     /// Min-max quantization, W = q*s + z.
     pub const TL_QUANT_ASYMMETRIC: i32 = 0;
     /// Symmetric quantization, W = (q - 8)*s, stored with z = -8*s.
@@ -302,6 +307,27 @@ c_structs! {
         pub frac4: *const u8,
         /// Optional `[n][k/8]`.
         pub sign_bit: *const u8,
+        /// Optional NUL-terminated name.
+        pub name: *const c_char,
+    }
+
+    /// A GPTQ or AWQ checkpoint's tensors of one linear layer, for `tl_weight_import_int4` (borrowed for the call).
+    pub struct tl_int4_import_desc {
+        pub struct_size: u32,
+        /// `TL_INT4_LAYOUT_GPTQ` or `TL_INT4_LAYOUT_AWQ`.
+        pub layout: i32,
+        pub k: i32,
+        pub n: i32,
+        /// Must divide k; 0 or k means per row.
+        pub group_size: i32,
+        /// GPTQ `[k/8][n]`, AWQ `[k][n/8]` packed int32.
+        pub qweight: *const i32,
+        /// `[k/group_size][n/8]` packed int32.
+        pub qzeros: *const i32,
+        /// `[k/group_size][n]` FP16 bit patterns.
+        pub scales: *const u16,
+        /// Optional `[k]` (GPTQ only); only `g_idx[k] == k / group_size` is supported.
+        pub g_idx: *const i32,
         /// Optional NUL-terminated name.
         pub name: *const c_char,
     }
@@ -462,6 +488,10 @@ c_functions! {
     pub fn tl_weight_desc_init(desc: *mut tl_weight_desc, struct_size: u32) -> tl_status;
     /// Creates an owned weight from host arrays (copied).
     pub fn tl_weight_create(desc: *const tl_weight_desc, out_weight: *mut *mut tl_weight) -> tl_status;
+    /// Fills an INT4 import description with zeros/NULLs (GPTQ layout, per row) up to `struct_size` bytes.
+    pub fn tl_int4_import_desc_init(desc: *mut tl_int4_import_desc, struct_size: u32) -> tl_status;
+    /// Creates an owned weight from a GPTQ or AWQ checkpoint's tensors (copied and converted).
+    pub fn tl_weight_import_int4(desc: *const tl_int4_import_desc, out_weight: *mut *mut tl_weight) -> tl_status;
     /// Fills quantize options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
     pub fn tl_quantize_options_init(options: *mut tl_quantize_options, struct_size: u32) -> tl_status;
     /// Quantizes a row-major FP32 matrix `w[n][k]` into an owned weight; `options` may be NULL.
