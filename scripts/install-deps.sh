@@ -17,6 +17,8 @@ packages=(
   librust-criterion-dev   # Rust benchmarks (cargo bench)
   librust-bindgen+runtime-dev  # Rust drift test: reads tinyloop.h through libclang (test-only helper crate)
   librust-syn-dev         # Rust drift test: lists the items bindgen generates
+  librust-pkg-config-dev  # Rust build script: finds an installed libtinyloop (tinyloop.pc)
+  librust-half-dev        # Rust crate: half::f16, the FP16 type of the safe API
   python3              # the ctypes example (examples/python), run by CTest
   clang                # the fuzz step of scripts/test.sh: libFuzzer is clang-only
   libclang-rt-14-dev   # libFuzzer + clang's sanitizer runtimes for clang 14 (merely Recommended by clang-14's packages)

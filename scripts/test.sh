@@ -16,7 +16,15 @@ echo "== consumers: find_package, pkg-config, FetchContent =="
 "$root/tests/consumers/run.sh" "$root" "$root/build-consumers" "${TL_BUILD_DIR:-$root/build}"
 
 echo "== cargo test =="
-(cd "$root/rust" && cargo test --offline)
+# The checkout's C++, not an installed libtinyloop that pkg-config might find.
+(cd "$root/rust" && TINYLOOP_SYS_USE_PKG_CONFIG=0 cargo test --offline)
+
+echo "== Rust: a project outside the repository, pkg-config, cargo package =="
+step_start=$SECONDS
+TINYLOOP_SYS_USE_PKG_CONFIG=0 "$root/rust/check-consumer.sh" --expect-build-type "cargo (Release: -O3 -DNDEBUG)"
+"$root/rust/check-pkg-config.sh" "${TL_BUILD_DIR:-$root/build}"
+"$root/rust/tinyloop-sys/check-package.sh"
+echo "Rust consumer/pkg-config/package checks: $((SECONDS - step_start)) s"
 
 echo "== CTest under ASan + UBSan (CPU build) =="
 TL_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" -DTL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \

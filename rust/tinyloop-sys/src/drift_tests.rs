@@ -193,3 +193,15 @@ fn the_header_side_is_not_empty() {
         "bindgen generated no constants, structs or functions from tinyloop.h"
     );
 }
+
+#[test]
+fn the_crate_version_is_the_headers_version() {
+    // The build script asks pkg-config for a library compatible with the crate's version (at least it, below the
+    // next incompatible one), so the crate's version must be the version of the header the bindings mirror.
+    let header = format!("{}.{}.{}", crate::TL_VERSION_MAJOR, crate::TL_VERSION_MINOR, crate::TL_VERSION_PATCH);
+    assert_eq!(
+        env!("CARGO_PKG_VERSION"),
+        header,
+        "tinyloop-sys's version (rust/Cargo.toml's workspace.package.version) is not the header's TL_VERSION_*"
+    );
+}

@@ -6,8 +6,9 @@
 //! and types), type aliases, opaque handles, struct layouts (size, alignment, field names, order, offsets and
 //! types) and function signatures.
 //!
-//! The library is compiled from the repository's C++ sources by the build script, or linked from
-//! `TINYLOOP_LIB_DIR` (see the crate README).
+//! The library is linked from `TINYLOOP_LIB_DIR`, or is an installed one that pkg-config finds (controlled by
+//! `TINYLOOP_SYS_USE_PKG_CONFIG`), or is compiled by the build script from the C++ sources (the repository's, or
+//! the `csrc/` copy a packaged crate carries) with CMake's Release flags; see the crate README.
 
 #![allow(non_camel_case_types)]
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use tinyloop::{
-    f32_to_f16_bits, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting,
-    PackForms, PackOptions, QuantWeight, Stream, Weight, WeightDesc, Workspace,
+    f16, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting, PackForms,
+    PackOptions, QuantWeight, Stream, Weight, WeightDesc, Workspace,
 };
 
 /// (name, K, N): the benchmark layers of bench/tl_bench.cu.
@@ -88,10 +88,10 @@ fn packed_copies(rng: &mut Rng, k: usize, n: usize, group_size: usize, stream: &
     let groups = k.checked_div(group_size).unwrap_or(1); // group size 0: per row, one group
     let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
     let scales: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.004, 0.02)).collect();
-    let scale_bits: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(s)).collect();
-    let zero_bits: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(-s * rng.uniform(6.0, 9.0))).collect();
-    let desc = WeightDesc::new(k, n, group_size, &codes, &scale_bits, &zero_bits);
-    let copy_bytes = codes.len() + 4 * scale_bits.len();
+    let scale_halves: Vec<f16> = scales.iter().map(|&s| f16::from_f32(s)).collect();
+    let zero_halves: Vec<f16> = scales.iter().map(|&s| f16::from_f32(-s * rng.uniform(6.0, 9.0))).collect();
+    let desc = WeightDesc::new(k, n, group_size, &codes, &scale_halves, &zero_halves);
+    let copy_bytes = codes.len() + 4 * scale_halves.len();
     let copies = ((ROTATION_BYTES + copy_bytes - 1) / copy_bytes).max(2);
     let forms = PackForms { marlin_fused: true, marlin_correction: true, fp16_body: true };
     let mut packable = true;
@@ -152,9 +152,9 @@ fn bench_quant_gemm(criterion: &mut Criterion, stream: &Stream) {
             }
             let mut bench = criterion.benchmark_group(format!("quant_gemm/{layer} ({k}x{n}) group {group}"));
             for &m in &ms {
-                let x_host: Vec<u16> = (0..m * k).map(|_| f32_to_f16_bits(rng.uniform(-1.0, 1.0))).collect();
+                let x_host: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect();
                 let x = DeviceBuffer::from_slice(stream, &x_host).expect("upload x");
-                let mut y = DeviceBuffer::<u16>::zeroed(stream, m * n).expect("allocate y");
+                let mut y = DeviceBuffer::<f16>::zeroed(stream, m * n).expect("allocate y");
                 bench.throughput(Throughput::Elements((2 * m * k * n) as u64));
                 for path in paths.iter().copied().filter(|p| applies(p, packable, m)) {
                     select(path);

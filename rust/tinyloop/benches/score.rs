@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
-use tinyloop::{f32_to_f16_bits, Backend, Device, Model, PackOptions, ScoreOptions};
+use tinyloop::{f16, Backend, Device, Model, PackOptions, ScoreOptions};
 
 struct DemoConfig {
     d_model: usize,
@@ -53,7 +53,7 @@ fn f32_tensor(shape: Vec<usize>, values: impl Iterator<Item = f32>) -> Tensor {
 }
 
 fn f16_tensor(shape: Vec<usize>, values: impl Iterator<Item = f32>) -> Tensor {
-    Tensor { dtype: "F16", shape, bytes: values.flat_map(|v| f32_to_f16_bits(v).to_le_bytes()).collect() }
+    Tensor { dtype: "F16", shape, bytes: values.flat_map(|v| f16::from_f32(v).to_le_bytes()).collect() }
 }
 
 /// The tensors of a quantized linear with K inputs and N outputs: random codes, and per group a scale and zero

@@ -188,7 +188,8 @@ mod sealed {
 }
 
 /// Element types a [`DeviceBuffer`] may hold: plain numbers, for which every bit pattern is a valid value, so
-/// that whatever the device holds can be read back safely. Sealed: implemented for the integer and float types.
+/// that whatever the device holds can be read back safely. Sealed: implemented for the integer and float types
+/// and [`half::f16`] (FP16, `#[repr(transparent)]` over its `u16` bit pattern, as the device's `__half` is).
 pub trait DeviceCopy: sealed::Sealed + Copy + Send + 'static {}
 
 macro_rules! device_copy {
@@ -197,20 +198,20 @@ macro_rules! device_copy {
         impl DeviceCopy for $t {}
     )*};
 }
-device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, half::f16);
 
 /// A typed array in device memory on one [`Stream`]'s device, of a fixed length, freed on drop.
 ///
 /// Allocated with `tl_device_malloc`; uploads and downloads go through `tl_memcpy` on the buffer's stream and
 /// return when the copy is done; the free on drop is queued on the stream after everything the buffer was used
-/// for, and a failure there is logged (through the `log` crate), never a panic. FP16 data is held as its IEEE
-/// bit patterns in a `DeviceBuffer<u16>` (see [`f32_to_f16_bits`](crate::f32_to_f16_bits)).
+/// for, and a failure there is logged (through the `log` crate), never a panic. FP16 data is a
+/// `DeviceBuffer<`[`f16`](crate::f16)`>`.
 ///
 /// `Send` (it can move to another thread with its stream), not `Sync`:
 ///
 /// ```compile_fail
 /// fn shared_between_threads<T: Sync>() {}
-/// shared_between_threads::<tinyloop::DeviceBuffer<u16>>();
+/// shared_between_threads::<tinyloop::DeviceBuffer<tinyloop::f16>>();
 /// ```
 pub struct DeviceBuffer<T: DeviceCopy> {
     /// NULL for an empty buffer (nothing is allocated).
@@ -305,7 +306,9 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     pub fn upload(&mut self, data: &[T]) -> Result<()> {
         self.check_len(data.len(), "upload")?;
         // SAFETY: the buffer holds bytes() bytes, as does `data`; tl_memcpy returns after the copy completes,
-        // so `data` need not outlive the call; `&mut self` excludes any other host-side use of the buffer.
+        // so `data` need not outlive the call; `&mut self` excludes any other host-side use of the buffer. The
+        // bytes are T's own representation: for `half::f16`, `#[repr(transparent)]` over u16, the IEEE half bit
+        // patterns the device's FP16 code reads.
         check(unsafe { sys::tl_memcpy(self.ptr, data.as_ptr().cast(), self.bytes(), self.stream.raw()) })
     }
 
@@ -313,14 +316,15 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// returns when the copy is done.
     pub fn download(&self, out: &mut [T]) -> Result<()> {
         self.check_len(out.len(), "download")?;
-        // SAFETY: `out` holds bytes() writable bytes and every bit pattern is a valid T (DeviceCopy); the copy is
-        // complete when tl_memcpy returns.
+        // SAFETY: `out` holds bytes() writable bytes and every bit pattern is a valid T (DeviceCopy; any u16 is a
+        // valid `half::f16`, which is `#[repr(transparent)]` over it); the copy is complete when tl_memcpy returns.
         check(unsafe { sys::tl_memcpy(out.as_mut_ptr().cast(), self.ptr, self.bytes(), self.stream.raw()) })
     }
 
     /// The buffer's contents as a vector (a [`download`](Self::download) into a new vector).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        // SAFETY: DeviceCopy types are plain integers and floats, for which all-zero bytes are a valid value.
+        // SAFETY: DeviceCopy types are plain integers and floats (f16 included), for which all-zero bytes are a
+        // valid value.
         let zero: T = unsafe { std::mem::zeroed() };
         let mut out = vec![zero; self.len];
         self.download(&mut out)?;

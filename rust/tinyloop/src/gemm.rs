@@ -3,6 +3,7 @@
 
 use std::ptr::{self, NonNull};
 
+use half::f16;
 use tinyloop_sys as sys;
 
 use crate::device::{DeviceBuffer, SharedStream, Stream};
@@ -289,8 +290,9 @@ impl Workspace {
     }
 }
 
-/// `Y = X · W` on the GPU: `x` holds FP16 `[m][k]` row-major, `y` receives FP16 `[m][n]` row-major (as IEEE bit
-/// patterns). The weight must have been packed on the stream's device ([`Model::pack`] / [`Weight::pack`]).
+/// `Y = X · W` on the GPU: `x` holds FP16 `[m][k]` row-major, `y` receives FP16 `[m][n]` row-major
+/// ([`f16`](crate::f16)). The weight must have been packed on the stream's device ([`Model::pack`] /
+/// [`Weight::pack`]).
 ///
 /// Checked here before the library is called: `m >= 1`, `x.len() == m * k`, `y.len() == m * n`, and that `x`,
 /// `y` and `workspace` all live on `stream` ([`Error::InvalidArgument`] otherwise). The workspace grows if the
@@ -303,8 +305,8 @@ impl Workspace {
 /// library frees device memory with `cudaFree`, which waits for the device first.
 pub fn quant_gemm<W: QuantWeight + ?Sized>(
     weight: &W,
-    x: &DeviceBuffer<u16>,
-    y: &mut DeviceBuffer<u16>,
+    x: &DeviceBuffer<f16>,
+    y: &mut DeviceBuffer<f16>,
     m: usize,
     stream: &Stream,
     workspace: &mut Workspace,
@@ -336,7 +338,8 @@ pub fn quant_gemm<W: QuantWeight + ?Sized>(
     let m = i64::try_from(m).map_err(|_| Error::InvalidArgument(format!("m = {m} does not fit in an int64_t")))?;
     // SAFETY: the weight is live; x, y and the workspace are device allocations of the checked sizes on
     // `stream`, so everything later queued on them (copies, frees) runs after this call; `&mut y` and
-    // `&mut workspace` exclude other host-side writers while the call is queued.
+    // `&mut workspace` exclude other host-side writers while the call is queued. x and y hold `half::f16`
+    // elements, `#[repr(transparent)]` over u16: the IEEE half bit patterns the C API's FP16 pointers expect.
     check(unsafe {
         sys::tl_quant_gemm(
             weight.raw().as_ptr(),

@@ -14,8 +14,7 @@
 //!
 //! ```
 //! use tinyloop::{
-//!     f16_bits_to_f32, f32_to_f16_bits, quant_gemm, Device, DeviceBuffer, Error, Model, PackOptions, QuantWeight,
-//!     ScoreOptions, Stream, Workspace,
+//!     f16, quant_gemm, Device, DeviceBuffer, Error, Model, PackOptions, QuantWeight, ScoreOptions, Stream, Workspace,
 //! };
 //!
 //! # fn main() -> Result<(), tinyloop::Error> {
@@ -39,12 +38,12 @@
 //! model.pack(&PackOptions { stream: Some(&stream), ..PackOptions::default() })?;
 //! let up = model.find_weight("loop.mlp_up")?;
 //! let (m, k, n) = (4, up.info().k, up.info().n);
-//! let x: Vec<u16> = (0..m * k).map(|i| f32_to_f16_bits((i % 7) as f32 / 8.0 - 0.4)).collect();
+//! let x: Vec<f16> = (0..m * k).map(|i| f16::from_f32((i % 7) as f32 / 8.0 - 0.4)).collect();
 //! let x = DeviceBuffer::from_slice(&stream, &x)?;
-//! let mut y = DeviceBuffer::<u16>::zeroed(&stream, m * n)?;
+//! let mut y = DeviceBuffer::<f16>::zeroed(&stream, m * n)?;
 //! let mut workspace = Workspace::new(&stream);
 //! quant_gemm(&up, &x, &mut y, m, &stream, &mut workspace)?;
-//! let y: Vec<f32> = y.to_vec()?.into_iter().map(f16_bits_to_f32).collect();
+//! let y: Vec<f32> = y.to_vec()?.into_iter().map(f32::from).collect();
 //! println!("y[0] = {}, paths taken: {:?}", y[0], up.dispatch_counts()?);
 //! # Ok(())
 //! # }
@@ -60,7 +59,6 @@ use tinyloop_sys as sys;
 mod device;
 mod error;
 mod gemm;
-mod half;
 mod logging;
 mod model;
 mod score;
@@ -72,7 +70,13 @@ pub use gemm::{
     get_dispatch, quant_gemm, set_dispatch, DispatchCounts, DispatchSetting, PackForms, PackOptions, PackReport,
     QuantWeight, Workspace,
 };
-pub use half::{f16_bits_to_f32, f32_to_f16_bits};
+/// The `half` crate, whose [`f16`] is the type of every FP16 value the API takes or returns (re-exported so that
+/// callers use the same version).
+pub use half;
+/// IEEE half precision: the element type of FP16 device buffers ([`quant_gemm`]'s activations and results) and of
+/// [`WeightDesc`]'s scales and zero points. `#[repr(transparent)]` over its `u16` bit pattern, the C API's
+/// `uint16_t`; `f16::from_f32` rounds to nearest (ties to even), `f32::from(h)` is exact.
+pub use half::f16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{HeadKind, LoadOptions, Model, ModelInfo};
 pub use score::{Backend, ScoreOptions, ScoreResult};

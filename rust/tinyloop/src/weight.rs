@@ -4,6 +4,7 @@ use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
+use half::f16;
 use tinyloop_sys as sys;
 
 use crate::error::{check, Error, Result};
@@ -170,10 +171,10 @@ pub struct WeightDesc<'a> {
     pub bits: u32,
     /// `[n][k/2]` bytes: the code of `W[i, j]` is in byte `j * k/2 + i/2`, low nibble for even `i`.
     pub codes: &'a [u8],
-    /// `[n][k/group_size]` IEEE half-precision bit patterns; finite.
-    pub scales: &'a [u16],
+    /// `[n][k/group_size]` half-precision scales s; finite.
+    pub scales: &'a [f16],
     /// `[n][k/group_size]` half-precision offsets z (`W = q * s + z`); finite.
-    pub zeros: &'a [u16],
+    pub zeros: &'a [f16],
     /// Optional `[n][k/2]`: the next 4 bits below each code, in the nibble order of `codes`.
     pub frac4: Option<&'a [u8]>,
     /// Optional `[n][k/8]` (needs `k % 8 == 0`): one bit per code, bit `i % 8` of byte `j * k/8 + i/8`.
@@ -184,7 +185,7 @@ pub struct WeightDesc<'a> {
 
 impl<'a> WeightDesc<'a> {
     /// A 4-bit description without optional channels or name.
-    pub fn new(k: usize, n: usize, group_size: usize, codes: &'a [u8], scales: &'a [u16], zeros: &'a [u16]) -> Self {
+    pub fn new(k: usize, n: usize, group_size: usize, codes: &'a [u8], scales: &'a [f16], zeros: &'a [f16]) -> Self {
         WeightDesc { k, n, group_size, bits: 4, codes, scales, zeros, frac4: None, sign_bit: None, name: None }
     }
 
@@ -258,8 +259,11 @@ impl Weight {
             group_size: to_c_int(desc.group_size, "group_size")?,
             bits: to_c_int(desc.bits as usize, "bits")?,
             codes: desc.codes.as_ptr(),
-            scales: desc.scales.as_ptr(),
-            zeros: desc.zeros.as_ptr(),
+            // SAFETY of the casts (the pointers are only read, by tl_weight_create below): `half::f16` is
+            // `#[repr(transparent)]` over u16, so a slice of f16 is a slice of the IEEE half bit patterns
+            // (`const uint16_t *`) the C API reads, with the same length, size and alignment.
+            scales: desc.scales.as_ptr().cast::<u16>(),
+            zeros: desc.zeros.as_ptr().cast::<u16>(),
             frac4: desc.frac4.map_or(ptr::null(), <[u8]>::as_ptr),
             sign_bit: desc.sign_bit.map_or(ptr::null(), <[u8]>::as_ptr),
             name: name.as_ref().map_or(ptr::null(), |name| name.as_ptr()),

@@ -10,11 +10,10 @@ use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard};
 
-use common::{build_without_cuda, fixture, Rng};
+use common::{build_without_cuda, f16_bits, fixture, Rng};
 use tinyloop::{
-    f16_bits_to_f32, f32_to_f16_bits, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts,
-    DispatchSetting, Error, Model, PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, WeightDesc,
-    Workspace,
+    f16, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting, Error, Model,
+    PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, WeightDesc, Workspace,
 };
 use tinyloop_sys as sys;
 
@@ -70,6 +69,7 @@ fn gpu_types_cross_threads_as_documented() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Device>();
     send_sync::<Stream>();
+    send::<DeviceBuffer<f16>>();
     send::<DeviceBuffer<u16>>();
     send::<DeviceBuffer<f32>>();
     send::<Workspace>();
@@ -187,13 +187,14 @@ fn device_buffers_round_trip_and_check_lengths() {
     }
     let mut rng = Rng::new();
     let stream = Stream::new(&Device::new(0)).unwrap();
-    let halves: Vec<u16> = (0..1001).map(|_| rng.next_u64() as u16).collect();
+    // Any bit pattern, NaNs included: buffers copy bits (compared as bits below, not with f16's IEEE ==).
+    let halves: Vec<f16> = (0..1001).map(|_| f16::from_bits(rng.next_u64() as u16)).collect();
     let floats: Vec<f32> = (0..333).map(|_| rng.uniform(-5.0, 5.0)).collect();
     let bytes: Vec<u8> = (0..77).map(|_| rng.next_u64() as u8).collect();
     let half_buffer = DeviceBuffer::from_slice(&stream, &halves).unwrap();
     let mut float_buffer = DeviceBuffer::from_slice(&stream, &floats).unwrap();
     let byte_buffer = DeviceBuffer::from_slice(&stream, &bytes).unwrap();
-    assert_eq!(half_buffer.to_vec().unwrap(), halves);
+    assert_eq!(f16_bits(&half_buffer.to_vec().unwrap()), f16_bits(&halves));
     assert_eq!(float_buffer.to_vec().unwrap(), floats);
     assert_eq!(byte_buffer.to_vec().unwrap(), bytes);
     assert_eq!((half_buffer.len(), half_buffer.bytes()), (1001, 2002));
@@ -210,19 +211,19 @@ fn device_buffers_round_trip_and_check_lengths() {
     zeros.fill_bytes(0xff).unwrap();
     assert!(zeros.to_vec().unwrap().iter().all(|&v| v == -1));
 
-    let empty = DeviceBuffer::<u16>::zeroed(&stream, 0).unwrap();
+    let empty = DeviceBuffer::<f16>::zeroed(&stream, 0).unwrap();
     assert!(empty.is_empty() && empty.to_vec().unwrap().is_empty());
 
     // A buffer keeps its stream alive: dropping the Stream handle first is fine.
     let other = Stream::new(&Device::new(0)).unwrap();
     let kept = DeviceBuffer::from_slice(&other, &halves).unwrap();
     drop(other);
-    assert_eq!(kept.to_vec().unwrap(), halves);
+    assert_eq!(f16_bits(&kept.to_vec().unwrap()), f16_bits(&halves));
     stream.synchronize().unwrap();
 
     // Buffers move to other threads and are freed there.
     let moved = std::thread::spawn(move || kept.to_vec().unwrap()).join().unwrap();
-    assert_eq!(moved, halves);
+    assert_eq!(f16_bits(&moved), f16_bits(&halves));
 }
 
 /// The reference Y = X · W in FP64 from the FP16 inputs and the dequantized weight.
@@ -233,8 +234,8 @@ struct Reference {
 }
 
 impl Reference {
-    fn new(x: &[u16], w_nk: &[f32], m: usize, k: usize, n: usize) -> Reference {
-        let x: Vec<f64> = x.iter().map(|&h| f64::from(f16_bits_to_f32(h))).collect();
+    fn new(x: &[f16], w_nk: &[f32], m: usize, k: usize, n: usize) -> Reference {
+        let x: Vec<f64> = x.iter().map(|&h| f64::from(h)).collect();
         let mut y = vec![0.0; m * n];
         let mut magnitude = vec![0.0; m * n];
         for i in 0..m {
@@ -259,10 +260,10 @@ impl Reference {
     }
 
     /// Checks every element of an FP16 result against the reference.
-    fn check(&self, actual: &[u16], n: usize, what: &str) {
+    fn check(&self, actual: &[f16], n: usize, what: &str) {
         assert_eq!(actual.len(), self.y.len(), "{what}: output length");
         for (index, (&got, want)) in actual.iter().zip(&self.y).enumerate() {
-            let got = f64::from(f16_bits_to_f32(got));
+            let got = f64::from(got);
             let tolerance = self.bound(index);
             assert!(
                 (got - want).abs() <= tolerance,
@@ -274,8 +275,8 @@ impl Reference {
     }
 }
 
-fn random_halves(rng: &mut Rng, count: usize) -> Vec<u16> {
-    (0..count).map(|_| f32_to_f16_bits(rng.uniform(-1.0, 1.0))).collect()
+fn random_halves(rng: &mut Rng, count: usize) -> Vec<f16> {
+    (0..count).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect()
 }
 
 /// Runs quant_gemm into a poisoned output and checks every element against the reference.
@@ -291,7 +292,7 @@ fn check_gemm<W: QuantWeight>(
     let (k, n) = (info.k, info.n);
     let x_host = random_halves(rng, m * k);
     let x = DeviceBuffer::from_slice(stream, &x_host).unwrap();
-    let mut y = DeviceBuffer::<u16>::zeroed(stream, m * n).unwrap();
+    let mut y = DeviceBuffer::<f16>::zeroed(stream, m * n).unwrap();
     y.fill_bytes(0xff).unwrap(); // NaN: an output left unwritten cannot pass
     quant_gemm(weight, &x, &mut y, m, stream, workspace).unwrap();
     let actual = y.to_vec().unwrap();
@@ -426,8 +427,9 @@ impl CGemm {
         c_desc.n = desc.n as i32;
         c_desc.group_size = desc.group_size as i32;
         c_desc.codes = desc.codes.as_ptr();
-        c_desc.scales = desc.scales.as_ptr();
-        c_desc.zeros = desc.zeros.as_ptr();
+        // half::f16 is #[repr(transparent)] over u16: the slices are the IEEE bit patterns the C API reads.
+        c_desc.scales = desc.scales.as_ptr().cast::<u16>();
+        c_desc.zeros = desc.zeros.as_ptr().cast::<u16>();
         let mut weight = ptr::null_mut();
         c_ok(unsafe { sys::tl_weight_create(&c_desc, &mut weight) }, "tl_weight_create");
         let mut stream = ptr::null_mut();
@@ -468,11 +470,12 @@ impl CGemm {
     }
 
     /// Y = X · W into a poisoned output, with a workspace of exactly the size the library asks for.
-    fn run(&self, x_host: &[u16], m: usize) -> Vec<u16> {
+    fn run(&self, x_host: &[f16], m: usize) -> Vec<f16> {
         let (x_bytes, y_bytes) = (2 * m * self.k, 2 * m * self.n);
         let mut workspace_bytes = 0usize;
         // SAFETY (every block below): the weight and stream are live; each buffer holds the bytes passed with it;
-        // tl_memcpy returns after its copy.
+        // tl_memcpy returns after its copy. Host FP16 arrays are half::f16, #[repr(transparent)] over u16, so their
+        // bytes are the IEEE bit patterns the kernels read and write.
         c_ok(
             unsafe { sys::tl_quant_gemm_workspace_size(self.weight, m as i64, &mut workspace_bytes) },
             "tl_quant_gemm_workspace_size",
@@ -490,7 +493,7 @@ impl CGemm {
             "tl_quant_gemm",
         );
         c_ok(unsafe { sys::tl_stream_synchronize(self.stream) }, "tl_stream_synchronize");
-        let mut out = vec![0u16; m * self.n];
+        let mut out = vec![f16::ZERO; m * self.n];
         c_ok(unsafe { sys::tl_memcpy(out.as_mut_ptr().cast(), y.ptr, y_bytes, self.stream) }, "tl_memcpy y");
         out
     }
@@ -533,8 +536,8 @@ fn quant_gemm_through_the_safe_api_matches_the_raw_c_calls_on_every_path() {
         let groups = k.checked_div(group_size).unwrap_or(1);
         let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.next_u64() as u8).collect();
         let scales: Vec<f32> = (0..n * groups).map(|_| rng.uniform(0.002, 0.02)).collect();
-        let zeros: Vec<u16> = scales.iter().map(|&s| f32_to_f16_bits(-s * rng.uniform(6.0, 9.0))).collect();
-        let scales: Vec<u16> = scales.into_iter().map(f32_to_f16_bits).collect();
+        let zeros: Vec<f16> = scales.iter().map(|&s| f16::from_f32(-s * rng.uniform(6.0, 9.0))).collect();
+        let scales: Vec<f16> = scales.into_iter().map(f16::from_f32).collect();
         let desc = WeightDesc::new(k, n, group_size, &codes, &scales, &zeros);
 
         let mut safe = Weight::create(&desc).unwrap();
@@ -551,7 +554,7 @@ fn quant_gemm_through_the_safe_api_matches_the_raw_c_calls_on_every_path() {
                 let (safe_before, c_before) = (safe.dispatch_counts().unwrap(), c.counts());
 
                 let x = DeviceBuffer::from_slice(&stream, &x_host).unwrap();
-                let mut y = DeviceBuffer::<u16>::zeroed(&stream, m * n).unwrap();
+                let mut y = DeviceBuffer::<f16>::zeroed(&stream, m * n).unwrap();
                 y.fill_bytes(0xff).unwrap();
                 quant_gemm(&safe, &x, &mut y, m, &stream, &mut workspace).unwrap();
                 let from_safe = y.to_vec().unwrap();
@@ -577,7 +580,7 @@ fn quant_gemm_through_the_safe_api_matches_the_raw_c_calls_on_every_path() {
                 // Same kernel, same inputs: they may differ only where split-K partial sums (FP32 atomics) are added
                 // in another order, which can move the FP16 result by an ulp.
                 for (index, (&a, &b)) in from_safe.iter().zip(&from_c).enumerate() {
-                    let (a, b) = (f64::from(f16_bits_to_f32(a)), f64::from(f16_bits_to_f32(b)));
+                    let (a, b) = (f64::from(a), f64::from(b));
                     let tolerance = 2.0 * f16_ulp(a.abs().max(b.abs())) + reference.magnitude[index] * 2f64.powi(-18);
                     assert!(
                         (a - b).abs() <= tolerance,
@@ -603,7 +606,7 @@ fn quant_gemm_checks_shapes_and_streams_before_calling_the_library() {
     let mut weight = random_weight(&mut rng, k, n, 32);
     let mut workspace = Workspace::new(&stream);
     let x = DeviceBuffer::from_slice(&stream, &random_halves(&mut rng, m * k)).unwrap();
-    let mut y = DeviceBuffer::<u16>::zeroed(&stream, m * n).unwrap();
+    let mut y = DeviceBuffer::<f16>::zeroed(&stream, m * n).unwrap();
     // Not packed yet: the library says so.
     assert!(matches!(quant_gemm(&weight, &x, &mut y, m, &stream, &mut workspace), Err(Error::InvalidArgument(_))));
     weight.pack(&PackOptions::default()).unwrap();
@@ -614,7 +617,7 @@ fn quant_gemm_checks_shapes_and_streams_before_calling_the_library() {
     };
     expect_invalid(quant_gemm(&weight, &x, &mut y, m + 1, &stream, &mut workspace), "m too large for x");
     expect_invalid(quant_gemm(&weight, &x, &mut y, 0, &stream, &mut workspace), "m = 0");
-    let mut y_short = DeviceBuffer::<u16>::zeroed(&stream, m * n - 1).unwrap();
+    let mut y_short = DeviceBuffer::<f16>::zeroed(&stream, m * n - 1).unwrap();
     expect_invalid(quant_gemm(&weight, &x, &mut y_short, m, &stream, &mut workspace), "y too short");
     let x_elsewhere = DeviceBuffer::from_slice(&other, &random_halves(&mut rng, m * k)).unwrap();
     expect_invalid(quant_gemm(&weight, &x_elsewhere, &mut y, m, &stream, &mut workspace), "x on another stream");
@@ -658,11 +661,11 @@ fn a_packed_model_runs_quant_gemm_from_eight_threads_with_identical_results() {
                     let stream = Stream::new(&Device::new(0)).unwrap();
                     let mut workspace = Workspace::new(&stream);
                     let x = DeviceBuffer::from_slice(&stream, &x_host).unwrap();
-                    let mut y = DeviceBuffer::<u16>::zeroed(&stream, m * weight.info().n).unwrap();
+                    let mut y = DeviceBuffer::<f16>::zeroed(&stream, m * weight.info().n).unwrap();
                     for _ in 0..20 {
                         quant_gemm(&weight, &x, &mut y, m, &stream, &mut workspace).unwrap();
                     }
-                    y.to_vec().unwrap()
+                    f16_bits(&y.to_vec().unwrap())
                 })
             })
             .collect();

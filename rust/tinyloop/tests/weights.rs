@@ -2,8 +2,8 @@
 
 mod common;
 
-use common::{f16_bits, max_distinct_per_group, Rng};
-use tinyloop::{Error, QuantMethod, QuantizeOptions, Weight, WeightDesc};
+use common::{f16_exact, max_distinct_per_group, Rng};
+use tinyloop::{f16, Error, QuantMethod, QuantizeOptions, Weight, WeightDesc};
 
 /// Random INT4 arrays for a k x n weight with `groups` groups per column; scales and zeros are chosen to be
 /// exact in FP16 and to make q * s + z exact in FP32, so the reference below is exact.
@@ -11,17 +11,17 @@ struct Arrays {
     codes: Vec<u8>,
     scales: Vec<f32>,
     zeros: Vec<f32>,
-    scale_bits: Vec<u16>,
-    zero_bits: Vec<u16>,
+    scale_halves: Vec<f16>,
+    zero_halves: Vec<f16>,
 }
 
 fn random_arrays(rng: &mut Rng, k: usize, n: usize, groups: usize) -> Arrays {
     let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.next_u64() as u8).collect();
     let scales: Vec<f32> = (0..n * groups).map(|_| (1 + rng.below(255)) as f32 / 256.0).collect();
     let zeros: Vec<f32> = (0..n * groups).map(|_| (rng.below(256) as f32 - 128.0) / 32.0).collect();
-    let scale_bits = scales.iter().map(|&s| f16_bits(s)).collect();
-    let zero_bits = zeros.iter().map(|&z| f16_bits(z)).collect();
-    Arrays { codes, scales, zeros, scale_bits, zero_bits }
+    let scale_halves = scales.iter().map(|&s| f16_exact(s)).collect();
+    let zero_halves = zeros.iter().map(|&z| f16_exact(z)).collect();
+    Arrays { codes, scales, zeros, scale_halves, zero_halves }
 }
 
 /// W as out[j * k + i] = q * s + z, straight from the documented layout.
@@ -45,7 +45,8 @@ fn create_then_dequantize_matches_the_layout_exactly() {
     for (k, n, group_size) in [(64usize, 24, 16), (96, 5, 32), (32, 7, 0), (128, 3, 128)] {
         let groups = k.checked_div(group_size).unwrap_or(1); // group_size 0: per row
         let a = random_arrays(&mut rng, k, n, groups);
-        let weight = Weight::create(&WeightDesc::new(k, n, group_size, &a.codes, &a.scale_bits, &a.zero_bits)).unwrap();
+        let weight =
+            Weight::create(&WeightDesc::new(k, n, group_size, &a.codes, &a.scale_halves, &a.zero_halves)).unwrap();
 
         let info = weight.info();
         let actual_group = if group_size == 0 { k } else { group_size };
@@ -70,7 +71,7 @@ fn optional_channels_and_name_are_reported() {
         frac4: Some(&frac4),
         sign_bit: Some(&sign_bit),
         name: Some("test.proj"),
-        ..WeightDesc::new(k, n, group_size, &a.codes, &a.scale_bits, &a.zero_bits)
+        ..WeightDesc::new(k, n, group_size, &a.codes, &a.scale_halves, &a.zero_halves)
     };
     let weight = Weight::create(&desc).unwrap();
     let info = weight.info();
@@ -85,14 +86,14 @@ fn create_rejects_inconsistent_arrays() {
     let mut rng = Rng::new();
     let (k, n) = (64, 4);
     let a = random_arrays(&mut rng, k, n, 2);
-    let good = WeightDesc::new(k, n, 32, &a.codes, &a.scale_bits, &a.zero_bits);
+    let good = WeightDesc::new(k, n, 32, &a.codes, &a.scale_halves, &a.zero_halves);
     let expect_invalid = |desc: WeightDesc<'_>, what: &str| match Weight::create(&desc) {
         Err(Error::InvalidArgument(message)) => assert!(!message.is_empty(), "{what}: empty message"),
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
     };
     expect_invalid(WeightDesc { codes: &a.codes[1..], ..good }, "short codes");
-    expect_invalid(WeightDesc { scales: &a.scale_bits[..a.scale_bits.len() - 1], ..good }, "short scales");
-    expect_invalid(WeightDesc { zeros: &a.zero_bits[1..], ..good }, "short zeros");
+    expect_invalid(WeightDesc { scales: &a.scale_halves[..a.scale_halves.len() - 1], ..good }, "short scales");
+    expect_invalid(WeightDesc { zeros: &a.zero_halves[1..], ..good }, "short zeros");
     expect_invalid(WeightDesc { group_size: 24, ..good }, "group size not dividing k");
     expect_invalid(WeightDesc { k: 63, ..good }, "odd k");
     expect_invalid(WeightDesc { n: 0, ..good }, "n = 0");
@@ -100,9 +101,9 @@ fn create_rejects_inconsistent_arrays() {
     expect_invalid(WeightDesc { name: Some("a\0b"), ..good }, "NUL in the name");
     // The library's own checks: bits and non-finite scales.
     expect_invalid(WeightDesc { bits: 3, ..good }, "bits 3");
-    let mut nan_scales = a.scale_bits.clone();
+    let mut nan_scales = a.scale_halves.clone();
     let poisoned = rng.below(nan_scales.len());
-    nan_scales[poisoned] = 0x7e00;
+    nan_scales[poisoned] = f16::NAN;
     expect_invalid(WeightDesc { scales: &nan_scales, ..good }, "NaN scale");
 }
 
@@ -113,7 +114,7 @@ fn sign_bit_needs_k_divisible_by_8() {
     let a = random_arrays(&mut rng, k, n, 1);
     let sign_bit = vec![0u8; n * 2];
     let desc =
-        WeightDesc { sign_bit: Some(&sign_bit), ..WeightDesc::new(k, n, 0, &a.codes, &a.scale_bits, &a.zero_bits) };
+        WeightDesc { sign_bit: Some(&sign_bit), ..WeightDesc::new(k, n, 0, &a.codes, &a.scale_halves, &a.zero_halves) };
     assert!(matches!(Weight::create(&desc), Err(Error::InvalidArgument(_))));
 }
 

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use tinyloop::f16;
+
 /// The committed model fixture, or the file TINYLOOP_TEST_FIXTURE names (one with the same configuration).
 /// Tests that need it fail (never skip) when it is missing.
 pub fn fixture() -> PathBuf {
@@ -58,17 +60,16 @@ impl Rng {
     }
 }
 
-/// The IEEE half-precision bits of `x`, which must be exactly representable as a normal half (or zero).
-pub fn f16_bits(x: f32) -> u16 {
-    if x == 0.0 {
-        return 0;
-    }
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exponent = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-    let mantissa = bits & 0x7f_ffff;
-    assert!((1..31).contains(&exponent) && mantissa & 0x1fff == 0, "{x} is not exactly a normal half");
-    sign | ((exponent as u16) << 10) | (mantissa >> 13) as u16
+/// `x` as a half, which must represent it exactly (a normal half or zero).
+pub fn f16_exact(x: f32) -> f16 {
+    let h = f16::from_f32(x);
+    assert!(f32::from(h) == x && (x == 0.0 || h.is_normal()), "{x} is not exactly a normal half");
+    h
+}
+
+/// The IEEE bit patterns of halves, to compare them exactly (`f16`'s `==` is IEEE equality: NaN != NaN, 0 == -0).
+pub fn f16_bits(values: &[f16]) -> Vec<u16> {
+    values.iter().map(|h| h.to_bits()).collect()
 }
 
 /// A path in the temporary directory that no other test (or test process) uses; removed on drop.
