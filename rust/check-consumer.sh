@@ -14,7 +14,8 @@
 # KEEP_TMP=1 keeps the folder.
 set -euo pipefail
 rust=$(cd "$(dirname "$0")" && pwd)
-registry=${TINYLOOP_CARGO_REGISTRY:-/usr/share/cargo/registry}
+# shellcheck source=offline-cargo-config.sh
+source "$rust/offline-cargo-config.sh"
 expect_build_type=""
 while (($#)); do
   case $1 in
@@ -27,19 +28,10 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/tinyloop-consumer.XXXXXX")
 if [ "${KEEP_TMP:-0}" = 1 ]; then echo "check-consumer: keeping $tmp"; else trap 'rm -rf "$tmp"' EXIT; fi
 start=$SECONDS
 project=$tmp/my-app
-mkdir -p "$project/src" "$project/.cargo"
+mkdir -p "$project/src"
 
 # ---- The files the README shows (tinyloop/README.md, "Using the crate in your own project") ----
-cat >"$project/.cargo/config.toml" <<EOF
-[source.crates-io]
-replace-with = "debian"
-
-[source.debian]
-directory = "$registry"
-
-[net]
-offline = true
-EOF
+write_offline_cargo_config "$project"
 cat >"$project/Cargo.toml" <<EOF
 [package]
 name = "my-app"

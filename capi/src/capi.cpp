@@ -123,10 +123,13 @@ std::string version_sizes() {
                                               : std::to_string(kFirstVersionSize<T>) + " or " + std::to_string(sizeof(T));
 }
 
-// An input struct from the caller, of one of the struct's versions. The caller's bytes are laid over `defaults`, so
-// fields an older caller lacks keep their defaults.
+// An input struct from the caller, of one of the struct's versions, laid over the defaults its *_init function
+// writes, so fields an older caller lacks keep their defaults. `in` may be NULL (all defaults) where `optional`.
 template <class T>
-T read_input_struct(const T *in, const char *name, T defaults) {
+T read_input_struct(const T *in, const char *name, tl_status (*init)(T *, uint32_t), bool optional = false) {
+    T defaults;
+    init(&defaults, sizeof defaults);
+    if (in == nullptr && optional) return defaults;
     require_not_null(in, name);
     const uint32_t size = in->struct_size;
     if (!is_version_size<T>(size)) {
@@ -290,13 +293,9 @@ TL_API tl_status tl_model_load(const char *path, const tl_load_options *options,
         *out_model = nullptr;
         require_not_null(path, "path");
         tl::LoadOptions load;
-        if (options != nullptr) {
-            tl_load_options defaults;
-            tl_load_options_init(&defaults, sizeof defaults);
-            const tl_load_options o = read_input_struct(options, "options", defaults);
-            load.use_mmap = bool_flag(o.use_mmap, "options->use_mmap") != 0;
-            load.validate_values = bool_flag(o.validate_values, "options->validate_values") != 0;
-        }
+        const tl_load_options o = read_input_struct(options, "options", tl_load_options_init, true);
+        load.use_mmap = bool_flag(o.use_mmap, "options->use_mmap") != 0;
+        load.validate_values = bool_flag(o.validate_values, "options->validate_values") != 0;
         auto handle = std::make_unique<tl_model>();
         handle->model = tl::load_model(path, load);
         for (const tl::Linear *linear : handle->model->linears()) {
@@ -417,9 +416,7 @@ TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_we
     return guarded([&] {
         require_not_null(out_weight, "out_weight");
         *out_weight = nullptr;
-        tl_weight_desc defaults;
-        tl_weight_desc_init(&defaults, sizeof defaults);
-        const tl_weight_desc desc_copy = read_input_struct(desc, "desc", defaults);
+        const tl_weight_desc desc_copy = read_input_struct(desc, "desc", tl_weight_desc_init);
         desc = &desc_copy;
         const int32_t gs = check_weight_shape(desc->k, desc->n, desc->group_size, desc->bits, "desc->");
         require_not_null(desc->codes, "desc->codes");
@@ -458,9 +455,7 @@ TL_API tl_status tl_weight_import_int4(const tl_int4_import_desc *desc, tl_weigh
     return guarded([&] {
         require_not_null(out_weight, "out_weight");
         *out_weight = nullptr;
-        tl_int4_import_desc defaults;
-        tl_int4_import_desc_init(&defaults, sizeof defaults);
-        const tl_int4_import_desc d = read_input_struct(desc, "desc", defaults);
+        const tl_int4_import_desc d = read_input_struct(desc, "desc", tl_int4_import_desc_init);
         require(d.layout == TL_INT4_LAYOUT_GPTQ || d.layout == TL_INT4_LAYOUT_AWQ,
                 "desc->layout must be TL_INT4_LAYOUT_GPTQ or TL_INT4_LAYOUT_AWQ, got " + std::to_string(d.layout));
         tl::Int4Checkpoint checkpoint;
@@ -493,9 +488,7 @@ TL_API tl_status tl_weight_quantize(const float *w, int32_t k, int32_t n, const 
         require_not_null(out_weight, "out_weight");
         *out_weight = nullptr;
         require_not_null(w, "w");
-        tl_quantize_options opts;
-        tl_quantize_options_init(&opts, sizeof opts);
-        if (options != nullptr) opts = read_input_struct(options, "options", opts);
+        const tl_quantize_options opts = read_input_struct(options, "options", tl_quantize_options_init, true);
         require(opts.method == TL_QUANT_ASYMMETRIC || opts.method == TL_QUANT_SYMMETRIC,
                 "options->method must be TL_QUANT_ASYMMETRIC or TL_QUANT_SYMMETRIC, got " + std::to_string(opts.method));
         check_weight_shape(k, n, opts.group_size, opts.bits, "");
@@ -590,9 +583,7 @@ TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_siz
 namespace {
 
 tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
-    tl_pack_options opts;
-    tl_pack_options_init(&opts, sizeof opts);
-    if (options != nullptr) opts = read_input_struct(options, "options", opts);
+    const tl_pack_options opts = read_input_struct(options, "options", tl_pack_options_init, true);
     const uint32_t known = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
     require((opts.forms & ~known) == 0, "options->forms has unknown bits: " + std::to_string(opts.forms & ~known));
     return opts;
@@ -763,9 +754,7 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         require_not_null(model, "model");
         require_not_null(tokens, "tokens");
         require_output_struct(out_result, "out_result");
-        tl_score_options opts;
-        tl_score_options_init(&opts, sizeof opts);
-        if (options != nullptr) opts = read_input_struct(options, "options", opts);
+        const tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
         require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
                                    std::to_string(n_tokens));
         require(opts.n_threads >= 0 && opts.n_threads <= 1024,

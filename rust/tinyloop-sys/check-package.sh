@@ -13,7 +13,8 @@
 set -euo pipefail
 crate=$(cd "$(dirname "$0")" && pwd)
 rust=$(cd "$crate/.." && pwd)
-registry=${TINYLOOP_CARGO_REGISTRY:-/usr/share/cargo/registry}
+# shellcheck source=../offline-cargo-config.sh
+source "$rust/offline-cargo-config.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tinyloop-sys-package.XXXXXX")
 if [ "${KEEP_TMP:-0}" = 1 ]; then echo "check-package: keeping $tmp"; else trap 'rm -rf "$tmp"' EXIT; fi
 start=$SECONDS
@@ -43,19 +44,10 @@ echo "$(basename "$crate_file"): $(wc -l <"$tmp/packaged.txt") files, $(grep -c 
 
 echo "== build the packaged crate outside the repository =="
 step=$SECONDS
-mkdir -p "$tmp/unpacked" "$tmp/user/src" "$tmp/user/.cargo"
+mkdir -p "$tmp/unpacked" "$tmp/user/src"
 tar -xzf "$crate_file" -C "$tmp/unpacked"
 unpacked=$(find "$tmp/unpacked" -mindepth 1 -maxdepth 1 -type d)
-cat >"$tmp/user/.cargo/config.toml" <<EOF
-[source.crates-io]
-replace-with = "debian"
-
-[source.debian]
-directory = "$registry"
-
-[net]
-offline = true
-EOF
+write_offline_cargo_config "$tmp/user"
 cat >"$tmp/user/Cargo.toml" <<EOF
 [package]
 name = "tinyloop-sys-package-check"

@@ -18,6 +18,15 @@
 
 namespace {
 
+// Scoring options for one CPU worker thread (the defaults otherwise).
+tl_score_options one_thread_cpu_options() {
+    tl_score_options options;
+    tl_score_options_init(&options, sizeof options);
+    options.backend = TL_BACKEND_CPU;
+    options.n_threads = 1;
+    return options;
+}
+
 constexpr int kThreads = 8;
 
 // Set by every test but the log one: the log test's exact count needs the dispatcher settings (which log once per
@@ -300,10 +309,7 @@ TEST(ConcurrencyLog, CallbackSwapsRaceCallsThatLog) {
                 if (tl_get_dispatch(TL_DISPATCH_CUBLAS_MIN_M, &value) != TL_OK) failures[t] = tl_last_error_message();
                 if (i % 10 == 0) {
                     const int32_t toks[4] = {1, 2, 3, 4};
-                    tl_score_options options;
-                    tl_score_options_init(&options, sizeof options);
-                    options.backend = TL_BACKEND_CPU;
-                    options.n_threads = 1;
+                    const tl_score_options options = one_thread_cpu_options();
                     tl_score_result result;
                     tl_score_result_init(&result, sizeof result);
                     if (tl_score(model, toks, 4, &options, &result) != TL_OK) failures[t] = tl_last_error_message();
@@ -355,10 +361,7 @@ TEST_F(Concurrency, EachThreadReadsItsOwnErrorMessage) {
     };
     auto provoke = [&](int t, int r) -> tl_status {
         const int id = 1000 + r * kThreads + t;
-        tl_score_options options;
-        tl_score_options_init(&options, sizeof options);
-        options.backend = TL_BACKEND_CPU;
-        options.n_threads = 1;
+        tl_score_options options = one_thread_cpu_options();
         tl_score_result result;
         tl_score_result_init(&result, sizeof result);
         switch ((t + r) % kKinds) {

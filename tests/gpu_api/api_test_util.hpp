@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -121,6 +122,19 @@ inline uint64_t counter(const tl_dispatch_counts &c, Path path) {
 inline const char *path_name(Path p) {
     static const char *names[] = {"native", "fused", "correction", "cublas", "fp16-body"};
     return names[static_cast<int>(p)];
+}
+
+// The main() of a GPU suite: runs the tests, or exits 77 (CTest's "skipped") where there is no usable GPU.
+inline int run_gpu_tests(int argc, char **argv, const char *suite) {
+    ::testing::InitGoogleTest(&argc, argv);
+    if (!::testing::GTEST_FLAG(list_tests)) {
+        int32_t count = 0;
+        if (tl_device_count(&count) != TL_OK || count == 0) {
+            std::printf("no usable CUDA device: %s skipped\n", suite);
+            return 77;
+        }
+    }
+    return RUN_ALL_TESTS();
 }
 
 }  // namespace apitest

@@ -332,14 +332,4 @@ TEST(ScoreStress, EightThreadsShareOneModel) {
 
 }  // namespace
 
-int main(int argc, char **argv) {
-    ::testing::InitGoogleTest(&argc, argv);
-    if (!::testing::GTEST_FLAG(list_tests)) {
-        int32_t count = 0;
-        if (tl_device_count(&count) != TL_OK || count == 0) {
-            std::printf("no usable CUDA device: GPU concurrency tests skipped\n");
-            return 77;
-        }
-    }
-    return RUN_ALL_TESTS();
-}
+int main(int argc, char **argv) { return run_gpu_tests(argc, argv, "GPU concurrency tests"); }

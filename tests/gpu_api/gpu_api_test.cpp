@@ -203,14 +203,4 @@ TEST(GpuApi, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
     EXPECT_NE(std::string(tl_last_error_message()).find("tl_weight_pack_marlin"), std::string::npos);
 }
 
-int main(int argc, char **argv) {
-    ::testing::InitGoogleTest(&argc, argv);
-    if (!::testing::GTEST_FLAG(list_tests)) {
-        int32_t count = 0;
-        if (tl_device_count(&count) != TL_OK || count == 0) {
-            std::printf("no usable CUDA device: GPU API tests skipped\n");
-            return 77;
-        }
-    }
-    return RUN_ALL_TESTS();
-}
+int main(int argc, char **argv) { return run_gpu_tests(argc, argv, "GPU API tests"); }
