@@ -299,6 +299,32 @@ TL_API tl_status tl_int4_import_desc_init(tl_int4_import_desc *desc, uint32_t st
  *  On failure *out_weight is set to NULL. */
 TL_API tl_status tl_weight_import_int4(const tl_int4_import_desc *desc, tl_weight **out_weight);
 
+/** Options of tl_model_import_checkpoint. */
+typedef struct tl_import_options {
+    uint32_t struct_size;
+    /** The written model's max_seq (its default scoring window); 0 (default): config.json's
+     *  max_position_embeddings (2048 when absent). */
+    int32_t max_seq;
+    /** 1 (default): memory-map the checkpoint's .safetensors files; 0: read each into memory. */
+    int32_t use_mmap;
+    /** 1 (default): check the embedding, norms and dense linears for NaN/Inf (INT4 scales are always checked). */
+    int32_t validate_values;
+} tl_import_options;
+
+/** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
+TL_API tl_status tl_import_options_init(tl_import_options *options, uint32_t struct_size);
+
+/** Converts a Hugging Face-style checkpoint folder of a looped model into a .tinyloop file at `out_path`
+ *  (docs/format.md, "Importing Hugging Face-style checkpoints"): `dir` holds config.json (Llama field names plus
+ *  num_pre_layers and num_loops) and model.safetensors or model.safetensors.index.json with its shards; linears
+ *  are dense (kept dense: `tinyloop quantize` makes them INT4) or GPTQ v1 / AWQ GEMM INT4 (converted as
+ *  tl_weight_import_int4 does). `options` may be NULL for the defaults. The output is written atomically.
+ *  Statuses: TL_ERR_IO (a file cannot be opened, read or written), TL_ERR_FORMAT (a missing or mistyped config
+ *  field or tensor, a wrong shape or dtype, an unexpected tensor, a non-finite value), TL_ERR_UNSUPPORTED (a
+ *  checkpoint this library cannot represent: bits other than 4, act-order, rope_scaling, biases, ...),
+ *  TL_ERR_INVALID_ARGUMENT; the message names the file and the field or tensor. Thread-safe. */
+TL_API tl_status tl_model_import_checkpoint(const char *dir, const char *out_path, const tl_import_options *options);
+
 static const int32_t TL_QUANT_ASYMMETRIC = 0;
 static const int32_t TL_QUANT_SYMMETRIC = 1;
 
@@ -581,6 +607,12 @@ typedef struct tl_score_result {
     uint64_t gemm_native;
     uint64_t gemm_dense_cublas;
     uint64_t gemm_fallbacks;
+    /** Of `seconds`, the one-time work this call did (0 when there was none; added after the struct's first
+     *  version): setup_seconds, the device copy and INT4 packing of the model, which the first CUDA call on a
+     *  device makes (packing runs on a thread pool); graph_capture_seconds, capturing and instantiating CUDA graphs
+     *  for pass shapes not seen before. */
+    double setup_seconds;
+    double graph_capture_seconds;
 } tl_score_result;
 
 /** Fills `result` with zeros and sets struct_size; pass sizeof(*result) as struct_size. */
@@ -591,6 +623,48 @@ TL_API tl_status tl_score_result_init(tl_score_result *result, uint32_t struct_s
  *  struct_size set (tl_score_result_init). Thread-safe on a shared model. */
 TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
                           const tl_score_options *options, tl_score_result *out_result);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Scoring many sequences in one call
+ * ------------------------------------------------------------------------------------------------------- */
+
+/** One independent sequence (a document, or an lm-eval loglikelihood request: context + continuation). The
+ *  first n_context tokens are context only: the tokens after them are scored, each given every token before it
+ *  in the sequence. n_context 0 means 1 (the first token has nothing to be predicted from). Fixed layout: this
+ *  struct is never extended (a new version would come with a new function). */
+typedef struct tl_sequence {
+    const int32_t *tokens;
+    size_t n_tokens;
+    size_t n_context;
+} tl_sequence;
+
+/** What tl_score_batch reports for one sequence. Fixed layout, like tl_sequence. */
+typedef struct tl_sequence_score {
+    /** Sum of -log p(token | the tokens before it) over the scored tokens, natural log. */
+    double nll_sum;
+    /** Tokens scored: n_tokens - max(n_context, 1). */
+    uint64_t tokens_scored;
+    /** 1 when greedy decoding reproduces every scored token: at each scored position the token's logit equals
+     *  the largest logit (a tie counts as greedy), else 0. */
+    int32_t greedy;
+} tl_sequence_score;
+
+/** Scores `n_sequences` independent sequences in one call; the backends pack many of them into each forward
+ *  pass (attention stays inside each sequence). Each sequence needs 2 <= n_tokens <= the model's max_seq,
+ *  n_context < n_tokens and every token in [0, vocab) (TL_ERR_INVALID_ARGUMENT names the sequence and index).
+ *  out_scores receives n_sequences entries, in order. `options` as for tl_score, except:
+ *  options->window must be 0 (sequences are never split); options->token_nll, when not NULL, receives the NLL
+ *  of every token but each sequence's first, context tokens included, the sequences one after another
+ *  (sequence i's token j >= 1 at offset sum_{i' < i}(n_tokens_{i'} - 1) + j - 1), so token_nll_len must be at
+ *  least the sum of n_tokens - 1; the progress callback counts scored tokens (done, total: sums of
+ *  tokens_scored) and is called between forward passes. out_result (optional, may be NULL) receives the totals:
+ *  nll_sum and tokens_scored over all sequences, their perplexity, the backend, n_windows = the number of
+ *  sequences, seconds and the GEMM counts. out_scores (and out_result) are written only when the call succeeds.
+ *  n_sequences 0 is an empty batch: TL_OK with zero totals, nothing run (no GPU upload, no progress call), and
+ *  sequences and out_scores may be NULL. Thread-safe on a shared model. */
+TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequences, size_t n_sequences,
+                                const tl_score_options *options, tl_sequence_score *out_scores,
+                                tl_score_result *out_result);
 
 #ifdef __cplusplus
 } /* extern "C" */

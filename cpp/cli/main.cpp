@@ -1,4 +1,4 @@
-// The `tinyloop` command-line tool: info, make-model, quantize, score.
+// The `tinyloop` command-line tool: info, make-model, quantize, import, score, score-batch.
 // Scoring and inspection go through the public C API (the same path users take); model creation and
 // quantization use the C++ core directly because the C API has no model writer.
 
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -193,6 +194,25 @@ int32_t log_progress(void *user, uint64_t done, uint64_t total) {
     return 0;
 }
 
+// The options score and score-batch start from: --backend (checked by CLI11), --threads, and progress on stderr, the
+// live bar on a terminal, else `log`'s lines every `progress_interval` seconds (a log, CI).
+tl_score_options scoring_options(const std::string &backend, int threads, double progress_interval, ProgressLog &log) {
+    tl_score_options opts;
+    check(tl_score_options_init(&opts, sizeof opts), "score options");
+    static const std::map<std::string, int32_t> backends = {
+        {"auto", TL_BACKEND_AUTO}, {"cpu", TL_BACKEND_CPU}, {"cuda", TL_BACKEND_CUDA}};
+    opts.backend = backends.at(backend);
+    opts.n_threads = threads;
+    log.interval = progress_interval;
+    if (isatty(STDERR_FILENO)) {
+        opts.progress = draw_progress;
+    } else {
+        opts.progress = log_progress;
+        opts.progress_user_data = &log;
+    }
+    return opts;
+}
+
 // llama-perplexity's uncertainty: PPL = exp(m), m the mean NLL, and by the delta method
 // SE(PPL) ≈ exp(m) · s / sqrt(n), s the NLLs' sample standard deviation. NaN for fewer than 2 tokens.
 double perplexity_stderr(double perplexity, const std::vector<float> &nll) {
@@ -292,29 +312,36 @@ int cmd_info(const std::string &path, bool json) {
     return 0;
 }
 
+// Converts a checkpoint folder through the C API, then loads the result back (the loader's full validation) for a
+// one-line summary.
+int cmd_import(const std::string &dir, const std::string &out, int max_seq) {
+    tl_import_options options;
+    check(tl_import_options_init(&options, sizeof options), "import");
+    options.max_seq = max_seq;
+    check(tl_model_import_checkpoint(dir.c_str(), out.c_str(), &options), "import");
+    ModelHandle h(out);
+    tl_model_properties p;
+    p.struct_size = sizeof p;
+    check(tl_model_info(h.model, &p), "info");
+    std::printf("wrote %s: d_model %d, %d pre + 1 looped x %d, vocab %d, %u INT4 and %u dense linears, head %s\n",
+                out.c_str(), p.d_model, p.n_pre, p.n_loops, p.vocab, p.n_quant_weights, p.n_dense_linears,
+                p.head_kind == 1 ? "INT4" : p.head_kind == 0 ? "dense" : "tied");
+    return 0;
+}
+
 int cmd_score(const std::string &model_path, const std::string &text, const std::string &token_file,
               const std::string &backend, int threads, int window, uint64_t max_tokens, const std::string &per_token,
               bool json, double progress_interval) {
     std::vector<int32_t> tokens =
         token_file.empty() ? read_text_tokens(text, max_tokens) : read_token_file(token_file, max_tokens);
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
+    const auto load_start = std::chrono::steady_clock::now();
     ModelHandle h(model_path);
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-    tl_score_options opts;
-    check(tl_score_options_init(&opts, sizeof opts), "score options");
-    static const std::map<std::string, int32_t> backends = {
-        {"auto", TL_BACKEND_AUTO}, {"cpu", TL_BACKEND_CPU}, {"cuda", TL_BACKEND_CUDA}};
-    opts.backend = backends.at(backend);
-    opts.n_threads = threads;
-    opts.window = window;
     ProgressLog progress_log;
-    progress_log.interval = progress_interval;
-    if (isatty(STDERR_FILENO)) {
-        opts.progress = draw_progress;
-    } else {
-        opts.progress = log_progress;
-        opts.progress_user_data = &progress_log;
-    }
+    tl_score_options opts = scoring_options(backend, threads, progress_interval, progress_log);
+    opts.window = window;
     // Always taken (4 bytes a token, as much as the tokens): the perplexity's standard error needs every NLL.
     std::vector<float> nll(tokens.size() - 1);
     opts.token_nll = nll.data();
@@ -324,7 +351,9 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     progress_log.start = progress_log.last = std::chrono::steady_clock::now();
     check(tl_score(h.model, tokens.data(), tokens.size(), &opts, &r), "score");
     const double ppl_stderr = perplexity_stderr(r.perplexity, nll);
-    const double tokens_per_second = static_cast<double>(tokens.size()) / r.seconds;
+    // The one-time work (device copy and packing, graph captures) is reported apart from the scoring itself.
+    const double scoring_seconds = r.seconds - r.setup_seconds - r.graph_capture_seconds;
+    const double tokens_per_second = static_cast<double>(r.tokens_scored) / scoring_seconds;
     if (!per_token.empty()) {
         std::ofstream out(per_token);
         for (size_t i = 0; i < nll.size(); ++i) out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
@@ -339,7 +368,9 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
             {"nll_mean", r.nll_sum / static_cast<double>(r.tokens_scored)}, {"perplexity", r.perplexity},
             {"perplexity_stderr", ppl_stderr},  // NaN (fewer than 2 tokens scored) is written as null
             {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"}, {"windows", r.n_windows},
-            {"seconds", r.seconds}, {"tokens_per_second", tokens_per_second},
+            {"seconds", r.seconds}, {"load_seconds", load_seconds}, {"setup_seconds", r.setup_seconds},
+            {"graph_capture_seconds", r.graph_capture_seconds}, {"scoring_seconds", scoring_seconds},
+            {"tokens_per_second", tokens_per_second},
             {"gemm_paths",
              {{"marlin_fused", r.gemm_marlin_fused}, {"marlin_correction", r.gemm_marlin_correction},
               {"dequant_cublas", r.gemm_dequant_cublas}, {"fp16_body", r.gemm_fp16_body},
@@ -364,7 +395,164 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     std::printf("nll           %.6f nats/token\n", r.nll_sum / static_cast<double>(r.tokens_scored));
     std::printf("perplexity    %.4f\n", r.perplexity);
     std::printf("PPL = %.4f ± %.5f\n", r.perplexity, ppl_stderr);
-    std::printf("time          %.3f s, %.1f tokens/s\n", r.seconds, tokens_per_second);
+    std::printf("time          load %.3f s, GPU setup %.3f s (copy + pack), graph capture %.3f s, scoring %.3f s "
+                "(%.1f tokens/s)\n",
+                load_seconds, r.setup_seconds, r.graph_capture_seconds, scoring_seconds, tokens_per_second);
+    return 0;
+}
+
+// ---- score-batch: requests as JSON lines ----
+
+// One request: its tokens, how many of them are context only, and the input line it came from.
+struct BatchRequest {
+    std::vector<int32_t> tokens;
+    size_t n_context = 0;
+    size_t line = 0;
+};
+
+// A request's JSON array of token ids (int32; the library checks them against the vocabulary).
+std::vector<int32_t> json_tokens(const nlohmann::json &request, const char *key) {
+    const nlohmann::json &value = request.at(key);
+    if (!value.is_array()) throw CliError(std::string("\"") + key + "\" must be an array of token ids");
+    std::vector<int32_t> tokens;
+    tokens.reserve(value.size());
+    for (size_t i = 0; i < value.size(); ++i) {
+        const nlohmann::json &v = value[i];
+        const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                                 : v.is_number_integer() && v.get<int64_t>() >= INT32_MIN;
+        if (!fits) {
+            throw CliError(std::string("\"") + key + "\"[" + std::to_string(i) + "] = " + v.dump() +
+                           " is not a token id (an int32)");
+        }
+        tokens.push_back(v.get<int32_t>());
+    }
+    return tokens;
+}
+
+// Byte-level tokens of a request's string, one per byte (as score --text reads a file).
+void append_text_tokens(const nlohmann::json &request, const char *key, std::vector<int32_t> &tokens) {
+    const nlohmann::json &value = request.at(key);
+    if (!value.is_string()) throw CliError(std::string("\"") + key + "\" must be a string");
+    for (const char c : value.get_ref<const std::string &>()) tokens.push_back(static_cast<unsigned char>(c));
+}
+
+// One line's request, in one of three forms: {"tokens": [ids], "n_context": k (optional, default 0)},
+// {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}.
+BatchRequest parse_request(const std::string &line) {
+    const nlohmann::json request = nlohmann::json::parse(line, nullptr, false);
+    if (request.is_discarded()) throw CliError("not valid JSON");
+    if (!request.is_object()) throw CliError(std::string("expected a JSON object, got ") + request.type_name());
+    const auto only = [&request](const char *form, std::initializer_list<std::string> keys) {
+        for (auto it = request.begin(); it != request.end(); ++it) {
+            if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
+                throw CliError("unexpected key \"" + it.key() + "\" in a request with \"" + form + "\"");
+            }
+        }
+    };
+    BatchRequest r;
+    if (request.contains("tokens")) {
+        only("tokens", {"tokens", "n_context"});
+        r.tokens = json_tokens(request, "tokens");
+        if (request.contains("n_context")) {
+            if (!request["n_context"].is_number_unsigned()) {
+                throw CliError("\"n_context\" must be a non-negative integer, got " + request["n_context"].dump());
+            }
+            r.n_context = request["n_context"].get<size_t>();
+        }
+    } else if (request.contains("context") || request.contains("continuation")) {
+        only("context", {"context", "continuation"});
+        if (!request.contains("context") || !request.contains("continuation")) {
+            throw CliError("\"context\" and \"continuation\" go together");
+        }
+        r.tokens = json_tokens(request, "context");
+        r.n_context = r.tokens.size();
+        const std::vector<int32_t> continuation = json_tokens(request, "continuation");
+        r.tokens.insert(r.tokens.end(), continuation.begin(), continuation.end());
+    } else if (request.contains("text")) {
+        only("text", {"text", "context_text"});
+        if (request.contains("context_text")) append_text_tokens(request, "context_text", r.tokens);
+        r.n_context = r.tokens.size();
+        append_text_tokens(request, "text", r.tokens);
+    } else {
+        throw CliError("expected \"tokens\", \"context\" and \"continuation\", or \"text\"");
+    }
+    return r;
+}
+
+// Every request of the input, one per line; blank lines are skipped. A bad line fails naming its number.
+std::vector<BatchRequest> read_requests(std::istream &in, const std::string &name) {
+    std::vector<BatchRequest> requests;
+    std::string line;
+    for (size_t number = 1; std::getline(in, line); ++number) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        try {
+            requests.push_back(parse_request(line));
+        } catch (const CliError &e) {
+            throw CliError(name + " line " + std::to_string(number) + ": " + e.what());
+        }
+        requests.back().line = number;
+    }
+    if (in.bad()) throw CliError("cannot read " + name);
+    return requests;
+}
+
+// The library names a bad sequence "sequences[i]"; the user knows it by its input line.
+std::string name_input_line(const std::string &message, const std::vector<BatchRequest> &requests,
+                            const std::string &name) {
+    const std::string key = "sequences[";
+    const size_t at = message.find(key);
+    if (at == std::string::npos) return message;
+    const size_t i = std::strtoull(message.c_str() + at + key.size(), nullptr, 10);
+    return i < requests.size() ? name + " line " + std::to_string(requests[i].line) + ": " + message : message;
+}
+
+int cmd_score_batch(const std::string &model_path, const std::string &input, const std::string &output,
+                    const std::string &backend, int threads, int device, double progress_interval) {
+    std::vector<BatchRequest> requests;
+    const std::string input_name = input == "-" ? "stdin" : "'" + input + "'";
+    if (input == "-") {
+        requests = read_requests(std::cin, input_name);
+    } else {
+        std::ifstream in(input);
+        if (!in) throw CliError("cannot open input file '" + input + "'");
+        requests = read_requests(in, input_name);
+    }
+    ModelHandle h(model_path);
+
+    ProgressLog progress_log;
+    tl_score_options opts = scoring_options(backend, threads, progress_interval, progress_log);
+    opts.device = device;
+    std::vector<tl_sequence> sequences(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+        sequences[i].tokens = requests[i].tokens.data();
+        sequences[i].n_tokens = requests[i].tokens.size();
+        sequences[i].n_context = requests[i].n_context;
+    }
+    std::vector<tl_sequence_score> scores(requests.size());
+    progress_log.start = progress_log.last = std::chrono::steady_clock::now();
+    const tl_status status = tl_score_batch(h.model, sequences.data(), sequences.size(), &opts, scores.data(), nullptr);
+    if (status != TL_OK) {
+        throw CliError(std::string("score-batch: ") + tl_status_string(status) + ": " +
+                       name_input_line(tl_last_error_message(), requests, input_name));
+    }
+
+    std::ofstream file;
+    if (output != "-") {
+        file.open(output);
+        if (!file) throw CliError("cannot open output file '" + output + "'");
+    }
+    std::ostream &out = output == "-" ? std::cout : file;
+    for (size_t i = 0; i < scores.size(); ++i) {
+        const tl_sequence_score &s = scores[i];
+        const double mean = s.nll_sum / static_cast<double>(s.tokens_scored);
+        const nlohmann::ordered_json j = {{"index", i},         {"nll_sum", s.nll_sum},
+                                          {"tokens_scored", s.tokens_scored}, {"mean_nll", mean},
+                                          {"perplexity", std::exp(mean)},     {"greedy", s.greedy != 0}};
+        out << j.dump() << '\n';
+    }
+    out.flush();
+    if (!out) throw CliError(output == "-" ? std::string("cannot write the results to stdout")
+                                           : "cannot write '" + output + "'");
     return 0;
 }
 
@@ -427,6 +615,20 @@ int main(int argc, char **argv) {
     quantize->add_flag("--frac4", quant.frac4, "write frac4 cross-iteration rounding channels");
     quantize->add_flag("--sign-bit", quant.sign_bit, "write sign_bit cross-iteration rounding channels");
 
+    std::string import_dir, import_out;
+    int import_max_seq = 0;
+    auto *import_cmd = app.add_subcommand(
+        "import", "convert a Hugging Face-style checkpoint folder (dense, GPTQ or AWQ) of a looped model to .tinyloop");
+    import_cmd->footer(std::string("DIR holds config.json (Llama fields plus num_pre_layers and num_loops) and "
+                                   "model.safetensors or model.safetensors.index.json; see docs/format.md, "
+                                   "\"Importing Hugging Face-style checkpoints\". Dense linears stay dense "
+                                   "(tinyloop quantize makes them INT4).\n\n") +
+                       kExitStatus);
+    import_cmd->add_option("dir", import_dir, "the checkpoint folder")->required();
+    import_cmd->add_option("--out", import_out, "the .tinyloop file to write")->required();
+    import_cmd->add_option("--max-seq", import_max_seq, "max_seq of the model, 0 = config.json's max_position_embeddings")
+        ->check(CLI::Range(0, INT32_MAX))->capture_default_str();
+
     std::string text, token_file, backend = "auto", per_token;
     int threads = 0, window = 0;
     int64_t max_tokens = 0;  // signed, so that a negative value is refused rather than wrapped to "all"
@@ -454,17 +656,48 @@ int main(int argc, char **argv) {
     score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
     score->add_flag("--json", json, "print one JSON object instead of the report");
     double progress_interval = 5;
-    score->add_option("--progress-interval", progress_interval,
-                      "seconds between progress lines when stderr is not a terminal (0 = after every window)")
-        ->check(CLI::Validator(
-            [](std::string &value) {
-                char *end = nullptr;
-                const double v = std::strtod(value.c_str(), &end);
-                return end != value.c_str() && *end == '\0' && v >= 0 ? std::string()
-                                                                     : "must be 0 or a positive number of seconds";
-            },
-            "S >= 0"))
-        ->envname("TINYLOOP_PROGRESS_INTERVAL")->capture_default_str();
+    const auto add_progress_interval = [&progress_interval](CLI::App *sub, const std::string &zero_means) {
+        sub->add_option("--progress-interval", progress_interval,
+                        "seconds between progress lines when stderr is not a terminal (0 = " + zero_means + ")")
+            ->check(CLI::Validator(
+                [](std::string &value) {
+                    char *end = nullptr;
+                    const double v = std::strtod(value.c_str(), &end);
+                    return end != value.c_str() && *end == '\0' && v >= 0 ? std::string()
+                                                                         : "must be 0 or a positive number of seconds";
+                },
+                "S >= 0"))
+            ->envname("TINYLOOP_PROGRESS_INTERVAL")->capture_default_str();
+    };
+    add_progress_interval(score, "after every window");
+
+    std::string input = "-", output = "-";
+    int device = 0;
+    auto *score_batch = app.add_subcommand(
+        "score-batch", "score many sequences (JSON lines: tokens, context + continuation, or text), one result each");
+    score_batch->footer(
+        std::string("Input: one JSON object per line (blank lines are skipped), each one request in one of three "
+                    "forms:\n"
+                    "  {\"tokens\": [ids], \"n_context\": k}          the first k are context only (k optional, "
+                    "default 0)\n"
+                    "  {\"context\": [ids], \"continuation\": [ids]}  the continuation is scored\n"
+                    "  {\"text\": \"...\", \"context_text\": \"...\"}     strings as their UTF-8 bytes, one token per "
+                    "byte (context_text optional)\n"
+                    "The tokens after the context are scored (with no context, every token but the "
+                    "first). Output: one JSON object per request, in order: {\"index\", \"nll_sum\", "
+                    "\"tokens_scored\", \"mean_nll\", \"perplexity\", \"greedy\"}; greedy is true when every scored "
+                    "token is its position's most likely one. Each request must fit the model's max_seq. A line that "
+                    "is not a valid request is a runtime error naming its line number.\n\n") +
+        kExitStatus);
+    score_batch->add_option("model", model_path, "the .tinyloop file")->required();
+    score_batch->add_option("--input", input, "the requests, a JSON-lines file or - for stdin")->capture_default_str();
+    score_batch->add_option("--output", output, "where the results go, a file or - for stdout")->capture_default_str();
+    score_batch->add_option("--backend", backend, "auto | cpu | cuda")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+    score_batch->add_option("--device", device, "the CUDA device")->check(CLI::Range(0, INT32_MAX))
+        ->capture_default_str();
+    score_batch->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
+    add_progress_interval(score_batch, "after every forward pass");
 
     try {
         app.parse(argc, argv);
@@ -529,10 +762,14 @@ int main(int argc, char **argv) {
             std::printf("wrote %s\n", out_path.c_str());
             return 0;
         }
+        if (*import_cmd) return cmd_import(import_dir, import_out, import_max_seq);
         if (*score) {
             if (text.empty() && token_file.empty()) throw UsageError("score needs --text FILE or --tokens FILE");
             return cmd_score(model_path, text, token_file, backend, threads, window, static_cast<uint64_t>(max_tokens),
                              per_token, json, progress_interval);
+        }
+        if (*score_batch) {
+            return cmd_score_batch(model_path, input, output, backend, threads, device, progress_interval);
         }
     } catch (const tl::Error &e) {
         std::fprintf(stderr, "tinyloop: %s: %s\n", tl_status_string(e.code()), e.what());

@@ -339,9 +339,11 @@ void block_forward(Context &ctx, const ModelConfig &c, const Block &b, Activatio
     });
 }
 
-// nll[t] = -log softmax(h[t] head)[tokens[t + 1]] for t < T - 1. Positions are processed in chunks, each
-// chunk's logits in its worker's scratch, so the [T, vocab] logits never exist at once.
-void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *tokens, int32_t T, double *nll) {
+// nll[t] = -log softmax(h[t] head)[tokens[t + 1]] for t < T - 1, and greedy[t] = 1 when that token's logit is the
+// row's largest (a tie counts), else 0. Positions are processed in chunks, each chunk's logits in its worker's
+// scratch, so the [T, vocab] logits never exist at once.
+void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *tokens, int32_t T, double *nll,
+              uint8_t *greedy) {
     constexpr size_t kLogitBudget = size_t(1) << 20;  // floats of logits per worker
     const int32_t V = head.n, D = head.k, M = T - 1;
     const int32_t chunk = static_cast<int32_t>(std::clamp<size_t>(kLogitBudget / V, 1, 64));
@@ -356,17 +358,18 @@ void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *t
         }
         for (int32_t r = 0; r < rows; ++r) {
             const float *l = logits.data() + static_cast<size_t>(r) * V;
-            const float mx = *std::max_element(l, l + V);
+            const float mx = *std::max_element(l, l + V), target = l[tokens[t0 + r + 1]];
             double sum = 0.0;
             for (int32_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(l[v]) - mx);
-            nll[t0 + r] = mx + std::log(sum) - l[tokens[t0 + r + 1]];
+            nll[t0 + r] = mx + std::log(sum) - target;
+            greedy[t0 + r] = target == mx;
         }
     });
 }
 
 // `loop_blocks`: the looped block per iteration under cross-iteration rounding, else empty (model.loop each time).
 void score_window(Context &ctx, const Model &model, const std::vector<Block> &loop_blocks, const int32_t *tokens,
-                  int32_t T, Activations &a, double *nll) {
+                  int32_t T, Activations &a, double *nll, uint8_t *greedy) {
     const ModelConfig &c = model.config;
     const size_t D = static_cast<size_t>(c.d_model);
     for (int32_t t = 0; t < T; ++t)
@@ -379,7 +382,54 @@ void score_window(Context &ctx, const Model &model, const std::vector<Block> &lo
     for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
         rmsnorm(a.x.data() + t0 * D, model.final_norm.data(), a.xn.data() + t0 * D, t1 - t0, c.d_model, c.norm_eps);
     });
-    head_nll(ctx, model.head, a.xn.data(), tokens, T, nll);
+    head_nll(ctx, model.head, a.xn.data(), tokens, T, nll, greedy);
+}
+
+// `rows`, once the memory a call scoring windows of up to `rows` tokens needs is within the options' budget.
+int32_t within_budget(const Model &model, int32_t rows, const Context &ctx, const ScoreOptions &options) {
+    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round),
+                        options.max_memory_bytes, host_memory_bytes(), "host memory");
+    return rows;
+}
+
+// What one scoring call sets up once for windows of up to `rows` tokens (checked against the memory budget before
+// anything is allocated): the worker pool, the activations, the looped block per iteration under cross-iteration
+// rounding, and the per-position results of the last window.
+class WindowScorer {
+public:
+    WindowScorer(const Model &model, int32_t rows, const ScoreOptions &options)
+        : model_(model), ctx_(options.n_threads, &options.linear_input),
+          activations_(model.config, within_budget(model, rows, ctx_, options)),
+          nll_(static_cast<size_t>(rows) - 1), greedy_(nll_.size()) {
+        if (options.cross_iter_round) {
+            for (int32_t l = 0; l < model.config.loops; ++l) {
+                loop_blocks_.push_back(cross_iter_block(model.loop, l, model.config.loops));
+            }
+        }
+    }
+
+    // Scores tokens[0, T) as one window, positions from 0: nll(t) and greedy(t) for the prediction of token t + 1.
+    void score(const int32_t *tokens, int32_t T) {
+        score_window(ctx_, model_, loop_blocks_, tokens, T, activations_, nll_.data(), greedy_.data());
+    }
+    double nll(int32_t t) const { return nll_[t]; }
+    bool greedy(int32_t t) const { return greedy_[t] != 0; }
+
+private:
+    const Model &model_;
+    Context ctx_;
+    Activations activations_;
+    std::vector<Block> loop_blocks_;
+    std::vector<double> nll_;
+    std::vector<uint8_t> greedy_;
+};
+
+// Calls the progress callback, if any; TL_ERR_CANCELLED when it asks to stop.
+void report_progress(const ScoreOptions &options, uint64_t done, uint64_t total) {
+    if (options.progress && !options.progress(done, total)) {
+        fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " + std::to_string(done) + " of " +
+                                   std::to_string(total) + " tokens");
+    }
 }
 
 }  // namespace
@@ -394,7 +444,7 @@ uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool
     const uint64_t k_max = std::max<uint64_t>({D, A, F});
     const uint64_t logits = std::max<uint64_t>(1u << 20, static_cast<uint64_t>(c.vocab));  // head_nll's chunk
     floats += static_cast<uint64_t>(workers) * (2 * kTileCols * k_max + std::max<uint64_t>(logits, kRows * keys));
-    uint64_t bytes = floats * sizeof(float) + R * sizeof(double);  // + the window's NLLs
+    uint64_t bytes = floats * sizeof(float) + R * (sizeof(double) + 1);  // + the window's NLLs and greedy flags
     if (cross_iter_round) {
         for (int32_t i = 0; i < 5; ++i) bytes += static_cast<uint64_t>(c.loops) * model.loop.linear(i)->quant_bytes();
     }
@@ -403,39 +453,61 @@ uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool
 
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
     check_model(model, check_cpu_storage);  // a Model may be assembled by hand: checked before any pointer is followed
-    const ModelConfig &c = model.config;
-    const ScorePlan plan = plan_score(c, tokens, n_tokens, options.window);
+    const ScorePlan plan = plan_score(model.config, tokens, n_tokens, options.window);
     const int32_t L = plan.window;
     const size_t stride = static_cast<size_t>(L) - 1;
-    const size_t n_windows = plan.n_windows;
     // Sized by the tokens actually scored: a short sequence never pays for the model's max_seq.
-    const int32_t rows = static_cast<int32_t>(std::min<size_t>(L, n_tokens));
-
-    Context ctx(options.n_threads, &options.linear_input);
-    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round),
-                        options.max_memory_bytes, host_memory_bytes(), "host memory");
-    Activations activations(c, rows);
-    std::vector<Block> loop_blocks;
-    if (options.cross_iter_round) {
-        for (int32_t l = 0; l < c.loops; ++l) loop_blocks.push_back(cross_iter_block(model.loop, l, c.loops));
-    }
-    std::vector<double> nll(static_cast<size_t>(rows) - 1);
+    WindowScorer scorer(model, static_cast<int32_t>(std::min<size_t>(L, n_tokens)), options);
     ScoreResult result;
-    result.n_windows = static_cast<int32_t>(n_windows);
-    for (size_t w = 0; w < n_windows; ++w) {
+    result.n_windows = static_cast<int32_t>(plan.n_windows);
+    for (size_t w = 0; w < plan.n_windows; ++w) {
         const size_t start = w * stride;
         const int32_t len = static_cast<int32_t>(std::min<size_t>(L, n_tokens - start));
-        score_window(ctx, model, loop_blocks, tokens + start, len, activations, nll.data());
+        scorer.score(tokens + start, len);
         for (int32_t p = 0; p + 1 < len; ++p) {
-            result.nll_sum += nll[p];
-            if (options.token_nll) options.token_nll[start + p] = static_cast<float>(nll[p]);
+            result.nll_sum += scorer.nll(p);
+            if (options.token_nll) options.token_nll[start + p] = static_cast<float>(scorer.nll(p));
         }
         result.tokens_scored += static_cast<uint64_t>(len - 1);
-        if (options.progress && !options.progress(result.tokens_scored, n_tokens - 1)) {
-            fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
-                                       std::to_string(result.tokens_scored) + " of " +
-                                       std::to_string(n_tokens - 1) + " tokens");
+        report_progress(options, result.tokens_scored, n_tokens - 1);
+    }
+    return result;
+}
+
+ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_t n_sequences,
+                            const ScoreOptions &options, SequenceScore *scores) {
+    check_model(model, check_cpu_storage);
+    check_sequences(model.config, sequences, n_sequences, options.window);
+    ScoreResult result;
+    result.n_windows = static_cast<int32_t>(std::min<size_t>(n_sequences, INT32_MAX));
+    if (n_sequences == 0) return result;
+    size_t longest = 0;
+    uint64_t total = 0;  // scored tokens, what progress counts
+    for (size_t s = 0; s < n_sequences; ++s) {
+        longest = std::max(longest, sequences[s].n_tokens);
+        total += sequences[s].n_tokens - sequences[s].first_scored();
+    }
+    WindowScorer scorer(model, static_cast<int32_t>(longest), options);  // n_tokens <= max_seq: fits an int32_t
+    size_t offset = 0;  // of the sequence's first prediction in token_nll
+    for (size_t s = 0; s < n_sequences; ++s) {
+        const Sequence &q = sequences[s];
+        const int32_t len = static_cast<int32_t>(q.n_tokens);
+        scorer.score(q.tokens, len);
+        SequenceScore score;
+        // Prediction p is of token p + 1: context until p + 1 reaches first_scored().
+        for (int32_t p = static_cast<int32_t>(q.first_scored()) - 1; p + 1 < len; ++p) {
+            score.nll_sum += scorer.nll(p);
+            score.greedy = score.greedy && scorer.greedy(p);
         }
+        score.tokens_scored = q.n_tokens - q.first_scored();
+        if (options.token_nll) {
+            for (int32_t p = 0; p + 1 < len; ++p) options.token_nll[offset + p] = static_cast<float>(scorer.nll(p));
+        }
+        offset += q.n_tokens - 1;
+        scores[s] = score;
+        result.nll_sum += score.nll_sum;
+        result.tokens_scored += score.tokens_scored;
+        report_progress(options, result.tokens_scored, total);
     }
     return result;
 }

@@ -70,8 +70,10 @@ bool parse_dtype(const std::string &text, DType *out) {
     return false;
 }
 
-// Index of the first NaN/Inf among `count` values, or `count`. Reads through memcpy so that alignment never
-// matters, and tests the exponent bits directly rather than converting every value to float.
+}  // namespace
+
+// Reads through memcpy so that alignment never matters, and tests the exponent bits directly rather than converting
+// every value to float.
 size_t first_nonfinite(DType dtype, const void *data, size_t count) {
     const auto *bytes = static_cast<const uint8_t *>(data);
     for (size_t i = 0; i < count; ++i) {
@@ -88,6 +90,8 @@ size_t first_nonfinite(DType dtype, const void *data, size_t count) {
     }
     return count;
 }
+
+namespace {
 
 // ---- Reading the file ----
 
@@ -274,8 +278,9 @@ void check_no_overlap(const std::map<std::string, TensorEntry> &tensors) {
 }
 
 // The length prefix, the JSON and __metadata__; tensor entries are parsed later, once the metadata says the
-// file is a version this library reads.
-Header parse_header(const FileBytes &file) {
+// file is a version this library reads. A .tinyloop file needs __metadata__; another writer's safetensors file
+// (read_safetensors) may go without.
+Header parse_header(const FileBytes &file, bool require_metadata = true) {
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file.data[i];  // little-endian
     if (header_len == 0) fail(TL_ERR_FORMAT, "header length is 0");
@@ -317,7 +322,10 @@ Header parse_header(const FileBytes &file) {
     header.data_size = file.size - 8 - header_len;
 
     const auto meta = header.root.find(kMetadataKey);
-    if (meta == header.root.end()) fail(TL_ERR_FORMAT, "header has no __metadata__ (not a .tinyloop file)");
+    if (meta == header.root.end()) {
+        if (!require_metadata) return header;
+        fail(TL_ERR_FORMAT, "header has no __metadata__ (not a .tinyloop file)");
+    }
     if (!meta->is_object()) fail(TL_ERR_FORMAT, "__metadata__ is not a JSON object");
     for (const auto &kv : meta->items()) {
         if (!kv.value().is_string()) fail(TL_ERR_FORMAT, "__metadata__ value " + quoted(kv.key()) + " is not a string");
@@ -563,13 +571,7 @@ public:
             model->head = load_linear("head", d, v);
             model->head_kind = model->head.quantized ? HeadKind::Quantized : HeadKind::Dense;
         } else {
-            model->head_kind = HeadKind::Tied;
-            model->head.name = "head";
-            model->head.k = d;
-            model->head.n = v;
-            model->head.dense_dtype = model->embed_dtype;
-            model->head.dense = model->embed;
-            model->head.keepalive = storage_;
+            model->tie_head(storage_);
         }
 
         for (const auto &kv : header_.tensors) model->tensor_bytes += kv.second.end - kv.second.begin;
@@ -718,6 +720,25 @@ std::unique_ptr<Model> load_model(const std::string &path, const LoadOptions &op
         return model;
     } catch (const Error &e) {
         fail(e.code(), quoted(path) + ": " + e.what());  // every message then says which file
+    }
+}
+
+SafetensorsFile read_safetensors(const std::string &path, bool use_mmap) {
+    FileBytes file = open_file(path, use_mmap);
+    try {
+        Header header = parse_header(file, /*require_metadata=*/false);
+        parse_tensor_entries(&header);
+        SafetensorsFile out;
+        out.path = path;
+        out.metadata = std::move(header.metadata);
+        for (auto &kv : header.tensors) {
+            TensorEntry &t = kv.second;
+            out.tensors.emplace(kv.first, SafetensorsTensor{t.name, t.dtype, std::move(t.shape), t.bytes, t.end - t.begin});
+        }
+        out.keepalive = file.owner;
+        return out;
+    } catch (const Error &e) {
+        fail(e.code(), quoted(path) + ": " + e.what());
     }
 }
 

@@ -40,6 +40,33 @@ struct TensorView {
 void write_safetensors(const std::string &path, const std::map<std::string, std::string> &metadata,
                        const std::vector<TensorView> &tensors);
 
+// One tensor of a safetensors file read by read_safetensors: a view into the file's bytes, which need not be aligned
+// for the dtype (other writers do not align tensors): copy before a typed read, or read through memcpy.
+struct SafetensorsTensor {
+    std::string name;
+    DType dtype = DType::U8;
+    std::vector<int64_t> shape;
+    const uint8_t *data = nullptr;
+    uint64_t bytes = 0;  // dtype_size(dtype) * prod(shape), checked against the file
+};
+
+// Any safetensors file (another writer's checkpoint, for importers), with the loader's checks of the byte layout:
+// header length and JSON, __metadata__ strings (optional here), dtypes among DType's five, shapes, data_offsets
+// within the data section, no overlaps. No tensor names or values are checked. The bytes stay mapped (use_mmap)
+// or read into one buffer as long as `keepalive` lives, so a multi-GB checkpoint is never copied whole.
+struct SafetensorsFile {
+    std::string path;
+    std::map<std::string, std::string> metadata;  // empty when the file has no __metadata__
+    std::map<std::string, SafetensorsTensor> tensors;
+    std::shared_ptr<const void> keepalive;
+};
+
+// Throws TL_ERR_IO (open/map/read, not a regular file) or TL_ERR_FORMAT; messages start with the path.
+SafetensorsFile read_safetensors(const std::string &path, bool use_mmap = true);
+
+// Index of the first NaN/Inf among `count` F16/BF16/F32 values at `data` (any alignment), or `count`.
+size_t first_nonfinite(DType dtype, const void *data, size_t count);
+
 // Serializes a model with the documented tensor names (quantized or dense linears, tied or separate head).
 void save_model(const std::string &path, const Model &model);
 

@@ -75,4 +75,14 @@ std::vector<const Linear *> Model::linears() const {
     return out;
 }
 
+void Model::tie_head(std::shared_ptr<const void> storage) {
+    head_kind = HeadKind::Tied;
+    head.name = "head";
+    head.k = config.d_model;
+    head.n = config.vocab;
+    head.dense_dtype = embed_dtype;
+    head.dense = embed;
+    head.keepalive = std::move(storage);
+}
+
 }  // namespace tl

@@ -103,6 +103,10 @@ struct Model {
     // Every Linear in canonical order: pre.0.attn_qkv … pre.{P-1}.mlp_down, loop.attn_qkv … loop.mlp_down,
     // head (the head only when it is not tied).
     std::vector<const Linear *> linears() const;
+
+    // Makes the head the embedding table itself ([K = d_model, N = vocab], the table's dtype), kept alive by
+    // `storage`.
+    void tie_head(std::shared_ptr<const void> storage);
 };
 
 // Reads element i of an F16/F32/BF16 array as float.

@@ -344,11 +344,12 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
 
     const bool packable = props.marlin_supported && marlin_shape_error(w.k, w.n, w.group_size) == nullptr;
     dw->kernel_group_size = marlin_kernel_group_size(w.k, w.group_size);
+    MarlinPacked fused;  // kept until the correction form has compared its tiles with it
     if (packable && (forms & TL_FORM_MARLIN_FUSED)) {
-        const MarlinPacked p = marlin_pack(w, MarlinMode::Fused);
-        dw->words = DeviceBuffer::upload(device, p.words, stream);
-        dw->fused_scales = DeviceBuffer::upload(device, p.scales, stream);
-        dw->fused_zeros = DeviceBuffer::upload(device, p.zeros, stream);
+        fused = marlin_pack(w, MarlinMode::Fused);
+        dw->words = DeviceBuffer::upload(device, fused.words, stream);
+        dw->fused_scales = DeviceBuffer::upload(device, fused.scales, stream);
+        dw->fused_zeros = DeviceBuffer::upload(device, fused.zeros, stream);
         dw->has_fused = true;
     }
     if (packable && (forms & TL_FORM_MARLIN_CORRECTION)) {
@@ -358,7 +359,6 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
             dw->words = DeviceBuffer::upload(device, p.words, stream);
             dw->fused_scales = DeviceBuffer::upload(device, p.scales, stream);
         } else {
-            const MarlinPacked fused = marlin_pack(w, MarlinMode::Fused);
             if (fused.words != p.words) dw->corr_words = DeviceBuffer::upload(device, p.words, stream);
             if (fused.scales != p.scales) dw->corr_scales = DeviceBuffer::upload(device, p.scales, stream);
         }

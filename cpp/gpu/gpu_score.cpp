@@ -2,16 +2,21 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 
 #include "util/error.hpp"
 #include "util/log.hpp"
+#include "util/thread_pool.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
@@ -117,6 +122,10 @@ GpuScoreStats GpuModel::stats() const { return {}; }
 uint64_t GpuModel::device_bytes() const { return 0; }
 
 ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *, GpuScoreStats *) {
+    fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
+}
+ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOptions &, int32_t, void *,
+                             SequenceScore *, GpuScoreStats *) {
     fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
 }
 
@@ -229,13 +238,27 @@ struct Activations {
     Buffer gu;             // FP16 [rows][2F] (fused) or gate [rows][F] + up at up_offset
     Buffer hidden;         // FP16 [rows][F], SwiGLU output
     Buffer logits;         // FP16 [chunk][head rows]
-    Buffer tokens;         // INT32 [rows]
+    Buffer meta;           // INT32: the pass's tokens, targets and positions [rows] each, then segment offsets
     Buffer nll;            // FP32 [rows]
+    Buffer greedy;         // UINT8 [rows]
     Buffer rope_cos, rope_sin;  // FP32 [rows][head_dim/2]
     uint64_t bytes = 0;
+
+    int32_t *tokens() const { return meta.as<int32_t>(); }
+    int32_t *targets() const { return tokens() + rows; }     // token r + 1 of r's sequence, -1 at a sequence's end
+    int32_t *positions() const { return tokens() + 2 * rows; }  // r's position inside its sequence
+    int32_t *offsets() const { return tokens() + 3 * rows; }    // [segments + 1]
 };
 
-// One window length's captured forward pass.
+// The shape of one pass: T rows holding `segments` sequences of at most max_len tokens. A graph is captured per shape.
+struct PassShape {
+    int32_t rows = 0, segments = 0, max_len = 0;
+    bool operator<(const PassShape &o) const {
+        return std::tie(rows, segments, max_len) < std::tie(o.rows, o.segments, o.max_len);
+    }
+};
+
+// One pass shape's captured forward pass.
 struct Graph {
     cudaGraphExec_t exec = nullptr;
     Tally per_replay;                 // the GEMMs one replay runs
@@ -252,7 +275,13 @@ std::array<int32_t, 5> dispatch_settings() {
 }
 
 constexpr size_t kLogitBudgetBytes = size_t(64) << 20;  // default logits chunk
-constexpr size_t kMaxGraphs = 8;                          // cached window lengths per GpuModel
+constexpr size_t kMaxGraphs = 8;                          // cached pass shapes per GpuModel
+// Tokens per forward pass when sequences are packed together: enough rows that the GEMMs run at full speed, few
+// enough that the activations stay near 1 GB on the 2B shape. A longer sequence gets a pass of its own length.
+constexpr int32_t kPassTokens = 8192;
+// The vocabulary (head rows) is padded to this multiple: cuBLAS's fast FP16 kernels need leading dimensions that are
+// multiples of 8, the Marlin-class kernels N % 64 == 0. The padding rows are zero; head_nll never reads their logits.
+constexpr int32_t kHeadRowMultiple = 64;
 
 int32_t round_up(int64_t v, int64_t multiple) { return static_cast<int32_t>((v + multiple - 1) / multiple * multiple); }
 
@@ -277,13 +306,16 @@ struct GpuModel::State {
 
     Activations act;
     Buffer workspace;  // the dispatcher's, zero-filled once
+    std::vector<int32_t> host_meta;  // the layout of act.meta
     std::vector<float> host_nll;
-    std::map<int32_t, std::unique_ptr<Graph>> graphs;
-    std::set<int32_t> uncapturable;  // window lengths whose capture failed: they run eagerly
+    std::vector<uint8_t> host_greedy;
+    std::map<PassShape, std::unique_ptr<Graph>> graphs;
+    std::set<PassShape> uncapturable;  // pass shapes whose capture failed: they run eagerly
 
     uint64_t dense_calls = 0;  // cuBLAS GEMMs enqueued (captured ones included)
     Tally ran;                 // GEMMs executed
     uint64_t windows = 0, captures = 0, replays = 0;
+    double capture_seconds = 0.0;
 
     ~State() {
         graphs.clear();
@@ -363,71 +395,84 @@ void ensure_cublas(GpuModel::State &s) {
     if (s.cublas != nullptr) return;
     std::string why;
     const gpu::CublasApi *cublas = gpu::cublas_api(&why);
-    if (cublas == nullptr) fail(TL_ERR_CUDA, "cuBLAS is not available: " + why);
+    // UNSUPPORTED, not a CUDA error: a machine with a driver but without cuBLAS cannot run this model on the GPU, and
+    // the AUTO backend then scores on the CPU.
+    if (cublas == nullptr) fail(TL_ERR_UNSUPPORTED, "cuBLAS is not available: " + why);
     const cublasStatus_t st = cublas->create(&s.cublas);
     if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
 }
 
-DeviceLinear make_linear(GpuModel::State &s, const Linear &w) {
+// A linear on the device, its rows (N) padded with zero rows to a multiple of `n_multiple`. Runs on any thread (with
+// the model's device current): ensure_cublas has run before.
+DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_multiple = 1) {
     DeviceLinear d;
     d.name = w.name;
     d.k = w.k;
-    d.n = w.n;
+    d.n = round_up(w.n, n_multiple);
     if (w.quantized) {
-        ensure_cublas(s);  // the dispatcher's cuBLAS paths use the model's own handle (see gemm)
         PackOutcome outcome;
-        d.quant = pack_weight(w, s.device, s.own_stream, s.options.forms, &outcome);
+        d.quant = pack_weight(d.n == w.n ? w : pad_linear_rows(w, n_multiple), s.device, s.own_stream,
+                              s.options.forms, &outcome);
         d.groups = w.n_groups();
         d.bytes = outcome.device_bytes;
     } else {
-        ensure_cublas(s);
-        const std::vector<uint16_t> values = dense_fp16(w);
+        std::vector<uint16_t> values = dense_fp16(w);
+        values.resize(static_cast<size_t>(d.n) * w.k, 0);
         d.dense = Buffer::upload(values.data(), values.size() * sizeof(uint16_t));
         d.dense_values = d.dense.as<uint16_t>();
         d.bytes = d.dense.bytes();
     }
-    s.weight_bytes += d.bytes;
     return d;
 }
 
-DeviceBlock make_block(GpuModel::State &s, const Block &b) {
-    DeviceBlock d;
+// Building a model's linear layers: each job converts or packs one on the host and uploads it, independently of the
+// others, so that they run on a thread pool (packing is most of a model's first-call time).
+using LinearJobs = std::vector<std::function<void()>>;
+
+void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, const Linear &w,
+                int32_t n_multiple = 1) {
+    jobs.push_back([&s, &slot, &w, n_multiple] { slot = make_linear(s, w, n_multiple); });
+}
+
+// The block's norms now, its linears as jobs writing into `d` (which must stay where it is until they have run).
+void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &jobs) {
     d.attn_norm = upload_floats(b.attn_norm);
     d.mlp_norm = upload_floats(b.mlp_norm);
     s.weight_bytes += d.attn_norm.bytes() + d.mlp_norm.bytes();
-    d.qkv = make_linear(s, b.attn_qkv);
-    d.out = make_linear(s, b.attn_out);
+    add_linear(jobs, s, d.qkv, b.attn_qkv);
+    add_linear(jobs, s, d.out, b.attn_out);
     const Linear &gate = b.mlp_gate, &up = b.mlp_up;
     if (gate.quantized && up.quantized && gate.group_size == up.group_size) {
-        const std::string prefix = gate.name.substr(0, gate.name.rfind('.') + 1);
-        d.gate_up = make_linear(s, concat_linear_rows(gate, up, prefix + "mlp_gate_up"));
+        const std::string name = gate.name.substr(0, gate.name.rfind('.') + 1) + "mlp_gate_up";
+        jobs.push_back([&s, &d, &gate, &up, name] { d.gate_up = make_linear(s, concat_linear_rows(gate, up, name)); });
     } else {
-        d.gate_up = make_linear(s, gate);
-        d.up = make_linear(s, up);
+        add_linear(jobs, s, d.gate_up, gate);
+        add_linear(jobs, s, d.up, up);
     }
-    d.down = make_linear(s, b.mlp_down);
-    return d;
+    add_linear(jobs, s, d.down, b.mlp_down);
 }
 
-DeviceLinear make_head(GpuModel::State &s, const Model &model) {
+// Whether the head is the FP16 embedding table itself, which then serves as the head's weight on the device.
+bool head_is_f16_table(const Model &model) {
+    return model.head_kind == HeadKind::Tied && !model.head.quantized && model.head.dense == model.embed &&
+           model.embed_dtype == DType::F16;
+}
+
+// The head: a job for a linear of its own, or the uploaded FP16 embedding table.
+void make_head(GpuModel::State &s, const Model &model, LinearJobs &jobs) {
     const Linear &w = model.head;
-    if (w.quantized) {
-        // The Marlin-class kernel needs N % 64 == 0; the padding rows' logits are never read by head_nll.
-        return make_linear(s, w.n % 64 == 0 ? w : pad_linear_rows(w, 64));
+    if (!head_is_f16_table(model)) {
+        add_linear(jobs, s, s.head, w, kHeadRowMultiple);
+        return;
     }
-    if (model.head_kind == HeadKind::Tied && w.dense == model.embed && model.embed_dtype == DType::F16) {
-        ensure_cublas(s);
-        DeviceLinear d;
-        d.name = w.name;
-        d.k = w.k;
-        d.n = w.n;
-        d.dense_values = s.embed.as<uint16_t>();  // the table is the FP16 weight already
-        return d;
-    }
-    return make_linear(s, w);
+    DeviceLinear &d = s.head;
+    d.name = w.name;
+    d.k = w.k;
+    d.n = round_up(w.n, kHeadRowMultiple);    // the table was uploaded with that many rows, the extra ones zero
+    d.dense_values = s.embed.as<uint16_t>();  // the table is the FP16 weight already
 }
 
-// ---- Running a window ----
+// ---- Running a pass ----
 
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream) {
     if (w.quant) {
@@ -440,24 +485,27 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
     ++s.dense_calls;
 }
 
-// The forward pass of one window of T tokens (already in act.tokens) up to act.nll[0 .. T-2]. Enqueues only.
-void enqueue_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
+// The forward pass of one pass (its tokens, targets, positions and segment offsets already in act.meta) up to
+// act.nll and act.greedy for every row. Enqueues only.
+void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
     const ModelConfig &c = s.config;
-    const int32_t D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
+    const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
     Activations &a = s.act;
     float *x = a.x.as<float>();
     uint16_t *xn = a.xn.as<uint16_t>(), *qkv = a.qkv.as<uint16_t>(), *att = a.att.as<uint16_t>();
     uint16_t *proj = a.proj.as<uint16_t>(), *gu = a.gu.as<uint16_t>(), *hidden = a.hidden.as<uint16_t>();
-    int32_t *tokens = a.tokens.as<int32_t>();
+    const gpu::Segments segments{a.offsets(), shape.segments, shape.max_len};
 
-    check_rc(gpu::embed_gather(tokens, s.embed.as(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
+    check_rc(gpu::embed_gather(a.tokens(), s.embed.as(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
     const uint16_t *pending = nullptr;  // the last block's mlp_down output, added to x by the next norm
     auto run_block = [&](const DeviceBlock &b) {
         check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.as<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + attn_norm");
         gemm(s, b.qkv, xn, qkv, T, stream);
-        check_rc(gpu::rope_qk(qkv, a.rope_cos.as<float>(), a.rope_sin.as<float>(), T, H, hd, stream), "RoPE");
-        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream), "attention");
+        check_rc(gpu::rope_qk(qkv, a.rope_cos.as<float>(), a.rope_sin.as<float>(), T, H, hd, stream, a.positions()),
+                 "RoPE");
+        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, gpu::AttentionKernel::Auto, segments),
+                 "attention");
         gemm(s, b.out, att, proj, T, stream);
         check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.as<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + mlp_norm");
@@ -476,22 +524,26 @@ void enqueue_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
     check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.as<float>(), xn, T, D, c.norm_eps, stream),
              "residual + final_norm");
 
-    // Position t predicts token t + 1: T - 1 positions, in chunks whose logits fit the buffer.
-    for (int32_t t0 = 0; t0 < T - 1; t0 += a.chunk) {
-        const int32_t rows = std::min(a.chunk, T - 1 - t0);
+    // Every row, in chunks whose logits fit the buffer; a sequence's last row has target -1 and is not read back.
+    for (int32_t t0 = 0; t0 < T; t0 += a.chunk) {
+        const int32_t rows = std::min(a.chunk, T - t0);
         uint16_t *logits = a.logits.as<uint16_t>();
         gemm(s, s.head, xn + static_cast<size_t>(t0) * D, logits, rows, stream);
-        check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, tokens + t0 + 1, a.nll.as<float>() + t0, stream),
+        check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, a.targets() + t0, a.nll.as<float>() + t0, stream,
+                               a.greedy.as<uint8_t>() + t0),
                  "head log-softmax");
     }
 }
 
-// The buffer sizes of Activations for windows of `rows` tokens, in bytes.
+// The buffer sizes of Activations for passes of `rows` tokens, in bytes.
 struct ActivationSizes {
     int32_t chunk = 0;
     size_t up_offset = 0;  // halves
-    size_t x = 0, xn = 0, qkv = 0, att = 0, proj = 0, gu = 0, hidden = 0, logits = 0, tokens = 0, nll = 0, rope = 0;
-    size_t total() const { return x + xn + qkv + att + proj + gu + hidden + logits + tokens + nll + 2 * rope; }
+    size_t x = 0, xn = 0, qkv = 0, att = 0, proj = 0, gu = 0, hidden = 0, logits = 0, meta = 0, nll = 0, greedy = 0,
+           rope = 0;
+    size_t total() const {
+        return x + xn + qkv + att + proj + gu + hidden + logits + meta + nll + greedy + 2 * rope;
+    }
 };
 
 ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
@@ -500,7 +552,7 @@ ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
     const int32_t auto_chunk = static_cast<int32_t>(
         std::max<size_t>(8, kLogitBudgetBytes / (static_cast<size_t>(s.head.n) * sizeof(uint16_t)) / 8 * 8));
     z.chunk = std::min(s.options.head_chunk_rows > 0 ? round_up(s.options.head_chunk_rows, 8) : auto_chunk,
-                       round_up(rows - 1, 8));
+                       round_up(rows, 8));
     const size_t R = static_cast<size_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
     const size_t half = sizeof(uint16_t);
     z.up_offset = (R * F + 7) / 8 * 8;
@@ -512,8 +564,9 @@ ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
     z.gu = (z.up_offset + R * F) * half;  // >= R * 2F: holds the fused layout too
     z.hidden = R * F * half;
     z.logits = static_cast<size_t>(z.chunk) * s.head.n * half;
-    z.tokens = R * sizeof(int32_t);
+    z.meta = (4 * R + 1) * sizeof(int32_t);  // tokens, targets, positions, and up to R + 1 segment offsets
     z.nll = R * sizeof(float);
+    z.greedy = R;
     z.rope = R * (c.head_dim / 2) * sizeof(float);
     return z;
 }
@@ -528,7 +581,21 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
     return needed;
 }
 
-// Activations for windows of `rows` tokens and a workspace for every weight at that many rows; both only grow.
+// The rows a call's passes hold: pass_tokens (0: kPassTokens), or the longest sequence when that is longer, but never more than the
+// call's sequences need in all; and within the budget when one is set (down to the longest sequence, which must fit).
+int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest, size_t total_tokens,
+                  uint64_t budget) {
+    const int32_t wanted = pass_tokens > 0 ? pass_tokens : kPassTokens;
+    int32_t rows = static_cast<int32_t>(std::min<size_t>(std::max(wanted, longest), total_tokens));
+    while (budget != 0 && rows > longest) {
+        const ActivationSizes z = activation_sizes(s, rows);
+        if (z.total() + workspace_bytes(s, rows, z.chunk) <= budget) break;
+        rows = std::max(longest, rows / 2);
+    }
+    return rows;
+}
+
+// Activations for passes of `rows` tokens and a workspace for every weight at that many rows; both only grow.
 // Any change drops the captured graphs (they hold the old addresses). The working set a call of `rows` tokens
 // uses is checked against the budget before anything is allocated.
 void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStream_t stream) {
@@ -555,15 +622,18 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         a.gu = Buffer(z.gu);
         a.hidden = Buffer(z.hidden);
         a.logits = Buffer(z.logits);
-        a.tokens = Buffer(z.tokens);
+        a.meta = Buffer(z.meta);
         a.nll = Buffer(z.nll);
+        a.greedy = Buffer(z.greedy);
         std::vector<float> cos_table, sin_table;
         rope_tables(rows, c.head_dim, c.rope_theta, cos_table, sin_table);
         a.rope_cos = upload_floats(cos_table);
         a.rope_sin = upload_floats(sin_table);
         a.bytes = z.total();
         s.act = std::move(a);
+        s.host_meta.assign(z.meta / sizeof(int32_t), 0);
         s.host_nll.resize(static_cast<size_t>(rows));
+        s.host_greedy.resize(static_cast<size_t>(rows));
     }
     // Sized at every call: the dequantize + cuBLAS path's share depends on the current dispatcher settings.
     if (needed > s.workspace.bytes()) {
@@ -574,7 +644,8 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
     }
 }
 
-std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_t stream) {
+std::unique_ptr<Graph> capture_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
+    const auto start = std::chrono::steady_clock::now();
     auto g = std::make_unique<Graph>();
     g->settings = dispatch_settings();
     const Tally before = s.counted();
@@ -583,7 +654,7 @@ std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_
     check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
     cudaGraph_t graph = nullptr;
     try {
-        enqueue_window(s, T, stream);
+        enqueue_pass(s, shape, stream);
     } catch (...) {
         cudaStreamEndCapture(stream, &graph);  // leave the stream out of capture mode whatever failed
         if (graph != nullptr) cudaGraphDestroy(graph);
@@ -591,21 +662,22 @@ std::unique_ptr<Graph> capture_window(GpuModel::State &s, int32_t T, cudaStream_
         throw;
     }
     check_cuda(cudaStreamEndCapture(stream, &graph),
-               "capturing the forward pass of a " + std::to_string(T) + "-token window");
+               "capturing the forward pass of " + std::to_string(shape.rows) + " tokens");
     const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
     cudaGraphDestroy(graph);
     check_cuda(err, "cudaGraphInstantiate");
     g->per_replay = s.counted() - before;
     ++s.captures;
+    s.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return g;
 }
 
-// Without graphs: enqueue the window. With graphs: replay the window length's graph when it is still valid; else run
-// the window eagerly (which also performs the dispatcher's lazy set-up: cuBLAS handles, occupancy queries, neither of
-// which may happen inside a capture) and then capture it for the next windows of this length. Returns the GEMMs run.
-Tally run_window(GpuModel::State &s, int32_t T, cudaStream_t stream, bool use_graphs) {
+// Without graphs: enqueue the pass. With graphs: replay the pass shape's graph when it is still valid; else run the
+// pass eagerly (which also performs the dispatcher's lazy set-up: cuBLAS handles, occupancy queries, neither of which
+// may happen inside a capture) and then capture it for the next passes of this shape. Returns the GEMMs run.
+Tally run_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream, bool use_graphs) {
     if (use_graphs) {
-        const auto it = s.graphs.find(T);
+        const auto it = s.graphs.find(shape);
         if (it != s.graphs.end()) {
             const Graph &g = *it->second;
             if (g.settings == dispatch_settings()) {
@@ -617,23 +689,142 @@ Tally run_window(GpuModel::State &s, int32_t T, cudaStream_t stream, bool use_gr
         }
     }
     const Tally before = s.counted();
-    enqueue_window(s, T, stream);
+    enqueue_pass(s, shape, stream);
     const Tally ran = s.counted() - before;
-    if (use_graphs && s.uncapturable.count(T) == 0) {
+    if (use_graphs && s.uncapturable.count(shape) == 0) {
         if (s.graphs.size() >= kMaxGraphs) s.graphs.clear();
-        // The window has already run eagerly, so a failed capture costs speed, never the result: this window length
-        // then stays eager on this model. (The per-weight dispatch counters keep the GEMMs the failed capture
-        // enqueued.)
+        // The pass has already run eagerly, so a failed capture costs speed, never the result: this shape then stays
+        // eager on this model. (The per-weight dispatch counters keep the GEMMs the failed capture enqueued.)
         try {
-            s.graphs.emplace(T, capture_window(s, T, stream));
+            s.graphs.emplace(shape, capture_pass(s, shape, stream));
         } catch (const std::exception &e) {
             cudaGetLastError();  // a failed capture's error is not sticky: clear it for the next launch checks
-            s.uncapturable.insert(T);
-            log(TL_LOG_WARN, "CUDA graph capture of a " + std::to_string(T) + "-token window failed (" + e.what() +
-                                 "); this window length runs without graphs on this model");
+            s.uncapturable.insert(shape);
+            log(TL_LOG_WARN, "CUDA graph capture of a " + std::to_string(shape.rows) + "-token pass failed (" +
+                                 e.what() + "); passes of this shape run without graphs on this model");
         }
     }
     return ran;
+}
+
+// One sequence of a call: tokens[0, len), scored from index first_scored on; token j's NLL (j >= 1) goes to
+// token_nll[j - 1] when token_nll is set; its result to scores[index] when scores is set.
+struct Segment {
+    const int32_t *tokens;
+    int32_t len;
+    int32_t first_scored;
+    float *token_nll;
+};
+
+// Scores `segments` in passes of up to a pass's rows (pass_rows), packing consecutive segments into each: uploads
+// a pass's metadata, runs it (run_pass), reads its NLLs back and adds them up per segment. Holds `lock` except
+// around the progress callback, which is called after each pass with (scored tokens done, all scored tokens).
+ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segments, const ScoreOptions &options,
+                           cudaStream_t stream, std::unique_lock<std::mutex> &lock, GpuScoreStats &stats,
+                           SequenceScore *scores) {
+    int32_t longest = 0;
+    size_t total_tokens = 0;
+    uint64_t to_score = 0;
+    for (const Segment &g : segments) {
+        longest = std::max(longest, g.len);
+        total_tokens += static_cast<size_t>(g.len);
+        to_score += static_cast<uint64_t>(g.len - g.first_scored);
+    }
+    ScoreResult result;
+    if (segments.empty()) return result;
+    const int32_t capacity = pass_rows(s, options.pass_tokens, longest, total_tokens, options.max_memory_bytes);
+    ensure_buffers(s, capacity, options.max_memory_bytes, stream);
+
+    for (size_t first = 0; first < segments.size();) {
+        // The pass: as many consecutive segments as fit `capacity` rows (at least one). The buffers may be larger,
+        // from an earlier call; their layout follows their own size R.
+        const int32_t R = s.act.rows;
+        int32_t *tokens = s.host_meta.data(), *targets = tokens + R, *positions = tokens + 2 * R;
+        int32_t *offsets = tokens + 3 * R;
+        PassShape shape;
+        size_t end = first;
+        while (end < segments.size() && shape.segments < gpu::kMaxSegments &&
+               (end == first || shape.rows + segments[end].len <= capacity)) {
+            const Segment &g = segments[end++];
+            offsets[shape.segments++] = shape.rows;
+            for (int32_t j = 0; j < g.len; ++j) {
+                tokens[shape.rows + j] = g.tokens[j];
+                targets[shape.rows + j] = j + 1 < g.len ? g.tokens[j + 1] : -1;
+                positions[shape.rows + j] = j;
+            }
+            shape.rows += g.len;
+            shape.max_len = std::max(shape.max_len, g.len);
+        }
+        offsets[shape.segments] = shape.rows;
+        // Copied up to the offsets' end: every field of the pass's layout, not the unused tail.
+        check_cuda(cudaMemcpyAsync(s.act.meta.as(), tokens, (3 * static_cast<size_t>(R) + shape.segments + 1) *
+                                                                sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream),
+                   "cudaMemcpyAsync (tokens)");
+        const uint64_t captures = s.captures, replays = s.replays;
+        const double capture_seconds = s.capture_seconds;
+        const Tally ran = run_pass(s, shape, stream, options.use_graphs);
+        check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.as(), shape.rows * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (NLL)");
+        check_cuda(cudaMemcpyAsync(s.host_greedy.data(), s.act.greedy.as(), shape.rows, cudaMemcpyDeviceToHost,
+                                   stream),
+                   "cudaMemcpyAsync (greedy)");
+        check_cuda(cudaStreamSynchronize(stream), "the forward pass of " + std::to_string(shape.rows) + " tokens");
+        s.ran += ran;
+        s.windows += end - first;
+        add_tally(stats, ran);
+        stats.windows += end - first;
+        stats.graph_captures += s.captures - captures;
+        stats.graph_replays += s.replays - replays;
+        stats.capture_seconds += s.capture_seconds - capture_seconds;
+        for (size_t i = first; i < end; ++i) {
+            const Segment &g = segments[i];
+            const size_t row0 = static_cast<size_t>(offsets[i - first]);
+            SequenceScore score;
+            for (int32_t j = 1; j < g.len; ++j) {  // token j, predicted by row j - 1
+                const float nll = s.host_nll[row0 + j - 1];
+                if (g.token_nll != nullptr) g.token_nll[j - 1] = nll;
+                if (j < g.first_scored) continue;
+                score.nll_sum += nll;
+                score.greedy = score.greedy && s.host_greedy[row0 + j - 1] != 0;
+            }
+            score.tokens_scored = static_cast<uint64_t>(g.len - g.first_scored);
+            result.nll_sum += score.nll_sum;
+            result.tokens_scored += score.tokens_scored;
+            if (scores != nullptr) scores[i] = score;
+        }
+        first = end;
+        if (options.progress) {
+            lock.unlock();
+            const bool go_on = options.progress(result.tokens_scored, to_score);
+            lock.lock();
+            if (!go_on) {
+                fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
+                                           std::to_string(result.tokens_scored) + " of " + std::to_string(to_score) +
+                                           " tokens");
+            }
+            // A call made meanwhile may have dropped graphs or grown the workspace (settings change): check again.
+            ensure_buffers(s, capacity, options.max_memory_bytes, stream);
+        }
+    }
+    return result;
+}
+
+// The checks score_cuda and score_batch_cuda share; returns the stream to run on.
+cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t device, void *stream) {
+    if (device != s.device) {
+        fail(TL_ERR_INVALID_ARGUMENT, "device " + std::to_string(device) + " is not the GpuModel's device " +
+                                          std::to_string(s.device));
+    }
+    if (options.pass_tokens < 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "pass_tokens = " + std::to_string(options.pass_tokens) + " is negative");
+    }
+    if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
+    if (options.cross_iter_round && s.loop_has_rounding_channels) {
+        fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
+    }
+    return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
 }
 
 }  // namespace
@@ -655,17 +846,36 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
 
     const ModelConfig &c = model.config;
     s->embed_type = table_type(model.embed_dtype);
-    s->embed = Buffer::upload(model.embed, static_cast<size_t>(c.vocab) * c.d_model * dtype_size(model.embed_dtype));
+    const size_t table_bytes = static_cast<size_t>(c.vocab) * c.d_model * dtype_size(model.embed_dtype);
+    if (head_is_f16_table(model)) {
+        // The table doubles as the head's weight: its rows padded with zeros as make_linear pads a head's.
+        s->embed = Buffer(static_cast<size_t>(round_up(c.vocab, kHeadRowMultiple)) * c.d_model * sizeof(uint16_t));
+        check_cuda(cudaMemset(s->embed.as(), 0, s->embed.bytes()), "cudaMemset (embedding padding)");
+        check_cuda(cudaMemcpy(s->embed.as(), model.embed, table_bytes, cudaMemcpyHostToDevice),
+                   "cudaMemcpy (upload)");
+    } else {
+        s->embed = Buffer::upload(model.embed, table_bytes);
+    }
     s->weight_bytes += s->embed.bytes();
-    for (const Block &b : model.pre) s->pre.push_back(make_block(*s, b));
-    s->loop = make_block(*s, model.loop);
+    ensure_cublas(*s);  // dense layers, and the dispatcher's cuBLAS paths, use the model's own handle (see gemm)
+    LinearJobs jobs;
+    s->pre.resize(model.pre.size());  // the jobs write into these blocks: they must not move
+    for (size_t i = 0; i < model.pre.size(); ++i) make_block(*s, model.pre[i], s->pre[i], jobs);
+    make_block(*s, model.loop, s->loop, jobs);
     for (int i = 0; i < 5; ++i) {
         const Linear &w = *model.loop.linear(i);
         s->loop_has_rounding_channels = s->loop_has_rounding_channels || w.frac4 != nullptr || w.sign_bit != nullptr;
     }
     s->final_norm = upload_floats(model.final_norm);
     s->weight_bytes += s->final_norm.bytes();
-    s->head = make_head(*s, model);
+    make_head(*s, model, jobs);
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    ThreadPool pool(static_cast<int32_t>(std::min<size_t>(jobs.size(), std::min(cores, 64u))));
+    pool.parallel_for(jobs.size(), [&](size_t i, int32_t) {
+        DeviceScope job_scope(device);
+        jobs[i]();
+    });
+    for (const DeviceLinear *l : s->linears()) s->weight_bytes += l->bytes;
     check_cuda(cudaStreamSynchronize(s->own_stream), "cudaStreamSynchronize (upload)");
     state_ = std::move(s);
 }
@@ -691,7 +901,8 @@ GpuScoreStats GpuModel::stats() const {
     out.windows = s.windows;
     out.graph_captures = s.captures;
     out.graph_replays = s.replays;
-    out.graph_capture_failures = s.uncapturable.size();  // each window length fails at most once: it is not retried
+    out.graph_capture_failures = s.uncapturable.size();  // each pass shape fails at most once: it is not retried
+    out.capture_seconds = s.capture_seconds;
     return out;
 }
 
@@ -703,68 +914,45 @@ uint64_t GpuModel::device_bytes() const {
 ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
                        int32_t device, void *stream_ptr, GpuScoreStats *call_stats) {
     GpuModel::State &s = *model.state_;
-    const ModelConfig &c = s.config;
-    if (device != s.device) {
-        fail(TL_ERR_INVALID_ARGUMENT, "device " + std::to_string(device) + " is not the GpuModel's device " +
-                                          std::to_string(s.device));
+    const cudaStream_t stream = check_call(s, options, device, stream_ptr);
+    const ScorePlan plan = plan_score(s.config, tokens, n_tokens, options.window);
+    const size_t stride = static_cast<size_t>(plan.window) - 1;
+    std::vector<Segment> windows(plan.n_windows);
+    for (size_t w = 0; w < plan.n_windows; ++w) {
+        const size_t start = w * stride;
+        windows[w] = Segment{tokens + start, static_cast<int32_t>(std::min<size_t>(plan.window, n_tokens - start)), 1,
+                             options.token_nll != nullptr ? options.token_nll + start : nullptr};
     }
-    if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
-    if (options.cross_iter_round && s.loop_has_rounding_channels) {
-        fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
-    }
-    const ScorePlan plan = plan_score(c, tokens, n_tokens, options.window);
-    const int32_t L = plan.window;
-    const size_t stride = static_cast<size_t>(L) - 1;
-    const size_t n_windows = plan.n_windows;
-
-    // Held while this call uses the model's buffers, and released around the progress callback (after the window's
-    // work is done and its NLLs are copied out), so the callback may call into the library, this model included.
+    // Held while this call uses the model's buffers, and released around the progress callback (after a pass's work
+    // is done and its NLLs are copied out), so the callback may call into the library, this model included.
     std::unique_lock<std::mutex> lock(s.mutex);
     DeviceScope scope(s.device);
-    cudaStream_t stream = stream_ptr != nullptr ? static_cast<cudaStream_t>(stream_ptr) : s.own_stream;
-    // A sequence shorter than the window needs only its own length.
-    const int32_t rows = static_cast<int32_t>(std::min<size_t>(L, n_tokens));
-    ensure_buffers(s, rows, options.max_memory_bytes, stream);
-
     GpuScoreStats stats;
-    ScoreResult result;
-    result.n_windows = static_cast<int32_t>(n_windows);
-    for (size_t w = 0; w < n_windows; ++w) {
-        const size_t start = w * stride;
-        const int32_t len = static_cast<int32_t>(std::min<size_t>(L, n_tokens - start));
-        check_cuda(cudaMemcpyAsync(s.act.tokens.as(), tokens + start, len * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                   stream),
-                   "cudaMemcpyAsync (tokens)");
-        const uint64_t captures = s.captures, replays = s.replays;
-        const Tally ran = run_window(s, len, stream, options.use_graphs);
-        check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.as(), (len - 1) * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync (NLL)");
-        check_cuda(cudaStreamSynchronize(stream), "the forward pass of window " + std::to_string(w));
-        s.ran += ran;
-        ++s.windows;
-        add_tally(stats, ran);
-        ++stats.windows;
-        stats.graph_captures += s.captures - captures;
-        stats.graph_replays += s.replays - replays;
-        for (int32_t p = 0; p + 1 < len; ++p) {
-            result.nll_sum += s.host_nll[p];
-            if (options.token_nll) options.token_nll[start + p] = s.host_nll[p];
-        }
-        result.tokens_scored += static_cast<uint64_t>(len - 1);
-        if (options.progress) {
-            lock.unlock();
-            const bool go_on = options.progress(result.tokens_scored, n_tokens - 1);
-            lock.lock();
-            if (!go_on) {
-                fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
-                                           std::to_string(result.tokens_scored) + " of " +
-                                           std::to_string(n_tokens - 1) + " tokens");
-            }
-            // A call made meanwhile may have dropped graphs or grown the workspace (settings change): check again.
-            ensure_buffers(s, rows, options.max_memory_bytes, stream);
-        }
+    ScoreResult result = score_segments(s, windows, options, stream, lock, stats, nullptr);
+    result.n_windows = static_cast<int32_t>(plan.n_windows);
+    if (call_stats != nullptr) *call_stats = stats;
+    return result;
+}
+
+ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t n_sequences,
+                             const ScoreOptions &options, int32_t device, void *stream_ptr, SequenceScore *scores,
+                             GpuScoreStats *call_stats) {
+    GpuModel::State &s = *model.state_;
+    const cudaStream_t stream = check_call(s, options, device, stream_ptr);
+    check_sequences(s.config, sequences, n_sequences, options.window);
+    std::vector<Segment> segments(n_sequences);
+    size_t nll_offset = 0;
+    for (size_t i = 0; i < n_sequences; ++i) {
+        const Sequence &q = sequences[i];
+        segments[i] = Segment{q.tokens, static_cast<int32_t>(q.n_tokens), static_cast<int32_t>(q.first_scored()),
+                              options.token_nll != nullptr ? options.token_nll + nll_offset : nullptr};
+        nll_offset += q.n_tokens - 1;
     }
+    std::unique_lock<std::mutex> lock(s.mutex);  // as in score_cuda
+    DeviceScope scope(s.device);
+    GpuScoreStats stats;
+    ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);
+    result.n_windows = static_cast<int32_t>(n_sequences);
     if (call_stats != nullptr) *call_stats = stats;
     return result;
 }

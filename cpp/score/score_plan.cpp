@@ -76,6 +76,38 @@ ScorePlan plan_score(const ModelConfig &c, const int32_t *tokens, size_t n_token
     return ScorePlan{L, n_windows};
 }
 
+size_t check_sequences(const ModelConfig &c, const Sequence *sequences, size_t n_sequences, int32_t window) {
+    if (window != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "window = " + std::to_string(window) +
+                                          ": a batch of sequences is never split into windows (use 0)");
+    }
+    if (sequences == nullptr && n_sequences > 0) fail(TL_ERR_INVALID_ARGUMENT, "sequences is NULL");
+    size_t predicted = 0;
+    for (size_t s = 0; s < n_sequences; ++s) {
+        const Sequence &q = sequences[s];
+        const std::string name = "sequences[" + std::to_string(s) + "]";
+        if (q.tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, name + ".tokens is NULL");
+        if (q.n_tokens < 2 || q.n_tokens > static_cast<size_t>(c.max_seq)) {
+            fail(TL_ERR_INVALID_ARGUMENT, name + ".n_tokens = " + std::to_string(q.n_tokens) +
+                                              " is outside [2, max_seq = " + std::to_string(c.max_seq) + "]");
+        }
+        if (q.n_context >= q.n_tokens) {
+            fail(TL_ERR_INVALID_ARGUMENT, name + ".n_context = " + std::to_string(q.n_context) +
+                                              " leaves nothing to score (n_tokens = " + std::to_string(q.n_tokens) +
+                                              ")");
+        }
+        for (size_t i = 0; i < q.n_tokens; ++i) {
+            if (q.tokens[i] < 0 || q.tokens[i] >= c.vocab) {
+                fail(TL_ERR_INVALID_ARGUMENT, name + ".tokens[" + std::to_string(i) + "] = " +
+                                                  std::to_string(q.tokens[i]) + " is outside the vocabulary [0, " +
+                                                  std::to_string(c.vocab) + ")");
+            }
+        }
+        predicted += q.n_tokens - 1;
+    }
+    return predicted;
+}
+
 uint64_t host_memory_bytes() {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;

@@ -28,8 +28,11 @@ struct ScoreOptions {
     // on the CPU, device memory on the GPU. 0 = no budget beyond the machine's. Past it: TL_ERR_OUT_OF_MEMORY, before
     // anything is allocated, naming the size needed.
     uint64_t max_memory_bytes = 0;
-    // CUDA backend: capture each window length's forward pass in a CUDA graph and replay it (score_cuda).
+    // CUDA backend: capture each pass shape's forward pass in a CUDA graph and replay it (score_cuda).
     bool use_graphs = false;
+    // CUDA backend: the most tokens one forward pass packs (windows or sequences), raised to the longest one; 0 = the
+    // default (gpu_score.cpp, kPassTokens).
+    int32_t pass_tokens = 0;
 };
 
 struct ScoreResult {
@@ -46,6 +49,28 @@ struct ScorePlan {
     size_t n_windows;  // windows of L tokens overlapping by one
 };
 ScorePlan plan_score(const ModelConfig &config, const int32_t *tokens, size_t n_tokens, int32_t window);
+
+// One independent sequence of a batch request: tokens[0, n_tokens), of which the first max(n_context, 1) are context
+// only; each later token is scored given every token before it in the sequence.
+struct Sequence {
+    const int32_t *tokens = nullptr;
+    size_t n_tokens = 0;
+    size_t n_context = 0;
+    size_t first_scored() const { return n_context > 0 ? n_context : 1; }
+};
+
+// A sequence's result: the NLL sum and count of its scored tokens, and whether each scored token is the argmax of
+// its prediction (ties count as greedy).
+struct SequenceScore {
+    double nll_sum = 0.0;
+    uint64_t tokens_scored = 0;
+    bool greedy = true;
+};
+
+// Checks a batch request (shared by both backends): sequences non-NULL when n > 0; per sequence tokens non-NULL,
+// 2 <= n_tokens <= max_seq, n_context < n_tokens, each token in [0, vocab); options.window 0. TL_ERR_INVALID_ARGUMENT
+// naming the sequence (and token index). Returns the sum of n_tokens - 1 (token_nll's length).
+size_t check_sequences(const ModelConfig &config, const Sequence *sequences, size_t n_sequences, int32_t window);
 
 // The shape checks of a Model shared by the CPU and GPU backends, run before any pointer is followed (a Model may
 // be assembled by hand); the caller checks the config's own dimensions first. TL_ERR_INVALID_ARGUMENT when the

@@ -54,9 +54,11 @@ size_t smem_bytes(int head_dim) {
 }
 
 // PAIRS = ceil(head_dim / 64): dimension pairs per lane in the output accumulators.
+// Block z works on sequence z of seg_offsets (as attention_mma_kernel), or on all t_count rows when it is nullptr.
 template <int PAIRS>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, __half *out, int t_count, int n_heads,
-                                                             int head_dim, float q_scale) {
+__global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, __half *out, int t_count,
+                                                             const int32_t *seg_offsets, int n_heads, int head_dim,
+                                                             float q_scale) {
     extern __shared__ float4 smem[];
     const int d4 = padded_dim(head_dim), ldkv = kv_row(head_dim);
     // Every region's size is a multiple of 16 bytes, so each starts 16-byte aligned.
@@ -69,6 +71,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, 
     const int head = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueryTile;  // the longest (latest) query tiles start first
     const size_t attn_dim = static_cast<size_t>(n_heads) * head_dim, row_stride = 3 * attn_dim;
+    if (seg_offsets != nullptr) {
+        const int first = seg_offsets[blockIdx.z];
+        t_count = seg_offsets[blockIdx.z + 1] - first;
+        qkv += static_cast<size_t>(first) * row_stride;
+        out += static_cast<size_t>(first) * attn_dim;
+    }
+    if (q0 >= t_count) return;  // the whole block: before any barrier
     const __half *q_base = qkv + static_cast<size_t>(head) * head_dim;
     const __half *k_base = q_base + attn_dim;
     const __half *v_base = k_base + attn_dim;
@@ -192,18 +201,20 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, 
 }
 
 template <int PAIRS>
-int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim, cudaStream_t stream) {
+int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim, Segments segments,
+           cudaStream_t stream) {
     const size_t smem = smem_bytes(head_dim);
     // Above the 48 KB default (head_dim > ~170) the block must opt in to more dynamic shared memory.
     if (smem > 48 * 1024) {
         TL_GPU_CHECK(cudaFuncSetAttribute(attention_kernel<PAIRS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
     }
-    const dim3 grid((t_count + kQueryTile - 1) / kQueryTile, n_heads);
+    const int longest = segments.offsets != nullptr ? segments.max_len : t_count;
+    const dim3 grid((longest + kQueryTile - 1) / kQueryTile, n_heads, segments.count);
     const float q_scale = kLog2e / sqrtf(static_cast<float>(head_dim));
     attention_kernel<PAIRS><<<grid, kThreads, smem, stream>>>(reinterpret_cast<const __half *>(qkv),
-                                                               reinterpret_cast<__half *>(out), t_count, n_heads,
-                                                               head_dim, q_scale);
+                                                               reinterpret_cast<__half *>(out), t_count,
+                                                               segments.offsets, n_heads, head_dim, q_scale);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }
@@ -222,11 +233,17 @@ bool simt_forced_by_env() {
 // attention_mma.cu
 bool attention_tensor_core_supported(const uint16_t *qkv, const uint16_t *out, int head_dim);
 int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                                 cudaStream_t stream);
+                                 Segments segments, cudaStream_t stream);
 
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                     cudaStream_t stream, AttentionKernel kernel) {
+                     cudaStream_t stream, AttentionKernel kernel, Segments segments) {
     if (qkv == nullptr || out == nullptr || t_count < 1 || n_heads < 1 || head_dim < 2 || head_dim % 2 != 0) {
+        return kRcBadArgument;
+    }
+    if (segments.offsets == nullptr) {
+        if (segments.count != 1) return kRcBadArgument;
+    } else if (segments.count < 1 || segments.count > kMaxSegments || segments.max_len < 1 ||
+               segments.max_len > t_count) {
         return kRcBadArgument;
     }
     if (head_dim > kAttentionMaxHeadDim || n_heads > 65535) return kRcUnsupported;
@@ -237,14 +254,14 @@ int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_head
     if (kernel == AttentionKernel::TensorCore ||
         (kernel == AttentionKernel::Auto && !simt_forced_by_env() &&
          attention_tensor_core_supported(qkv, out, head_dim))) {
-        const int rc = causal_attention_tensor_core(qkv, out, t_count, n_heads, head_dim, stream);
+        const int rc = causal_attention_tensor_core(qkv, out, t_count, n_heads, head_dim, segments, stream);
         // Auto falls back where the device cannot give the kernel its shared memory (none of the GPUs we build for).
         if (rc != kRcUnsupported || kernel == AttentionKernel::TensorCore) return rc;
     }
     if (kernel != AttentionKernel::Simt && kernel != AttentionKernel::Auto) return kRcBadArgument;
-    if (head_dim <= 64) return launch<1>(qkv, out, t_count, n_heads, head_dim, stream);
-    if (head_dim <= 128) return launch<2>(qkv, out, t_count, n_heads, head_dim, stream);
-    return launch<4>(qkv, out, t_count, n_heads, head_dim, stream);
+    if (head_dim <= 64) return launch<1>(qkv, out, t_count, n_heads, head_dim, segments, stream);
+    if (head_dim <= 128) return launch<2>(qkv, out, t_count, n_heads, head_dim, segments, stream);
+    return launch<4>(qkv, out, t_count, n_heads, head_dim, segments, stream);
 }
 
 }  // namespace tl::gpu

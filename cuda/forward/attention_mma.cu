@@ -107,9 +107,12 @@ __device__ __forceinline__ void load_tile(__half *dst, const __half *src, int ro
     }
 }
 
+// Block z works on sequence z of seg_offsets (rows [seg_offsets[z], seg_offsets[z + 1])), or on all t_count rows
+// when seg_offsets is nullptr; query tiles past its sequence's end exit at once.
 template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *__restrict__ qkv,
                                                                   __half *__restrict__ out, int t_count,
+                                                                  const int32_t *__restrict__ seg_offsets,
                                                                   int n_heads, float scale_log2) {
     using L = Layout<HD>;
     constexpr int kRow = L::kRow;
@@ -129,6 +132,13 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
     const int q_tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles start first
     const int q0 = q_tile * kQueryTile;
     const size_t attn_dim = static_cast<size_t>(n_heads) * HD, row_stride = 3 * attn_dim;
+    if (seg_offsets != nullptr) {
+        const int first = seg_offsets[blockIdx.z];
+        t_count = seg_offsets[blockIdx.z + 1] - first;
+        qkv += static_cast<size_t>(first) * row_stride;
+        out += static_cast<size_t>(first) * attn_dim;
+    }
+    if (q0 >= t_count) return;  // the whole block: before any barrier
     const __half *q_base = qkv + static_cast<size_t>(head) * HD;
     const __half *k_base = q_base + attn_dim;
     const __half *v_base = k_base + attn_dim;
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
 }
 
 template <int HD>
-int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, cudaStream_t stream) {
+int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, Segments segments, cudaStream_t stream) {
     constexpr size_t smem = Layout<HD>::kSmemBytes;
     if (smem > 48 * 1024) {  // above the default the block must opt in (87 KB for head_dim 128), once per device
         constexpr int kMaxDevices = 64;
@@ -282,11 +292,12 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, cudaStr
             opted_in[info.device].store(true, std::memory_order_relaxed);
         }
     }
-    const dim3 grid((t_count + kQueryTile - 1) / kQueryTile, n_heads);
+    const int longest = segments.offsets != nullptr ? segments.max_len : t_count;
+    const dim3 grid((longest + kQueryTile - 1) / kQueryTile, n_heads, segments.count);
     const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HD));
     attention_mma_kernel<HD><<<grid, kThreads, smem, stream>>>(reinterpret_cast<const __half *>(qkv),
-                                                               reinterpret_cast<__half *>(out), t_count, n_heads,
-                                                               scale_log2);
+                                                               reinterpret_cast<__half *>(out), t_count,
+                                                               segments.offsets, n_heads, scale_log2);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }
@@ -300,10 +311,10 @@ bool attention_tensor_core_supported(const uint16_t *qkv, const uint16_t *out, i
 }
 
 int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                                 cudaStream_t stream) {
+                                 Segments segments, cudaStream_t stream) {
     if (!attention_tensor_core_supported(qkv, out, head_dim)) return kRcUnsupported;
-    return head_dim == 64 ? launch<64>(qkv, out, t_count, n_heads, stream)
-                          : launch<128>(qkv, out, t_count, n_heads, stream);
+    return head_dim == 64 ? launch<64>(qkv, out, t_count, n_heads, segments, stream)
+                          : launch<128>(qkv, out, t_count, n_heads, segments, stream);
 }
 
 }  // namespace tl::gpu

@@ -39,13 +39,25 @@ int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t 
 
 // Rotate-half RoPE in place on the q and k parts of qkv [T][3][n_heads][head_dim] (FP16; v is left alone): for
 // i < head_dim/2 the pair (x[i], x[i + head_dim/2]) of every q and k head of row t is rotated by the angle whose
-// cosine and sine are cos_table[t][i], sin_table[t][i] (FP32 [T][head_dim/2]; row t = position t of the window).
+// cosine and sine are cos_table[p][i], sin_table[p][i] (FP32 [positions][head_dim/2]), where p = positions[t] (INT32
+// [T], each row's position inside its own sequence) or p = t when positions is nullptr.
 int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
-            cudaStream_t stream);
+            cudaStream_t stream, const int32_t *positions = nullptr);
+
+// Independent sequences packed one after another in the rows of one pass: sequence s is rows [offsets[s],
+// offsets[s + 1]) (offsets: a DEVICE array of count + 1 increasing values, offsets[0] = 0, offsets[count] = T), at
+// most max_len rows each. The default (offsets nullptr) is one sequence of all T rows.
+struct Segments {
+    const int32_t *offsets = nullptr;
+    int count = 1;
+    int max_len = 0;  // ignored when offsets is nullptr
+};
+constexpr int kMaxSegments = 65535;  // the grid's z dimension
 
 // Causal multi-head attention: qkv [T][3][n_heads][head_dim] FP16 (q and k after RoPE) -> out [T][n_heads *
-// head_dim] FP16, head-major. Tiled with an online softmax in FP32 (no T x T matrix in memory). head_dim even and
-// <= kAttentionMaxHeadDim (else kRcUnsupported). Any T >= 1. Two kernels:
+// head_dim] FP16, head-major; with `segments`, each row attends to the rows of its own sequence up to itself only.
+// Tiled with an online softmax in FP32 (no T x T matrix in memory). head_dim even and <= kAttentionMaxHeadDim (else
+// kRcUnsupported). Any T >= 1; segments.count <= kMaxSegments. Two kernels:
 //  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, probabilities rounded to FP16 for the
 //    P V product (as FlashAttention does); head_dim 64 or 128, qkv 16-byte aligned, out 4-byte aligned.
 //  - Simt (attention.cu): FP32 FMA throughout, 32 x 32 tiles; any head_dim, qkv and out 4-byte aligned.
@@ -54,7 +66,7 @@ int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t
 constexpr int kAttentionMaxHeadDim = 256;
 enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2 };
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                     cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto);
+                     cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto, Segments segments = {});
 
 // SwiGLU: h[t][j] = fp16(silu(gate[t][j]) * up[t][j]), j < f, silu(g) = g / (1 + e^-g). gate and up are FP16 rows
 // of stride ld (ld = 2f with gate = gu, up = gu + f for the fused gate|up GEMM output), h is FP16 [T][f].
@@ -62,8 +74,9 @@ int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_
 
 // NLL of each row of a chunk of logits: nll[r] = logsumexp_{v < vocab}(logits[r][v]) - logits[r][targets[r]],
 // FP32 with the row maximum subtracted. logits FP16 [rows][ld], ld >= vocab (columns vocab..ld-1, the head's
-// padding, are ignored). A target outside [0, vocab) gives NaN.
+// padding, are ignored). A target outside [0, vocab) gives NaN (the scorer marks rows it does not score with -1).
+// greedy (optional, [rows]): 1 when the target's logit equals the row's largest (a tie counts), else 0.
 int head_nll(const uint16_t *logits, int ld, int rows, int vocab, const int32_t *targets, float *nll,
-             cudaStream_t stream);
+             cudaStream_t stream, uint8_t *greedy = nullptr);
 
 }  // namespace tl::gpu

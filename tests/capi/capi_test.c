@@ -22,6 +22,11 @@ tl_model *load_fixture(void) {
     return model;
 }
 
+tl_model *seed_and_load_fixture(void) {
+    rng_seed_from_env();
+    return load_fixture();
+}
+
 void rng_seed_from_env(void) {
     const char *forced = getenv("TL_TEST_SEED");
     if (forced != NULL && *forced != '\0') {
@@ -153,4 +158,48 @@ void assert_output_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, 
         cr_assert(status != TL_ERR_INVALID_ARGUMENT || !contains_word(tl_last_error_message(), "struct_size"),
                   "%s with a larger struct_size %u: %s", what, larger[i], tl_last_error_message());
     }
+}
+
+tl_score_options cpu_options(float *token_nll, size_t token_nll_len) {
+    tl_score_options options;
+    ASSERT_OK(tl_score_options_init(&options, sizeof options));
+    options.backend = TL_BACKEND_CPU;
+    options.n_threads = 2;
+    options.token_nll = token_nll;
+    options.token_nll_len = token_nll_len;
+    return options;
+}
+
+tl_score_result fresh_result(void) {
+    tl_score_result result;
+    ASSERT_OK(tl_score_result_init(&result, sizeof result));
+    return result;
+}
+
+void assert_close(double a, double b, double relative, const char *what) {
+    cr_assert(fabs(a - b) <= relative * fmax(fabs(a), fabs(b)) + 1e-12, "%s: %.12g vs %.12g", what, a, b);
+}
+
+int cuda_scoring_ran(tl_status status) {
+    const char *message = tl_last_error_message();
+    if (!build_has_cuda()) {
+        cr_assert_eq(status, TL_ERR_NO_DEVICE, "a build without CUDA gave %d (%s)", (int)status,
+                     tl_status_string(status));
+    } else {
+        cr_assert(status == TL_OK || status == TL_ERR_NO_DEVICE || status == TL_ERR_UNSUPPORTED, "got %d (%s): %s",
+                  (int)status, tl_status_string(status), message);
+    }
+    if (status != TL_OK) cr_assert_str_not_empty(message);
+    return status == TL_OK;
+}
+
+int32_t record_progress(void *user_data, uint64_t done, uint64_t total) {
+    struct progress_log *log = user_data;
+    if (log->calls > 0 && done < log->last_done) log->went_backwards = 1;
+    if (log->calls > 0 && total != log->total) log->total_changed = 1;
+    if (done > total) log->overshot = 1;
+    log->last_done = done;
+    log->total = total;
+    ++log->calls;
+    return log->stop_at_call != 0 && log->calls >= log->stop_at_call;
 }

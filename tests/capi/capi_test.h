@@ -26,6 +26,8 @@
 const char *fixture_path(void);
 /* Loads the fixture with default options; fails the test on error. */
 tl_model *load_fixture(void);
+/* rng_seed_from_env, then load_fixture: a scoring suite's .init. */
+tl_model *seed_and_load_fixture(void);
 
 /* A fresh seed per test process (TL_TEST_SEED overrides it); logged so that a failure can be replayed. */
 void rng_seed_from_env(void);
@@ -65,6 +67,31 @@ void assert_rejects_wrong_struct_size(tl_status (*call)(uint32_t), uint32_t full
 /* An output struct's size: smaller than its first version is TL_ERR_INVALID_ARGUMENT naming struct_size; larger
  * sizes (a newer caller's struct) are accepted. */
 void assert_output_struct_size(tl_status (*call)(uint32_t), uint32_t full_size, const char *what);
+
+/* ---- Scoring (test_score.c, test_score_batch.c) ---- */
+
+/* tl_score_options_init's defaults on the CPU backend with 2 threads, and token_nll (may be NULL). */
+tl_score_options cpu_options(float *token_nll, size_t token_nll_len);
+/* A result fresh from tl_score_result_init. */
+tl_score_result fresh_result(void);
+/* Asserts |a - b| <= relative * max(|a|, |b|) + 1e-12. */
+void assert_close(double a, double b, double relative, const char *what);
+
+/* Checks the status of a scoring call on TL_BACKEND_CUDA, run in Criterion's child process (so CUDA is never
+ * initialised in the runner): in a build without CUDA, TL_ERR_NO_DEVICE; in one with CUDA, TL_OK, or
+ * TL_ERR_NO_DEVICE (no usable GPU) or TL_ERR_UNSUPPORTED (a request the GPU path declines) with a message. Returns
+ * whether the call scored (TL_OK). */
+int cuda_scoring_ran(tl_status status);
+
+/* What record_progress saw of a scoring call's progress reports. */
+struct progress_log {
+    int calls;
+    int stop_at_call; /* 0: never stop */
+    uint64_t last_done, total;
+    int went_backwards, overshot, total_changed;
+};
+/* A tl_progress_fn logging into the struct progress_log at user_data; it asks to stop at call stop_at_call. */
+int32_t record_progress(void *user_data, uint64_t done, uint64_t total);
 
 /* Asserts that `call` returned TL_OK and left the thread's message empty. */
 #define ASSERT_OK(call)                                                                                      \

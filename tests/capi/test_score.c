@@ -8,34 +8,11 @@
 
 static tl_model *model;
 
-static void setup(void) {
-    rng_seed_from_env();
-    model = load_fixture();
-}
+static void setup(void) { model = seed_and_load_fixture(); }
 
 static void teardown(void) { tl_model_free(model); }
 
 TestSuite(score, .init = setup, .fini = teardown, .timeout = 120);
-
-static tl_score_options cpu_options(float *token_nll, size_t token_nll_len) {
-    tl_score_options options;
-    ASSERT_OK(tl_score_options_init(&options, sizeof options));
-    options.backend = TL_BACKEND_CPU;
-    options.n_threads = 2;
-    options.token_nll = token_nll;
-    options.token_nll_len = token_nll_len;
-    return options;
-}
-
-static tl_score_result fresh_result(void) {
-    tl_score_result result;
-    ASSERT_OK(tl_score_result_init(&result, sizeof result));
-    return result;
-}
-
-static void assert_close(double a, double b, double relative, const char *what) {
-    cr_assert(fabs(a - b) <= relative * fmax(fabs(a), fabs(b)) + 1e-12, "%s: %.12g vs %.12g", what, a, b);
-}
 
 Test(score_options_init, fills_the_defaults) {
     tl_score_options options;
@@ -233,24 +210,6 @@ Test(score, rejects_bad_arguments) {
 
 /* ---- progress and cancellation ---- */
 
-struct progress_log {
-    int calls;
-    int stop_at_call; /* 0: never stop */
-    uint64_t last_done, total;
-    int went_backwards, overshot, total_changed;
-};
-
-static int32_t record_progress(void *user_data, uint64_t done, uint64_t total) {
-    struct progress_log *log = user_data;
-    if (log->calls > 0 && done < log->last_done) log->went_backwards = 1;
-    if (log->calls > 0 && total != log->total) log->total_changed = 1;
-    if (done > total) log->overshot = 1;
-    log->last_done = done;
-    log->total = total;
-    ++log->calls;
-    return log->stop_at_call != 0 && log->calls >= log->stop_at_call;
-}
-
 Test(score, progress_is_reported) {
     enum { N = 100, WINDOW = 20 };
     int32_t tokens[N];
@@ -362,19 +321,7 @@ Test(score, cuda_backend_runs_or_reports_no_device) {
     tl_score_options options = cpu_options(NULL, 0);
     options.backend = TL_BACKEND_CUDA;
     tl_score_result on_gpu = fresh_result();
-    const tl_status status = tl_score(model, tokens, N, &options, &on_gpu);
-    if (!build_has_cuda()) {
-        cr_assert_eq(status, TL_ERR_NO_DEVICE, "a build without CUDA gave %d (%s)", (int)status,
-                     tl_status_string(status));
-        cr_assert_str_not_empty(tl_last_error_message());
-        return;
-    }
-    /* TL_ERR_UNSUPPORTED: a GPU is present but this version does not score on it yet (the GPU forward pass is a
-     * later issue); the message must say so. */
-    cr_assert(status == TL_OK || status == TL_ERR_NO_DEVICE || status == TL_ERR_UNSUPPORTED, "got %d (%s): %s",
-              (int)status, tl_status_string(status), tl_last_error_message());
-    if (status != TL_OK) cr_assert_str_not_empty(tl_last_error_message());
-    if (status == TL_OK) {
+    if (cuda_scoring_ran(tl_score(model, tokens, N, &options, &on_gpu))) {
         cr_assert_eq(on_gpu.backend, TL_BACKEND_CUDA);
         options.backend = TL_BACKEND_CPU;
         tl_score_result on_cpu = fresh_result();

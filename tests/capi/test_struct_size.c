@@ -127,8 +127,28 @@ Test(struct_size, tl_weight_properties) {
 Test(struct_size, tl_score_options) {
     assert_checks_struct_size(score_options_with, sizeof(tl_score_options), "tl_score (options)");
 }
+/* tl_score_result gained setup_seconds and graph_capture_seconds after its first version: any size from the first
+ * version's on is accepted, below it refused. */
 Test(struct_size, tl_score_result) {
-    assert_checks_output_size(score_result_with, sizeof(tl_score_result), "tl_score (out_result)");
+    assert_checks_output_size(score_result_with, (uint32_t)offsetof(tl_score_result, setup_seconds),
+                              "tl_score (out_result)");
+    cr_assert_eq(score_result_with(sizeof(tl_score_result)), TL_OK, "%s", tl_last_error_message());
+}
+
+/* A caller built against the first version gets the fields it has, and nothing is written past them. */
+Test(struct_size, tl_score_result_of_the_first_version) {
+    const uint32_t first = (uint32_t)offsetof(tl_score_result, setup_seconds);
+    struct { tl_score_result s; unsigned char spare[SPARE_BYTES]; } result;
+    memset(&result, 0x5A, sizeof result);
+    result.s.struct_size = first;
+    tl_score_options options;
+    tl_score_options_init(&options, sizeof options);
+    options.backend = TL_BACKEND_CPU;
+    ASSERT_OK(tl_score(model, kTokens, 5, &options, &result.s));
+    cr_assert_eq(result.s.struct_size, first);
+    cr_assert_eq(result.s.tokens_scored, 4);
+    const unsigned char *bytes = (const unsigned char *)&result;
+    for (size_t i = first; i < sizeof result; ++i) cr_assert_eq(bytes[i], 0x5A, "tl_score wrote byte %zu", i);
 }
 
 /* A caller built against a newer header passes a larger output struct: the library writes only the bytes it knows,
@@ -172,6 +192,7 @@ static tl_status init_pack_options(void *s, uint32_t size) { return tl_pack_opti
 static tl_status init_pack_report(void *s, uint32_t size) { return tl_pack_report_init(s, size); }
 static tl_status init_score_options(void *s, uint32_t size) { return tl_score_options_init(s, size); }
 static tl_status init_score_result(void *s, uint32_t size) { return tl_score_result_init(s, size); }
+static tl_status init_import_options(void *s, uint32_t size) { return tl_import_options_init(s, size); }
 
 #define INIT_BUFFER_BYTES 1024
 
@@ -242,4 +263,7 @@ Test(init_struct_size, tl_score_options_init) {
 }
 Test(init_struct_size, tl_score_result_init) {
     assert_init_respects_size(init_score_result, sizeof(tl_score_result), "tl_score_result_init");
+}
+Test(init_struct_size, tl_import_options_init) {
+    assert_init_respects_size(init_import_options, sizeof(tl_import_options), "tl_import_options_init");
 }

@@ -122,17 +122,23 @@ inline void block(const tl::ModelConfig &c, const tl::Block &b, Vec &x, int32_t 
     for (size_t i = 0; i < x.size(); ++i) x[i] += down[i];
 }
 
-// NLL of tokens[1..T) for one window, positions from 0.
-inline Vec window_nll(const tl::Model &model, const int32_t *tokens, int32_t T) {
+// Logits [T][vocab] of one window, positions from 0.
+inline Vec window_logits(const tl::Model &model, const int32_t *tokens, int32_t T) {
     const tl::ModelConfig &c = model.config;
-    const int32_t D = c.d_model, V = c.vocab;
+    const int32_t D = c.d_model;
     Vec x(static_cast<size_t>(T) * D);
     for (int32_t t = 0; t < T; ++t)
         for (int32_t d = 0; d < D; ++d)
             x[t * D + d] = dense_value(model.embed_dtype, model.embed, static_cast<size_t>(tokens[t]) * D + d);
     for (const tl::Block &b : model.pre) block(c, b, x, T);
     for (int32_t l = 0; l < c.loops; ++l) block(c, model.loop, x, T);
-    const Vec logits = linear(model.head, rmsnorm(x, model.final_norm, T, D, c.norm_eps), T);
+    return linear(model.head, rmsnorm(x, model.final_norm, T, D, c.norm_eps), T);
+}
+
+// NLL of tokens[1..T) for one window, positions from 0.
+inline Vec window_nll(const tl::Model &model, const int32_t *tokens, int32_t T) {
+    const int32_t V = model.config.vocab;
+    const Vec logits = window_logits(model, tokens, T);
     Vec nll(T - 1);
     for (int32_t t = 0; t + 1 < T; ++t) {
         const double *l = &logits[static_cast<size_t>(t) * V];

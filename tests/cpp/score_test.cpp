@@ -1,9 +1,11 @@
 // score_cpu's contract: thread-count independence, argument validation, windows, progress and cancellation,
-// and exceptions from worker threads.
+// and exceptions from worker threads; score_batch_cpu's: each sequence as score_cpu alone, greedy, progress, memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -234,5 +236,192 @@ TEST(ThreadPool, LibraryErrorsInWorkersKeepTheirStatus) {
         FAIL() << "no error";
     } catch (const tl::Error &e) {
         EXPECT_EQ(e.code(), TL_ERR_INTERNAL) << e.what();
+    }
+}
+
+// ---- score_batch_cpu ----
+
+namespace {
+
+// Sequences over the fixture's tokens: (offset, n_tokens, n_context) each.
+struct Piece {
+    size_t offset, n_tokens, n_context;
+};
+
+std::vector<tl::Sequence> pieces_of(const std::vector<int32_t> &tokens, std::initializer_list<Piece> pieces) {
+    std::vector<tl::Sequence> sequences;
+    for (const Piece &p : pieces) {
+        tl::Sequence s;
+        s.tokens = tokens.data() + p.offset;
+        s.n_tokens = p.n_tokens;
+        s.n_context = p.n_context;
+        sequences.push_back(s);
+    }
+    return sequences;
+}
+
+// A sequence's tokens scored alone by score_cpu: its per-token NLLs (and the result, if asked for).
+std::vector<float> score_alone(const tl::Model &model, const tl::Sequence &s, tl::ScoreOptions options,
+                               tl::ScoreResult *result = nullptr) {
+    std::vector<float> nll(s.n_tokens - 1);
+    options.token_nll = nll.data();
+    const tl::ScoreResult r = tl::score_cpu(model, s.tokens, s.n_tokens, options);
+    if (result != nullptr) *result = r;
+    return nll;
+}
+
+// The sum of a sequence's per-token NLLs over the tokens after its context.
+double scored_sum(const std::vector<float> &nll, const tl::Sequence &s) {
+    double sum = 0.0;
+    for (size_t j = s.first_scored(); j < s.n_tokens; ++j) sum += nll[j - 1];
+    return sum;
+}
+
+}  // namespace
+
+// Each sequence is one window from position 0: its NLLs are score_cpu's of its tokens alone, bitwise; nll_sum and
+// greedy count the tokens after the context only; token_nll holds every prediction, the sequences one after another.
+TEST_F(Score, BatchScoresEachSequenceAsScoreCpuAlone) {
+    SCOPED_TRACE("seed " + std::to_string(seed_));
+    const std::vector<tl::Sequence> sequences =
+        pieces_of(tokens_, {{0, 2, 0}, {3, 64, 1}, {10, 17, 9}, {70, 40, 0}, {100, 33, 32}});
+    const size_t predicted = tl::check_sequences(model_->config, sequences.data(), sequences.size(), 0);
+    EXPECT_EQ(predicted, size_t{1 + 63 + 16 + 39 + 32});
+    std::vector<float> batch_nll(predicted);
+    std::vector<tl::SequenceScore> scores(sequences.size());
+    tl::ScoreOptions options;
+    options.n_threads = 2;
+    options.token_nll = batch_nll.data();
+    const tl::ScoreResult total = tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), options,
+                                                      scores.data());
+    EXPECT_EQ(total.n_windows, 5);
+    size_t offset = 0;
+    double nll_sum = 0.0;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        const tl::Sequence &s = sequences[i];
+        tl::ScoreResult alone;
+        const std::vector<float> alone_nll = score_alone(*model_, s, options, &alone);
+        const std::vector<float> in_batch(batch_nll.begin() + offset, batch_nll.begin() + offset + s.n_tokens - 1);
+        EXPECT_EQ(in_batch, alone_nll) << "sequence " << i;
+        EXPECT_EQ(scores[i].tokens_scored, s.n_tokens - s.first_scored()) << "sequence " << i;
+        if (s.first_scored() == 1) {
+            EXPECT_EQ(scores[i].nll_sum, alone.nll_sum) << "sequence " << i;
+        }
+        const double scored = scored_sum(alone_nll, s);
+        EXPECT_NEAR(scores[i].nll_sum, scored, 1e-5 * scored) << "sequence " << i;
+        offset += s.n_tokens - 1;
+        nll_sum += scores[i].nll_sum;
+    }
+    EXPECT_EQ(total.nll_sum, nll_sum);
+    EXPECT_EQ(total.tokens_scored, uint64_t{1 + 63 + 8 + 39 + 1});
+}
+
+// greedy against the double-precision reference's argmax, for one scored token: its best continuation is greedy,
+// its second best is not (positions whose two best logits are too close to tell apart in FP32 are skipped).
+TEST_F(Score, BatchGreedyIsTheReferenceArgmax) {
+    SCOPED_TRACE("seed " + std::to_string(seed_));
+    const int32_t V = model_->config.vocab;
+    int checked = 0;
+    for (int32_t n = 3; n < 40 && checked < 4; n += 3) {
+        const ref::Vec logits = ref::window_logits(*model_, tokens_.data(), n);
+        const double *last = &logits[static_cast<size_t>(n - 1) * V];
+        std::vector<int32_t> order(V);
+        for (int32_t v = 0; v < V; ++v) order[v] = v;
+        std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                          [&](int32_t a, int32_t b) { return last[a] > last[b]; });
+        if (last[order[0]] - last[order[1]] < 1e-3 * std::max(1.0, std::fabs(last[order[0]]))) continue;
+        std::vector<int32_t> best(tokens_.begin(), tokens_.begin() + n), second = best;
+        best.push_back(order[0]);
+        second.push_back(order[1]);
+        const std::vector<tl::Sequence> sequences = {{best.data(), best.size(), static_cast<size_t>(n)},
+                                                     {second.data(), second.size(), static_cast<size_t>(n)}};
+        std::vector<tl::SequenceScore> scores(2);
+        tl::score_batch_cpu(*model_, sequences.data(), 2, {}, scores.data());
+        EXPECT_TRUE(scores[0].greedy) << "n " << n << ": the reference's argmax " << order[0];
+        EXPECT_FALSE(scores[1].greedy) << "n " << n << ": the reference's second best " << order[1];
+        ++checked;
+    }
+    EXPECT_GT(checked, 0) << "every position had two near-equal best logits";
+}
+
+// Progress after each sequence, counting scored tokens; cancelling stops before the next sequence.
+TEST_F(Score, BatchProgressCountsScoredTokensAndCanCancel) {
+    const std::vector<tl::Sequence> sequences = pieces_of(tokens_, {{0, 20, 5}, {20, 10, 0}, {30, 64, 60}});
+    std::vector<tl::SequenceScore> scores(sequences.size());
+    std::vector<uint64_t> done;
+    tl::ScoreOptions options;
+    options.progress = [&](uint64_t d, uint64_t total) {
+        EXPECT_EQ(total, uint64_t{15 + 9 + 4});
+        done.push_back(d);
+        return true;
+    };
+    tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), options, scores.data());
+    EXPECT_EQ(done, (std::vector<uint64_t>{15, 24, 28}));
+
+    int calls = 0;
+    options.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
+    const auto [code, message] = error_of(
+        [&] { tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), options, scores.data()); });
+    EXPECT_EQ(code, TL_ERR_CANCELLED) << message;
+    EXPECT_NE(message.find("after 24 of 28 tokens"), std::string::npos) << message;
+    EXPECT_EQ(calls, 2);
+}
+
+// An empty batch: zero totals, no progress, nothing touched.
+TEST_F(Score, BatchOfNoSequences) {
+    tl::ScoreOptions options;
+    options.progress = [](uint64_t, uint64_t) {
+        ADD_FAILURE() << "progress for an empty batch";
+        return true;
+    };
+    const tl::ScoreResult r = tl::score_batch_cpu(*model_, nullptr, 0, options, nullptr);
+    EXPECT_EQ(r.nll_sum, 0.0);
+    EXPECT_EQ(r.tokens_scored, 0u);
+    EXPECT_EQ(r.n_windows, 0);
+}
+
+// Working memory is sized by the longest sequence, checked before anything is allocated.
+TEST_F(Score, BatchMemoryFollowsTheLongestSequence) {
+    const std::vector<tl::Sequence> sequences = pieces_of(tokens_, {{0, 10, 0}, {10, 48, 2}, {60, 20, 0}});
+    std::vector<tl::SequenceScore> scores(sequences.size());
+    tl::ScoreOptions o;
+    o.n_threads = 1;
+    const uint64_t needed = tl::cpu_score_bytes(*model_, 48, 1, false);
+    o.max_memory_bytes = needed - 1;
+    const auto [status, message] =
+        error_of([&] { tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), o, scores.data()); });
+    EXPECT_EQ(status, TL_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
+    o.max_memory_bytes = needed;
+    EXPECT_EQ(tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), o, scores.data()).tokens_scored,
+              uint64_t{9 + 46 + 19});
+}
+
+// The linear_input hook sees each sequence's window, and cross-iteration rounding applies as in score_cpu.
+TEST_F(Score, BatchHonoursTheLinearInputHookAndCrossIterationRounding) {
+    SCOPED_TRACE("seed " + std::to_string(seed_));
+    tl::SyntheticOptions synthetic;
+    synthetic.seed = seed_;
+    synthetic.frac4 = true;
+    const auto model = tl::make_synthetic_model(small_config(), synthetic);
+    const std::vector<tl::Sequence> sequences = pieces_of(tokens_, {{0, 30, 4}, {40, 12, 0}});
+    std::vector<tl::SequenceScore> scores(sequences.size());
+    std::vector<int32_t> head_rows;
+    tl::ScoreOptions options;
+    options.cross_iter_round = true;
+    options.linear_input = [&](const tl::Linear &w, const float *, int32_t rows) {
+        if (&w == &model->head) head_rows.push_back(rows);
+    };
+    tl::score_batch_cpu(*model, sequences.data(), sequences.size(), options, scores.data());
+    EXPECT_EQ(head_rows, (std::vector<int32_t>{29, 11}));
+    options.linear_input = nullptr;
+    tl::ScoreOptions plain = options;
+    plain.cross_iter_round = false;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        const tl::Sequence &s = sequences[i];
+        const double scored = scored_sum(score_alone(*model, s, options), s);
+        EXPECT_NEAR(scores[i].nll_sum, scored, 1e-5 * scored) << "sequence " << i;
+        EXPECT_NE(scored_sum(score_alone(*model, s, plain), s), scored)
+            << "cross-iteration rounding changed nothing: the test cannot tell";
     }
 }

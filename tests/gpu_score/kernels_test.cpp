@@ -207,6 +207,45 @@ TEST(Kernels, Rope) {
     }
 }
 
+// Positions from an array (packed sequences restart at 0): the result equals rope_qk on each row alone with the
+// table row of its position, bit for bit.
+TEST(Kernels, RopePositions) {
+    const int T = 90, H = 3, hd = 64, A = H * hd;
+    const std::vector<int32_t> lengths = {1, 40, 17, 32};  // sums to T
+    std::vector<int32_t> positions;
+    for (int32_t len : lengths)
+        for (int32_t p = 0; p < len; ++p) positions.push_back(p);
+    ASSERT_EQ(static_cast<int>(positions.size()), T);
+    const std::vector<uint16_t> qkv = random_half(static_cast<size_t>(T) * 3 * A, 1.0);
+    std::vector<float> cos_table, sin_table;
+    tl::rope_tables(40, hd, 10000.0f, cos_table, sin_table);
+    DeviceArray<uint16_t> packed(qkv.size());
+    DeviceArray<int32_t> d_positions(positions.size());
+    DeviceArray<float> d_cos(cos_table.size()), d_sin(sin_table.size());
+    ASSERT_TRUE(upload_guarded(packed, qkv) && upload_guarded(d_positions, positions) &&
+                upload_guarded(d_cos, cos_table) && upload_guarded(d_sin, sin_table));
+    ASSERT_TRUE(launched(
+        tl::gpu::rope_qk(packed.get(), d_cos.get(), d_sin.get(), T, H, hd, nullptr, d_positions.get())));
+    std::vector<uint16_t> got;
+    CUDA_OK(packed.download(got));
+    // Row t alone, as row p of a sequence whose rows before it are copies: rope_qk without positions uses row p.
+    for (int t = 0; t < T; ++t) {
+        const int p = positions[t];
+        std::vector<uint16_t> alone(static_cast<size_t>(p + 1) * 3 * A);
+        std::copy_n(qkv.begin() + static_cast<size_t>(t) * 3 * A, 3 * A, alone.begin() + static_cast<size_t>(p) * 3 * A);
+        DeviceArray<uint16_t> d_alone(alone.size());
+        ASSERT_TRUE(upload_guarded(d_alone, alone));
+        ASSERT_TRUE(launched(tl::gpu::rope_qk(d_alone.get(), d_cos.get(), d_sin.get(), p + 1, H, hd, nullptr)));
+        std::vector<uint16_t> want;
+        CUDA_OK(d_alone.download(want));
+        for (int i = 0; i < 3 * A; ++i) {
+            ASSERT_EQ(got[static_cast<size_t>(t) * 3 * A + i], want[static_cast<size_t>(p) * 3 * A + i])
+                << "row " << t << " (position " << p << "), element " << i;
+        }
+    }
+    EXPECT_TRUE(packed.guard_intact() && d_positions.guard_intact());
+}
+
 // ---- Attention ------------------------------------------------------------------------------------------------
 
 // Row t of the output, FP64: per head, softmax over keys j <= t of q.k / sqrt(hd), times v. qkv holds the FP16
@@ -358,6 +397,54 @@ TEST(Kernels, AttentionSimt) {
     std::printf("SIMT attention: largest error / bound %.3f\n", worst);
 }
 
+// Packed sequences: each sequence's rows must equal the FP64 reference of that sequence alone (attention never
+// crosses a sequence boundary), on both kernels, with sequences shorter, equal to and longer than a tile.
+TEST(Kernels, AttentionSegments) {
+    const std::vector<int32_t> lengths = {1, 17, 64, 65, 130, 3, 2, 200};
+    std::vector<int32_t> offsets = {0};
+    for (int32_t len : lengths) offsets.push_back(offsets.back() + len);
+    const int T = offsets.back();
+    const int max_len = *std::max_element(lengths.begin(), lengths.end());
+    for (auto kernel : {tl::gpu::AttentionKernel::TensorCore, tl::gpu::AttentionKernel::Simt}) {
+        for (auto [H, hd] : {std::pair{2, 64}, {3, 128}, {2, 16}}) {
+            if (kernel == tl::gpu::AttentionKernel::TensorCore && hd == 16) continue;
+            SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " H=" + std::to_string(H) +
+                         " hd=" + std::to_string(hd));
+            const int A = H * hd;
+            std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A);
+            std::normal_distribution<float> q_dist(0.0f, 2.0f), kv_dist(0.0f, 1.0f);
+            for (int t = 0; t < T; ++t)
+                for (int i = 0; i < 3 * A; ++i)
+                    qkv[static_cast<size_t>(t) * 3 * A + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
+            DeviceArray<uint16_t> d_qkv(qkv.size()), out(static_cast<size_t>(T) * A);
+            DeviceArray<int32_t> d_offsets(offsets.size());
+            ASSERT_TRUE(upload_guarded(d_qkv, qkv) && upload_guarded(d_offsets, offsets) && out.ok());
+            CUDA_OK(out.poison(0xFF));  // FP16 NaN
+            const tl::gpu::Segments segments{d_offsets.get(), static_cast<int>(lengths.size()), max_len};
+            ASSERT_TRUE(launched(tl::gpu::causal_attention(d_qkv.get(), out.get(), T, H, hd, nullptr, kernel, segments)));
+            std::vector<uint16_t> got;
+            CUDA_OK(out.download(got));
+            const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore;
+            for (size_t s = 0; s < lengths.size(); ++s) {
+                const size_t first = static_cast<size_t>(offsets[s]);
+                std::vector<double> seq(static_cast<size_t>(lengths[s]) * 3 * A);
+                for (size_t i = 0; i < seq.size(); ++i) seq[i] = half_to_float(qkv[first * 3 * A + i]);
+                for (int t = 0; t < lengths[s]; ++t) {
+                    const ReferenceRow ref = reference_attention(seq, H, hd, t);
+                    for (int i = 0; i < A; ++i) {
+                        const double g = half_to_float(got[(first + t) * A + i]);
+                        const double bound = std::ldexp(std::fabs(ref.out[i]), -11) + (fp16_p ? ref.p_round[i] : 0.0) +
+                                             1e-4 * ref.mag[i] + 1e-7;
+                        ASSERT_LE(std::fabs(g - ref.out[i]), bound)
+                            << "sequence " << s << " row " << t << " element " << i << ": " << g << " vs " << ref.out[i];
+                    }
+                }
+            }
+            EXPECT_TRUE(out.guard_intact() && d_qkv.guard_intact());
+        }
+    }
+}
+
 // Information for the notes, not a check: each kernel's time at one shape (median of 5 timings of 5 launches) and
 // the TFLOPS it implies for the causal product's 4 T (T + 1) / 2 H hd useful FLOPs. Inputs are a constant pattern
 // (the time does not depend on the values).
@@ -425,6 +512,15 @@ TEST(Kernels, AttentionRefusals) {
     EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 64, 1, 1, 64, nullptr,
                                         static_cast<tl::gpu::AttentionKernel>(7)),
               tl::gpu::kRcBadArgument);
+    // Segments: a count without offsets, too many, a longest sequence of 0 or past T.
+    const auto auto_kernel = tl::gpu::AttentionKernel::Auto;
+    const int32_t *offsets = reinterpret_cast<const int32_t *>(buf.get());
+    for (const tl::gpu::Segments bad : {tl::gpu::Segments{nullptr, 2, 1}, tl::gpu::Segments{offsets, 0, 1},
+                                        tl::gpu::Segments{offsets, tl::gpu::kMaxSegments + 1, 1},
+                                        tl::gpu::Segments{offsets, 1, 0}, tl::gpu::Segments{offsets, 1, 2}}) {
+        EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 64, 1, 1, 64, nullptr, auto_kernel, bad),
+                  tl::gpu::kRcBadArgument);
+    }
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------------------
@@ -477,7 +573,7 @@ TEST(Kernels, Swiglu) {
 TEST(Kernels, HeadNll) {
     const uint16_t kHuge = float_to_half(60000.0f);  // in a padding column it would dominate the softmax
     for (int V : {256, 50257}) {
-        for (int rows : {1, 37}) {
+        for (int rows : {1, 4, 37}) {
             for (bool padded : {false, true}) {
                 const int ld = padded ? (V / 64 + 1) * 64 : V;  // at least one padding column
                 SCOPED_TRACE("V=" + std::to_string(V) + " rows=" + std::to_string(rows) + " ld=" + std::to_string(ld));
@@ -489,15 +585,28 @@ TEST(Kernels, HeadNll) {
                 for (auto &t : targets) t = pick(rng());
                 targets[0] = V - 1;
                 if (rows > 1) targets[1] = 0;
+                // Greedy rows: the target's logit made the row's largest (row 2), or tied with it (row 3).
+                for (int r = 2; r < std::min(rows, 4); ++r) {
+                    uint16_t *l = logits.data() + static_cast<size_t>(r) * ld;
+                    const uint16_t top = *std::max_element(l, l + V, [](uint16_t a, uint16_t b) {
+                        return half_to_float(a) < half_to_float(b);
+                    });
+                    l[targets[r]] = r == 2 ? float_to_half(half_to_float(top) + 1.0f) : top;
+                }
                 DeviceArray<uint16_t> d_logits(logits.size());
                 DeviceArray<int32_t> d_targets(targets.size());
                 DeviceArray<float> nll(rows);
-                ASSERT_TRUE(upload_guarded(d_logits, logits) && upload_guarded(d_targets, targets) && nll.ok());
+                DeviceArray<uint8_t> greedy(rows);
+                ASSERT_TRUE(upload_guarded(d_logits, logits) && upload_guarded(d_targets, targets) && nll.ok() &&
+                            greedy.ok());
                 CUDA_OK(nll.poison(0xFF));
-                ASSERT_TRUE(launched(
-                    tl::gpu::head_nll(d_logits.get(), ld, rows, V, d_targets.get(), nll.get(), nullptr)));
+                CUDA_OK(greedy.poison(0x7F));
+                ASSERT_TRUE(launched(tl::gpu::head_nll(d_logits.get(), ld, rows, V, d_targets.get(), nll.get(),
+                                                       nullptr, greedy.get())));
                 std::vector<float> got;
                 CUDA_OK(nll.download(got));
+                std::vector<uint8_t> got_greedy;
+                CUDA_OK(greedy.download(got_greedy));
                 for (int r = 0; r < rows; ++r) {
                     const uint16_t *l = logits.data() + static_cast<size_t>(r) * ld;
                     double mx = -INFINITY;
@@ -506,8 +615,12 @@ TEST(Kernels, HeadNll) {
                     for (int v = 0; v < V; ++v) sum += std::exp(half_to_float(l[v]) - mx);
                     const double ref = mx + std::log(sum) - half_to_float(l[targets[r]]);
                     ASSERT_LE(std::fabs(got[r] - ref), 1e-4 + 1e-6 * std::fabs(ref)) << "row " << r;
+                    ASSERT_EQ(got_greedy[r], half_to_float(l[targets[r]]) >= mx ? 1 : 0) << "row " << r;
+                    if (r == 2 || r == 3) {
+                        ASSERT_EQ(got_greedy[r], 1) << "row " << r;
+                    }
                 }
-                EXPECT_TRUE(nll.guard_intact() && d_logits.guard_intact());
+                EXPECT_TRUE(nll.guard_intact() && greedy.guard_intact() && d_logits.guard_intact());
             }
         }
     }

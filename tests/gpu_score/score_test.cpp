@@ -235,8 +235,8 @@ uint64_t path_count(const tl::DispatchCounts &c, Path p) {
     }
 }
 
-// The GEMMs one window of T tokens runs, by kind: the specification's layer list (four per block application with
-// gate and up fused when both are INT4 with one group size, the head once per logits chunk).
+// The GEMMs one pass of T tokens runs, by kind: the specification's layer list (four per block application with
+// gate and up fused when both are INT4 with one group size, the head once per logits chunk of the pass's rows).
 struct Gemms {
     uint64_t quant = 0, dense = 0;
 };
@@ -257,10 +257,11 @@ Gemms window_gemms(const tl::Model &m, int32_t T) {
     };
     for (const tl::Block &b : m.pre) block(b);
     for (int32_t l = 0; l < m.config.loops; ++l) block(m.loop);
-    add(m.head, static_cast<uint64_t>((T - 1 + kChunkRows - 1) / kChunkRows));
+    add(m.head, static_cast<uint64_t>((T + kChunkRows - 1) / kChunkRows));
     return g;
 }
 
+// With one window per pass (ScoreOptions::pass_tokens = the window).
 Gemms call_gemms(const tl::Model &m, size_t n_tokens, int32_t window) {
     Gemms total;
     for (size_t start = 0; start + 1 < n_tokens; start += window - 1) {
@@ -293,11 +294,12 @@ tl::GpuScoreStats stats_delta(const tl::GpuScoreStats &a, const tl::GpuScoreStat
 }
 
 GpuRun gpu_score(tl::GpuModel &gm, const std::vector<int32_t> &tokens, int32_t window, void *stream = nullptr,
-                 bool graphs = false) {
+                 bool graphs = false, int32_t pass_tokens = 0) {
     GpuRun run;
     run.nll.assign(tokens.size() - 1, NAN);
     tl::ScoreOptions o;
     o.window = window;
+    o.pass_tokens = pass_tokens;
     o.token_nll = run.nll.data();
     o.use_graphs = graphs;
     const tl::GpuScoreStats before = gm.stats();
@@ -378,7 +380,9 @@ TEST_P(ScoreParity, Matches) {
         EXPECT_EQ(d.windows, calls * static_cast<uint64_t>(p.cpu.windows));
     };
 
-    const GpuRun eager = gpu_score(gm, p.tokens, p.window);
+    // One window per pass (pass_tokens = the window): the GEMM and graph counts below follow the windows. Packed
+    // passes are checked in ScoreApi.PackedPasses.
+    const GpuRun eager = gpu_score(gm, p.tokens, p.window, nullptr, false, p.window);
     EXPECT_EQ(eager.result.n_windows, p.cpu.windows);
     EXPECT_EQ(eager.result.tokens_scored, n - 1);
     EXPECT_TRUE(agree(eager.nll, eager.result.nll_sum, p.cpu.nll, p.cpu.sum, kMaxPositionDiff, kMaxPplRelDiff,
@@ -391,8 +395,8 @@ TEST_P(ScoreParity, Matches) {
 
     // Graphs: the first call runs each new window length eagerly and captures it (128 and 46 tokens), replaying the
     // second 128-token window; the second call replays all three.
-    const GpuRun first = gpu_score(gm, p.tokens, p.window, nullptr, true);
-    const GpuRun second = gpu_score(gm, p.tokens, p.window, nullptr, true);
+    const GpuRun first = gpu_score(gm, p.tokens, p.window, nullptr, true, p.window);
+    const GpuRun second = gpu_score(gm, p.tokens, p.window, nullptr, true, p.window);
     EXPECT_EQ(first.delta.graph_captures, 2u);
     EXPECT_EQ(first.delta.graph_replays, 1u);
     EXPECT_EQ(second.delta.graph_captures, 0u);
@@ -479,36 +483,69 @@ TEST_F(ScoreApi, RejectsBadArguments) {
     EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "head_dim", [&] { tl::GpuModel gm(*model, 0); }));
 }
 
+// With pass_tokens = 1 every pass holds one window (a pass is never shorter than the longest window, and the last,
+// shorter window does not fit beside a full one): one progress call per window. With the default, these few windows
+// share one pass and one progress call.
 TEST_F(ScoreApi, WindowsAndProgress) {
     for (auto [n, window] : {std::pair<size_t, int32_t>{10, 0}, {20, 2}, {300, 64}, {129, 128}, {130, 128}}) {
-        SCOPED_TRACE("n=" + std::to_string(n) + " window=" + std::to_string(window));
-        const std::vector<int32_t> tokens = random_tokens(n, 256);
-        const Reference cpu = cpu_score(*model_, tokens, window);
-        std::vector<std::pair<uint64_t, uint64_t>> calls;
-        std::vector<float> nll(n - 1, NAN);
-        tl::ScoreOptions o;
-        o.window = window;
-        o.token_nll = nll.data();
-        o.progress = [&](uint64_t done, uint64_t total) {
-            calls.emplace_back(done, total);
-            return true;
-        };
-        const tl::ScoreResult r = tl::score_cuda(*gpu_, tokens.data(), n, o, 0, nullptr);
-        EXPECT_EQ(r.n_windows, cpu.windows);
-        ASSERT_EQ(calls.size(), static_cast<size_t>(cpu.windows));
-        for (size_t i = 0; i < calls.size(); ++i) {
-            EXPECT_EQ(calls[i].second, n - 1);
-            EXPECT_GT(calls[i].first, i == 0 ? 0 : calls[i - 1].first);
+        for (int32_t pass_tokens : {1, 0}) {
+            SCOPED_TRACE("n=" + std::to_string(n) + " window=" + std::to_string(window) + " pass_tokens=" +
+                         std::to_string(pass_tokens));
+            const std::vector<int32_t> tokens = random_tokens(n, 256);
+            const Reference cpu = cpu_score(*model_, tokens, window);
+            std::vector<std::pair<uint64_t, uint64_t>> calls;
+            std::vector<float> nll(n - 1, NAN);
+            tl::ScoreOptions o;
+            o.window = window;
+            o.pass_tokens = pass_tokens;
+            o.token_nll = nll.data();
+            o.progress = [&](uint64_t done, uint64_t total) {
+                calls.emplace_back(done, total);
+                return true;
+            };
+            const tl::ScoreResult r = tl::score_cuda(*gpu_, tokens.data(), n, o, 0, nullptr);
+            EXPECT_EQ(r.n_windows, cpu.windows);
+            ASSERT_EQ(calls.size(), pass_tokens == 1 ? static_cast<size_t>(cpu.windows) : 1u);
+            for (size_t i = 0; i < calls.size(); ++i) {
+                EXPECT_EQ(calls[i].second, n - 1);
+                EXPECT_GT(calls[i].first, i == 0 ? 0 : calls[i - 1].first);
+            }
+            EXPECT_EQ(calls.back().first, n - 1);
+            EXPECT_TRUE(agree(nll, r.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff, "tiny windows"));
         }
-        EXPECT_EQ(calls.back().first, n - 1);
-        EXPECT_TRUE(agree(nll, r.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff, "tiny windows"));
     }
+}
+
+// Many short windows packed into passes of several sizes (one window each, a few, all in one): the same NLLs as the
+// CPU, each position where the window layout puts it, with graphs on too (a full pass's shape replays).
+TEST_F(ScoreApi, PackedPasses) {
+    const std::vector<int32_t> tokens = random_tokens(2000, 256);
+    const Reference cpu = cpu_score(*model_, tokens, 16);
+    for (int32_t pass_tokens : {1, 100, 1000, 0}) {
+        for (bool graphs : {false, true}) {
+            SCOPED_TRACE("pass_tokens=" + std::to_string(pass_tokens) + " graphs=" + std::to_string(graphs));
+            const GpuRun run = gpu_score(*gpu_, tokens, 16, nullptr, graphs, pass_tokens);
+            EXPECT_EQ(run.result.n_windows, cpu.windows);
+            EXPECT_EQ(run.delta.windows, static_cast<uint64_t>(cpu.windows));
+            EXPECT_EQ(run.result.tokens_scored, tokens.size() - 1);
+            EXPECT_TRUE(agree(run.nll, run.result.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff,
+                              "16-token windows, pass_tokens " + std::to_string(pass_tokens)));
+            if (graphs && pass_tokens == 100) {
+                EXPECT_GT(run.delta.graph_replays, 0u);
+            }
+        }
+    }
+    tl::ScoreOptions o;
+    o.pass_tokens = -1;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "pass_tokens = -1",
+                           [&] { tl::score_cuda(*gpu_, tokens.data(), tokens.size(), o, 0, nullptr); }));
 }
 
 TEST_F(ScoreApi, CancelledByProgress) {
     const std::vector<int32_t> tokens = random_tokens(300, 256);
     tl::ScoreOptions o;
     o.window = 64;
+    o.pass_tokens = 1;  // a pass per window
     int calls = 0;
     o.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
     EXPECT_TRUE(fails_with(TL_ERR_CANCELLED, "after 126 of 299",
@@ -535,16 +572,155 @@ TEST_F(ScoreApi, UserStreamAndBufferReuse) {
     const GpuRun graphed = gpu_score(gm, tokens, 100, stream, true);
     const GpuRun replayed = gpu_score(gm, tokens, 100, stream, true);
     CUDA_OK(cudaStreamDestroy(stream));
-    EXPECT_EQ(replayed.delta.graph_replays, 3u);
+    EXPECT_EQ(replayed.delta.graph_replays, 1u);  // the three windows share one pass
     EXPECT_EQ(own.nll, user.nll);
     EXPECT_EQ(own.nll, graphed.nll);
     EXPECT_EQ(own.nll, replayed.nll);
-    EXPECT_EQ(gm.device_bytes(), bytes) << "buffers were reallocated for a window already seen";
+    EXPECT_EQ(gm.device_bytes(), bytes) << "buffers were reallocated for a pass already seen";
     const Reference cpu = cpu_score(*model, tokens, 100);
     EXPECT_TRUE(agree(own.nll, own.result.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff, "own stream"));
-    const std::vector<int32_t> longer = random_tokens(200, 256);
+    const std::vector<int32_t> longer = random_tokens(400, 256);
     gpu_score(gm, longer, 128);
-    EXPECT_GT(gm.device_bytes(), bytes) << "a longer window needs larger activations";
+    EXPECT_GT(gm.device_bytes(), bytes) << "a longer pass needs larger activations";
+}
+
+// ---- Many sequences per call (score_batch_cuda) --------------------------------------------------------------------
+
+struct Batch {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<tl::Sequence> sequences;
+    size_t predicted = 0;  // token_nll's length: n_tokens - 1 per sequence
+};
+
+void add_sequence(Batch &b, std::vector<int32_t> tokens, size_t n_context) {
+    b.tokens.push_back(std::move(tokens));
+    b.predicted += b.tokens.back().size() - 1;
+    b.sequences.push_back(tl::Sequence{nullptr, b.tokens.back().size(), n_context});
+    // The vector may have moved every sequence's tokens: point at them again.
+    for (size_t i = 0; i < b.tokens.size(); ++i) b.sequences[i].tokens = b.tokens[i].data();
+}
+
+struct BatchRun {
+    std::vector<float> nll;
+    std::vector<tl::SequenceScore> scores;
+    tl::ScoreResult result;
+};
+
+BatchRun batch_gpu(tl::GpuModel &gm, const Batch &b, int32_t pass_tokens, bool graphs) {
+    BatchRun run;
+    run.nll.assign(b.predicted, NAN);
+    run.scores.resize(b.sequences.size());
+    tl::ScoreOptions o;
+    o.token_nll = run.nll.data();
+    o.pass_tokens = pass_tokens;
+    o.use_graphs = graphs;
+    run.result = tl::score_batch_cuda(gm, b.sequences.data(), b.sequences.size(), o, 0, nullptr, run.scores.data());
+    return run;
+}
+
+BatchRun batch_cpu(const tl::Model &model, const Batch &b) {
+    BatchRun run;
+    run.nll.assign(b.predicted, NAN);
+    run.scores.resize(b.sequences.size());
+    tl::ScoreOptions o;
+    o.token_nll = run.nll.data();
+    run.result = tl::score_batch_cpu(model, b.sequences.data(), b.sequences.size(), o, run.scores.data());
+    return run;
+}
+
+// Sequences of every length from 2 to max_seq with random context lengths, packed several ways: per sequence the same
+// counts, NLL sums and greedy flags as the CPU backend, and every predicted token's NLL where the layout puts it.
+TEST_F(ScoreApi, BatchMatchesCpu) {
+    Batch b;
+    std::uniform_int_distribution<int> length(2, 128);
+    for (int i = 0; i < 60; ++i) {
+        const size_t n = static_cast<size_t>(i == 0 ? 2 : i == 1 ? 128 : length(rng()));
+        add_sequence(b, random_tokens(n, 256), std::uniform_int_distribution<size_t>(0, n - 1)(rng()));
+    }
+    const BatchRun cpu = batch_cpu(*model_, b);
+    for (int32_t pass_tokens : {1, 300, 0}) {
+        for (bool graphs : {false, true}) {
+            SCOPED_TRACE("pass_tokens=" + std::to_string(pass_tokens) + " graphs=" + std::to_string(graphs));
+            const BatchRun gpu = batch_gpu(*gpu_, b, pass_tokens, graphs);
+            EXPECT_EQ(gpu.result.n_windows, static_cast<int32_t>(b.sequences.size()));
+            EXPECT_EQ(gpu.result.tokens_scored, cpu.result.tokens_scored);
+            EXPECT_TRUE(agree(gpu.nll, 0.0, cpu.nll, 0.0, kMaxPositionDiff, 1.0, "batch token_nll"));
+            double total = 0.0;
+            for (size_t i = 0; i < b.sequences.size(); ++i) {
+                const tl::SequenceScore &g = gpu.scores[i], &c = cpu.scores[i];
+                EXPECT_EQ(g.tokens_scored, b.sequences[i].n_tokens - std::max<size_t>(1, b.sequences[i].n_context))
+                    << "sequence " << i;
+                EXPECT_EQ(g.tokens_scored, c.tokens_scored) << "sequence " << i;
+                EXPECT_NEAR(g.nll_sum, c.nll_sum, kMaxPositionDiff * static_cast<double>(c.tokens_scored))
+                    << "sequence " << i;
+                EXPECT_EQ(g.greedy, c.greedy) << "sequence " << i;
+                total += g.nll_sum;
+            }
+            EXPECT_NEAR(gpu.result.nll_sum, total, 1e-9 * std::fabs(total));
+        }
+    }
+    const BatchRun empty = batch_gpu(*gpu_, Batch{}, 0, false);
+    EXPECT_EQ(empty.result.tokens_scored, 0u);
+    EXPECT_EQ(empty.result.nll_sum, 0.0);
+}
+
+// One context and every token of the vocabulary as its one-token continuation: exactly the most likely continuations
+// are greedy (ties within FP16 logits' rounding allowed), and the CPU backend agrees on the most likely one.
+TEST_F(ScoreApi, BatchGreedy) {
+    const std::vector<int32_t> context = random_tokens(20, 256);
+    Batch b;
+    for (int32_t v = 0; v < 256; ++v) {
+        std::vector<int32_t> t = context;
+        t.push_back(v);
+        add_sequence(b, std::move(t), context.size());
+    }
+    const BatchRun gpu = batch_gpu(*gpu_, b, 0, false), cpu = batch_cpu(*model_, b);
+    auto best = [](const BatchRun &r) {
+        return static_cast<size_t>(std::min_element(r.scores.begin(), r.scores.end(),
+                                                    [](const tl::SequenceScore &a, const tl::SequenceScore &c) {
+                                                        return a.nll_sum < c.nll_sum;
+                                                    }) -
+                                   r.scores.begin());
+    };
+    const size_t gpu_best = best(gpu), cpu_best = best(cpu);
+    EXPECT_TRUE(gpu.scores[gpu_best].greedy);
+    EXPECT_TRUE(cpu.scores[cpu_best].greedy);
+    for (size_t v = 0; v < gpu.scores.size(); ++v) {
+        EXPECT_EQ(gpu.scores[v].tokens_scored, 1u);
+        if (gpu.scores[v].greedy) {
+            EXPECT_LE(gpu.scores[v].nll_sum, gpu.scores[gpu_best].nll_sum + 2e-3) << "token " << v;
+        }
+    }
+    // The CPU's best is the GPU's, unless the two best continuations are closer than the GPU's FP16 error.
+    if (gpu_best != cpu_best) {
+        EXPECT_LE(std::fabs(cpu.scores[gpu_best].nll_sum - cpu.scores[cpu_best].nll_sum), kMaxPositionDiff);
+    }
+}
+
+TEST_F(ScoreApi, BatchRejectsBadRequests) {
+    std::vector<int32_t> tokens = random_tokens(200, 256);
+    tl::ScoreOptions o;
+    auto score = [&](std::vector<tl::Sequence> seqs) {
+        std::vector<tl::SequenceScore> scores(seqs.size());
+        tl::score_batch_cuda(*gpu_, seqs.data(), seqs.size(), o, 0, nullptr, scores.data());
+    };
+    const tl::Sequence good{tokens.data(), 10, 0};
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "sequences[1].tokens is NULL",
+                           [&] { score({good, tl::Sequence{nullptr, 10, 0}}); }));
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "sequences[0].n_tokens = 1", [&] {
+        score({tl::Sequence{tokens.data(), 1, 0}});
+    }));
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "sequences[0].n_tokens = 129", [&] {
+        score({tl::Sequence{tokens.data(), 129, 0}});
+    }));
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "sequences[1].n_context = 10", [&] {
+        score({good, tl::Sequence{tokens.data(), 10, 10}});
+    }));
+    tokens[5] = 256;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "sequences[0].tokens[5] = 256", [&] { score({good}); }));
+    tokens[5] = 0;
+    o.window = 16;
+    EXPECT_TRUE(fails_with(TL_ERR_INVALID_ARGUMENT, "window = 16", [&] { score({good}); }));
 }
 
 // The embedding (and with it the tied head) in F32 and BF16: the head is then an FP16 copy, not the table itself.

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_safetensors.hpp"
 #include "tinyloop.h"
 
 #ifndef TL_IMPORT_DATA_DIR
@@ -25,55 +26,10 @@
 
 namespace {
 
-// ---- A minimal safetensors reader (8-byte little-endian header length, JSON header, raw data) ----
-
-struct Tensor {
-    std::string dtype;
-    std::vector<int64_t> shape;
-    std::vector<uint8_t> data;
-
-    template <class T>
-    const T *as(const char *want) const {
-        if (dtype != want) throw std::runtime_error("tensor has dtype " + dtype + ", expected " + want);
-        return reinterpret_cast<const T *>(data.data());
-    }
-};
-
-std::map<std::string, Tensor> read_safetensors(const std::string &path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error("cannot open " + path + " (run make_int4_checkpoints.py; CTest does)");
-    std::stringstream buffer;
-    buffer << f.rdbuf();
-    const std::string bytes = buffer.str();
-    if (bytes.size() < 8) throw std::runtime_error(path + ": too short");
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-    if (8 + header_len > bytes.size()) throw std::runtime_error(path + ": bad header length");
-    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
-    const size_t base = 8 + header_len;
-    std::map<std::string, Tensor> tensors;
-    for (auto it = header.begin(); it != header.end(); ++it) {
-        if (it.key() == "__metadata__") continue;
-        Tensor t;
-        t.dtype = it.value().at("dtype").get<std::string>();
-        t.shape = it.value().at("shape").get<std::vector<int64_t>>();
-        const auto offsets = it.value().at("data_offsets").get<std::vector<uint64_t>>();
-        if (offsets.size() != 2 || offsets[0] > offsets[1] || base + offsets[1] > bytes.size()) {
-            throw std::runtime_error(path + ": bad data_offsets of " + it.key());
-        }
-        t.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(base + offsets[0]),
-                      bytes.begin() + static_cast<std::ptrdiff_t>(base + offsets[1]));
-        tensors.emplace(it.key(), std::move(t));
-    }
-    return tensors;
-}
-
-float half_to_float(uint16_t h) {  // test-side conversion (normal and subnormal values are all the data holds)
-    const int exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
-    const float sign = (h & 0x8000) ? -1.0f : 1.0f;
-    if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -24);
-    return sign * std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
-}
+using tl_test::half_to_float;
+using tl_test::int4_tolerance;
+using tl_test::read_safetensors;
+using tl_test::Tensor;
 
 // ---- One layer of a file ----
 
@@ -162,7 +118,7 @@ Comparison compare(const Layer &l, const std::vector<float> &got) {
             const double offset = std::fabs(static_cast<double>(zero[g * n + nn]) * half_to_float(scales[g * n + nn]));
             const double e = expected[kk * n + nn], v = got.size() == k * n ? got[kk * n + nn] : NAN;
             const double diff = std::fabs(v - e);
-            const double tolerance = std::ldexp(offset, -11) + 4.0 * 1.2e-7 * (std::fabs(e) + 2 * offset);
+            const double tolerance = int4_tolerance(e, offset);
             if (!(diff <= tolerance)) {
                 if (c.mismatches++ == 0) {
                     c.first_mismatch = l.name + " W[" + std::to_string(kk) + ", " + std::to_string(nn) + "] = " +

@@ -122,9 +122,15 @@ def make_layer(rng, layout, k, n, group_size):
     return tensors
 
 
-def write_safetensors(path, tensors):
-    fmt = {"I32": "<%di", "F16": "<%dH", "F32": "<%df"}
+def write_safetensors(path, tensors, metadata=None, misalign=False):
+    """tensors: name -> (dtype, shape, values); F16 and BF16 values are bit patterns. Tensors in name order, back to
+    back. misalign=True pads the header to an odd length instead of a multiple of 8, so that the data section and
+    every tensor start at an odd offset: other writers need not align tensors, and readers must cope
+    (make_looped_checkpoints.py uses it)."""
+    fmt = {"I32": "<%di", "F16": "<%dH", "BF16": "<%dH", "F32": "<%df"}
     header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
     for name in sorted(tensors):
         dtype, shape, values = tensors[name]
         blob = struct.pack(fmt[dtype] % len(values), *values)
@@ -132,7 +138,7 @@ def write_safetensors(path, tensors):
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
+    text += b" " * ((len(text) + 1) % 2 if misalign else -len(text) % 8)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(text)))

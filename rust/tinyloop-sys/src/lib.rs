@@ -333,6 +333,17 @@ c_structs! {
         pub name: *const c_char,
     }
 
+    /// Options of `tl_model_import_checkpoint` (`tl_import_options_init` fills the defaults).
+    pub struct tl_import_options {
+        pub struct_size: u32,
+        /// The written model's max_seq; 0: config.json's max_position_embeddings.
+        pub max_seq: i32,
+        /// 1: memory-map the checkpoint's files; 0: read each into memory.
+        pub use_mmap: i32,
+        /// 1: check the embedding, norms and dense linears for NaN/Inf.
+        pub validate_values: i32,
+    }
+
     /// Options of `tl_weight_quantize`.
     pub struct tl_quantize_options {
         pub struct_size: u32,
@@ -404,6 +415,28 @@ c_structs! {
         pub gemm_native: u64,
         pub gemm_dense_cublas: u64,
         pub gemm_fallbacks: u64,
+        /// Of `seconds`: the model's device copy and packing (first CUDA call on a device), and CUDA graph
+        /// captures. 0 when the call did none.
+        pub setup_seconds: f64,
+        pub graph_capture_seconds: f64,
+    }
+
+    /// One independent sequence of `tl_score_batch`: the first `n_context` tokens (0 means 1) are context only.
+    /// Fixed layout.
+    pub struct tl_sequence {
+        pub tokens: *const i32,
+        pub n_tokens: usize,
+        pub n_context: usize,
+    }
+
+    /// What `tl_score_batch` reports for one sequence. Fixed layout.
+    pub struct tl_sequence_score {
+        /// Sum of the scored tokens' NLL (natural log).
+        pub nll_sum: f64,
+        /// `n_tokens - max(n_context, 1)`.
+        pub tokens_scored: u64,
+        /// 1 when every scored token's logit is its position's largest (a tie counts), else 0.
+        pub greedy: i32,
     }
 
     /// What `tl_device_info` reports.
@@ -493,6 +526,11 @@ c_functions! {
     pub fn tl_int4_import_desc_init(desc: *mut tl_int4_import_desc, struct_size: u32) -> tl_status;
     /// Creates an owned weight from a GPTQ or AWQ checkpoint's tensors (copied and converted).
     pub fn tl_weight_import_int4(desc: *const tl_int4_import_desc, out_weight: *mut *mut tl_weight) -> tl_status;
+    /// Fills import options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_import_options_init(options: *mut tl_import_options, struct_size: u32) -> tl_status;
+    /// Converts a Hugging Face-style checkpoint folder into a .tinyloop file; `options` may be NULL.
+    pub fn tl_model_import_checkpoint(dir: *const c_char, out_path: *const c_char, options: *const tl_import_options)
+        -> tl_status;
     /// Fills quantize options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
     pub fn tl_quantize_options_init(options: *mut tl_quantize_options, struct_size: u32) -> tl_status;
     /// Quantizes a row-major FP32 matrix `w[n][k]` into an owned weight; `options` may be NULL.
@@ -570,6 +608,15 @@ c_functions! {
         tokens: *const i32,
         n_tokens: usize,
         options: *const tl_score_options,
+        out_result: *mut tl_score_result,
+    ) -> tl_status;
+    /// Scores independent sequences (window 0); `out_scores` gets `n_sequences` entries; `out_result` may be NULL.
+    pub fn tl_score_batch(
+        model: *const tl_model,
+        sequences: *const tl_sequence,
+        n_sequences: usize,
+        options: *const tl_score_options,
+        out_scores: *mut tl_sequence_score,
         out_result: *mut tl_score_result,
     ) -> tl_status;
 }

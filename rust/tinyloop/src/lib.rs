@@ -14,7 +14,8 @@
 //!
 //! ```
 //! use tinyloop::{
-//!     f16, quant_gemm, Device, DeviceBuffer, Error, Model, PackOptions, QuantWeight, ScoreOptions, Stream, Workspace,
+//!     f16, quant_gemm, Device, DeviceBuffer, Error, Model, PackOptions, QuantWeight, ScoreOptions, Sequence, Stream,
+//!     Workspace,
 //! };
 //!
 //! # fn main() -> Result<(), tinyloop::Error> {
@@ -27,6 +28,14 @@
 //! let tokens: Vec<i32> = (0..64).map(|i| (i * 7 % info.vocab) as i32).collect();
 //! let result = model.score(&tokens, &ScoreOptions { token_nll: true, ..ScoreOptions::default() })?;
 //! println!("perplexity {:.3} over {} tokens", result.perplexity, result.tokens_scored);
+//!
+//! // Many sequences in one call; the first `n_context` tokens of each are context only.
+//! let (context, continuation) = (b"Hello,", b" world");
+//! let request: Vec<i32> = context.iter().chain(continuation).map(|&b| i32::from(b)).collect();
+//! let sequences = [Sequence::with_context(&request, context.len()), Sequence::new(&tokens)];
+//! let (scores, total) = model.score_batch(&sequences, &ScoreOptions::default())?;
+//! println!("continuation NLL {:.3}, greedy {}", scores[0].nll_sum, scores[0].greedy);
+//! assert_eq!(total.tokens_scored, 6 + 63);
 //!
 //! // One quantized GEMM, Y = X * W, on the first GPU.
 //! if Device::count()? == 0 {
@@ -79,7 +88,7 @@ pub use half;
 pub use half::f16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{HeadKind, LoadOptions, Model, ModelInfo};
-pub use score::{Backend, ScoreOptions, ScoreResult};
+pub use score::{Backend, ScoreOptions, ScoreResult, Sequence, SequenceScore};
 pub use weight::{QuantMethod, QuantizeOptions, Weight, WeightDesc, WeightInfo, WeightRef};
 
 /// A library version, `major.minor.patch`.

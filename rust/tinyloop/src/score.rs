@@ -1,4 +1,5 @@
-//! Scoring a token sequence: the negative log-likelihood of each token given those before it.
+//! Scoring token sequences: the negative log-likelihood of each token given those before it, one sequence per call
+//! ([`Model::score`]) or many independent ones ([`Model::score_batch`]).
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -35,7 +36,8 @@ impl Backend {
     }
 }
 
-/// Options of [`Model::score`]; `Default` gives the library's defaults and no per-token output.
+/// Options of [`Model::score`] and [`Model::score_batch`]; `Default` gives the library's defaults and no per-token
+/// output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScoreOptions {
     /// Where to run.
@@ -73,7 +75,7 @@ impl Default for ScoreOptions {
     }
 }
 
-/// What [`Model::score`] reports.
+/// What [`Model::score`] reports, and the totals of [`Model::score_batch`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoreResult {
     /// Sum over the scored tokens of `-ln p(token | prefix)`, accumulated in `f64`.
@@ -84,12 +86,17 @@ pub struct ScoreResult {
     pub perplexity: f64,
     /// The backend that ran ([`Backend::Cpu`] or [`Backend::Cuda`]).
     pub backend: Backend,
-    /// Windows the sequence was split into.
+    /// Windows the sequence was split into (for a batch, the number of sequences).
     pub n_windows: usize,
     /// Wall-clock seconds spent in the call.
     pub seconds: f64,
+    /// Of `seconds`, the model's device copy and packing, which the first CUDA call on a device makes (0 otherwise).
+    pub setup_seconds: f64,
+    /// Of `seconds`, capturing CUDA graphs for pass shapes not seen before (0 otherwise).
+    pub graph_capture_seconds: f64,
     /// With [`ScoreOptions::token_nll`]: `token_nll[i]` is the NLL (natural log) of token `i + 1`, so it has
-    /// `tokens.len() - 1` entries. `None` otherwise.
+    /// `tokens.len() - 1` entries (for a batch, each sequence's in turn, see [`Model::score_batch`]). `None`
+    /// otherwise.
     pub token_nll: Option<Vec<f32>>,
     /// CUDA backend: the quantized GEMMs of this call by dispatcher path (CUDA-graph replays included), and the
     /// calls in which a path refused and a later one ran. All zero on the CPU.
@@ -105,8 +112,8 @@ struct Progress<'a> {
 }
 
 unsafe extern "C" fn progress_trampoline(user_data: *mut c_void, done: u64, total: u64) -> i32 {
-    // SAFETY: `user_data` is the `Progress` that `score_impl` passed, alive and not otherwise borrowed for the
-    // whole tl_score call, which invokes this on the calling thread.
+    // SAFETY: `user_data` is the `Progress` that `run_score` passed, alive and not otherwise borrowed for the
+    // whole tl_score / tl_score_batch call, which invokes this on the calling thread.
     let progress = &mut *user_data.cast::<Progress<'_>>();
     if progress.panic.is_some() {
         return 1;
@@ -119,6 +126,58 @@ unsafe extern "C" fn progress_trampoline(user_data: *mut c_void, done: u64, tota
             progress.panic = Some(payload);
             1
         }
+    }
+}
+
+/// One sequence of [`Model::score_batch`]: its tokens, of which the first `n_context` are context only. The tokens
+/// after the context are scored, each given every token before it in the sequence; `n_context` 0 means 1 (the
+/// first token has nothing to be predicted from). A loglikelihood request (context, continuation) is the two
+/// concatenated with `n_context = context.len()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sequence<'a> {
+    /// The tokens, each in `0..vocab`; `2..=max_seq` of them.
+    pub tokens: &'a [i32],
+    /// How many leading tokens are context only, less than `tokens.len()`.
+    pub n_context: usize,
+}
+
+impl<'a> Sequence<'a> {
+    /// A sequence scored whole: every token but the first.
+    pub fn new(tokens: &'a [i32]) -> Self {
+        Sequence { tokens, n_context: 0 }
+    }
+
+    /// A sequence whose first `n_context` tokens are context only.
+    pub fn with_context(tokens: &'a [i32], n_context: usize) -> Self {
+        Sequence { tokens, n_context }
+    }
+
+    fn to_c(self) -> sys::tl_sequence {
+        sys::tl_sequence { tokens: self.tokens.as_ptr(), n_tokens: self.tokens.len(), n_context: self.n_context }
+    }
+}
+
+/// What [`Model::score_batch`] reports for one sequence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SequenceScore {
+    /// Sum over the scored tokens (those after the context) of `-ln p(token | the tokens before it)`.
+    pub nll_sum: f64,
+    /// Tokens scored: `tokens.len() - max(n_context, 1)`.
+    pub tokens_scored: u64,
+    /// Whether greedy decoding reproduces every scored token: at each scored position the token's logit is the
+    /// largest (a tie counts as greedy).
+    pub greedy: bool,
+}
+
+impl SequenceScore {
+    /// The mean NLL per scored token.
+    pub fn mean_nll(&self) -> f64 {
+        self.nll_sum / self.tokens_scored as f64
+    }
+
+    /// `exp(mean_nll())`.
+    pub fn perplexity(&self) -> f64 {
+        self.mean_nll().exp()
     }
 }
 
@@ -148,6 +207,53 @@ impl Model {
         self.score_impl(tokens, options, None, Some(&mut progress))
     }
 
+    /// Scores independent sequences in one call (`tl_score_batch`): the backends pack many of them into each
+    /// forward pass, with attention inside each sequence only. Returns each sequence's score, in order, and the
+    /// totals over all of them (`n_windows` is the number of sequences). Each sequence needs `2..=max_seq`
+    /// tokens in `0..vocab` and `n_context < tokens.len()` ([`Error::InvalidArgument`] names the sequence);
+    /// `options.window` must be 0 (sequences are never split). With [`ScoreOptions::token_nll`], the totals'
+    /// `token_nll` holds every token's NLL but each sequence's first, context tokens included, the sequences one
+    /// after another (`tokens.len() - 1` entries each). An empty batch succeeds with zero totals.
+    ///
+    /// ```
+    /// use tinyloop::{Model, ScoreOptions, Sequence};
+    ///
+    /// # fn main() -> Result<(), tinyloop::Error> {
+    /// let model = Model::load(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/tiny.tinyloop"))?;
+    /// // Two loglikelihood requests (context, continuation) over byte tokens.
+    /// let requests = [("The answer is", " 42"), ("Hello,", " world")];
+    /// let tokens: Vec<Vec<i32>> =
+    ///     requests.iter().map(|(c, x)| c.bytes().chain(x.bytes()).map(i32::from).collect()).collect();
+    /// let sequences: Vec<Sequence> =
+    ///     requests.iter().zip(&tokens).map(|((c, _), t)| Sequence::with_context(t, c.len())).collect();
+    /// let (scores, total) = model.score_batch(&sequences, &ScoreOptions::default())?;
+    /// for ((context, continuation), score) in requests.iter().zip(&scores) {
+    ///     println!("{context:?} + {continuation:?}: NLL {:.3}, greedy {}", score.nll_sum, score.greedy);
+    /// }
+    /// assert_eq!(total.tokens_scored, 3 + 6);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn score_batch(
+        &self,
+        sequences: &[Sequence<'_>],
+        options: &ScoreOptions,
+    ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
+        self.score_batch_impl(sequences, options, None)
+    }
+
+    /// Like [`Model::score_batch`], calling `progress(done, total)` (scored tokens so far, of `total`) on this
+    /// thread between forward passes; `ControlFlow::Break(())` stops it with [`Error::Cancelled`], and a panic in
+    /// `progress` resumes once the library has returned.
+    pub fn score_batch_with_progress(
+        &self,
+        sequences: &[Sequence<'_>],
+        options: &ScoreOptions,
+        mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
+    ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
+        self.score_batch_impl(sequences, options, Some(&mut progress))
+    }
+
     fn score_impl(
         &self,
         tokens: &[i32],
@@ -155,7 +261,57 @@ impl Model {
         stream: Option<&Stream>,
         callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
     ) -> Result<ScoreResult> {
-        let mut token_nll = options.token_nll.then(|| vec![0.0f32; tokens.len().saturating_sub(1)]);
+        let predicted = tokens.len().saturating_sub(1);
+        self.run_score("tl_score", options, stream, callback, predicted, |c_options, result| {
+            // SAFETY: the model is live; `tokens` holds tokens.len() values; the options' pointers are valid for
+            // the call (run_score).
+            unsafe { sys::tl_score(self.raw().as_ptr(), tokens.as_ptr(), tokens.len(), c_options, result) }
+        })
+    }
+
+    fn score_batch_impl(
+        &self,
+        sequences: &[Sequence<'_>],
+        options: &ScoreOptions,
+        callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
+    ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
+        let c_sequences: Vec<sys::tl_sequence> = sequences.iter().map(|s| s.to_c()).collect();
+        let predicted = sequences.iter().map(|s| s.tokens.len().saturating_sub(1)).sum();
+        let mut c_scores = vec![sys::tl_sequence_score { nll_sum: 0.0, tokens_scored: 0, greedy: 0 }; sequences.len()];
+        let total = self.run_score("tl_score_batch", options, None, callback, predicted, |c_options, result| {
+            // SAFETY: the model is live; each tl_sequence points into a slice borrowed for the call with its
+            // length; `c_scores` holds one entry per sequence; the options' pointers are valid for the call.
+            unsafe {
+                sys::tl_score_batch(
+                    self.raw().as_ptr(),
+                    c_sequences.as_ptr(),
+                    c_sequences.len(),
+                    c_options,
+                    c_scores.as_mut_ptr(),
+                    result,
+                )
+            }
+        })?;
+        let scores = c_scores
+            .iter()
+            .map(|s| SequenceScore { nll_sum: s.nll_sum, tokens_scored: s.tokens_scored, greedy: s.greedy != 0 })
+            .collect();
+        Ok((scores, total))
+    }
+
+    /// The part of a scoring call that `score_impl` and `score_batch_impl` share: the C options (with a
+    /// `predicted`-float NLL buffer when `options.token_nll`, and the progress closure through the trampoline),
+    /// the call `call(options, result)`, a panic of the closure resumed, the status checked and the result read.
+    fn run_score(
+        &self,
+        function: &str,
+        options: &ScoreOptions,
+        stream: Option<&Stream>,
+        callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
+        predicted: usize,
+        call: impl FnOnce(&sys::tl_score_options, &mut sys::tl_score_result) -> sys::tl_status,
+    ) -> Result<ScoreResult> {
+        let mut token_nll = options.token_nll.then(|| vec![0.0f32; predicted]);
         let mut progress = callback.map(|callback| Progress { callback, panic: None });
         let c_options = sys::tl_score_options {
             struct_size: std::mem::size_of::<sys::tl_score_options>() as u32,
@@ -174,11 +330,9 @@ impl Model {
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };
         result.struct_size = std::mem::size_of::<sys::tl_score_result>() as u32;
-        // SAFETY: the model is live; `tokens` holds tokens.len() values; the NLL buffer holds token_nll_len
-        // floats; `progress` outlives the call and is reached only through the callback on this thread; the
-        // stream (if any) is live and the call waits for its work before returning.
-        let status =
-            unsafe { sys::tl_score(self.raw().as_ptr(), tokens.as_ptr(), tokens.len(), &c_options, &mut result) };
+        // The NLL buffer holds token_nll_len floats; `progress` outlives the call and is reached only through the
+        // callback on this thread; the stream (if any) is live and the call waits for its work before returning.
+        let status = call(&c_options, &mut result);
         if let Some(payload) = progress.and_then(|p| p.panic) {
             panic::resume_unwind(payload);
         }
@@ -186,7 +340,7 @@ impl Model {
         let backend = match result.backend {
             sys::TL_BACKEND_CPU => Backend::Cpu,
             sys::TL_BACKEND_CUDA => Backend::Cuda,
-            other => return Err(Error::Internal(format!("tl_score reported backend {other}"))),
+            other => return Err(Error::Internal(format!("{function} reported backend {other}"))),
         };
         Ok(ScoreResult {
             nll_sum: result.nll_sum,
@@ -195,6 +349,8 @@ impl Model {
             backend,
             n_windows: crate::to_usize(result.n_windows, "n_windows")?,
             seconds: result.seconds,
+            setup_seconds: result.setup_seconds,
+            graph_capture_seconds: result.graph_capture_seconds,
             token_nll,
             gemm_counts: DispatchCounts {
                 fp16_body: result.gemm_fp16_body,

@@ -1,0 +1,843 @@
+// Hugging Face-style checkpoint folder -> Model (docs/format.md, "Importing Hugging Face-style checkpoints"). The
+// checkpoint is distrusted like a .tinyloop file: every config field is type-checked, every tensor's dtype and shape
+// is checked against the config before its bytes are used, and a tensor the layout does not name is an error (a
+// config that does not match its tensors, e.g. a wrong num_pre_layers, would otherwise convert silently).
+#include "quant/checkpoint_import.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "format/format.hpp"
+#include "quant/int4_import.hpp"
+#include "quant/quant.hpp"
+#include "util/error.hpp"
+
+namespace tl {
+namespace {
+
+using json = nlohmann::json;
+
+// config.json and an index are kilobytes to a few MB; the cap bounds what a hostile file costs to parse.
+constexpr uint64_t kMaxJsonBytes = uint64_t{64} << 20;
+
+// Defaults of the optional fields: transformers' LlamaConfig (and GPTQConfig / AwqConfig for group_size).
+constexpr int64_t kDefaultMaxPositions = 2048;
+constexpr double kDefaultRopeTheta = 10000.0;
+constexpr double kDefaultRmsNormEps = 1e-6;
+constexpr int64_t kDefaultQuantGroupSize = 128;
+
+// What a linear of the checkpoint may be stored as: dense .weight, or GPTQ / AWQ .qweight/.qzeros/.scales/.g_idx.
+constexpr const char *kLinearSuffixes[] = {".weight", ".qweight", ".qzeros", ".scales", ".g_idx"};
+constexpr const char *kLayerLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                         "mlp.down_proj"};
+
+// Not named quoted: for a non-const std::string, ADL would find std::quoted.
+std::string squote(const std::string &s) { return "'" + s + "'"; }
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+bool starts_with(const std::string &s, const std::string &prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+bool ends_with(const std::string &s, const std::string &suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string lower(std::string s) {
+    for (char &c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+std::string join(const std::string &dir, const std::string &name) {
+    return dir.empty() ? name : dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+// True for a regular file, false when nothing is there; anything else (a folder, a FIFO, no permission) is an error
+// here rather than a hang or a confusing message later.
+bool regular_file_exists(const std::string &path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+        if (errno == ENOENT) return false;
+        fail(TL_ERR_IO, "cannot stat " + squote(path) + ": " + errno_text(errno));
+    }
+    if (!S_ISREG(st.st_mode)) fail(TL_ERR_IO, squote(path) + " is not a regular file");
+    return true;
+}
+
+json read_json(const std::string &path) {
+    if (!regular_file_exists(path)) fail(TL_ERR_IO, "cannot open " + squote(path) + ": " + errno_text(ENOENT));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(TL_ERR_IO, "cannot open " + squote(path) + ": " + errno_text(errno));
+    std::string text;
+    char chunk[65536];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+        text.append(chunk, static_cast<size_t>(in.gcount()));
+        if (text.size() > kMaxJsonBytes) {
+            fail(TL_ERR_FORMAT, squote(path) + ": larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
+        }
+    }
+    if (in.bad()) fail(TL_ERR_IO, "cannot read " + squote(path));
+    try {
+        return json::parse(text);
+    } catch (const json::exception &e) {
+        fail(TL_ERR_FORMAT, squote(path) + ": not valid JSON: " + e.what());
+    }
+}
+
+std::string describe(const json &value) {
+    if (value.is_number() || value.is_boolean()) return value.dump();
+    if (value.is_string()) return squote(value.get<std::string>());
+    return std::string("a ") + value.type_name();
+}
+
+// Typed reads of a JSON object's fields with messages naming the file and the field. A null counts as absent:
+// transformers writes "rope_scaling": null, "head_dim": null for fields that are not set.
+class Fields {
+public:
+    Fields(const json &object, std::string file, std::string prefix)
+        : object_(object), file_(std::move(file)), prefix_(std::move(prefix)) {}
+
+    const json *find(const char *name) const {
+        const auto it = object_.find(name);
+        return it == object_.end() || it->is_null() ? nullptr : &*it;
+    }
+
+    [[noreturn]] void bad(tl_status code, const char *name, const std::string &problem) const {
+        fail(code, squote(file_) + ": field " + squote(prefix_ + name) + " " + problem);
+    }
+
+    const json &require(const char *name, const std::string &hint) const {
+        const json *value = find(name);
+        if (!value) bad(TL_ERR_FORMAT, name, "is missing" + (hint.empty() ? std::string() : " " + hint));
+        return *value;
+    }
+
+    int64_t integer(const char *name, std::optional<int64_t> fallback, const std::string &hint = "") const {
+        const json *value = fallback ? find(name) : &require(name, hint);
+        if (!value) return *fallback;
+        if (!value->is_number_integer() || (value->is_number_unsigned() && value->get<uint64_t>() > INT32_MAX) ||
+            value->get<int64_t>() < INT32_MIN || value->get<int64_t>() > INT32_MAX) {
+            bad(TL_ERR_FORMAT, name, "must be a 32-bit integer, got " + describe(*value));
+        }
+        return value->get<int64_t>();
+    }
+
+    double number(const char *name, double fallback) const {
+        const json *value = find(name);
+        if (!value) return fallback;
+        if (!value->is_number()) bad(TL_ERR_FORMAT, name, "must be a number, got " + describe(*value));
+        return value->get<double>();
+    }
+
+    bool boolean(const char *name, bool fallback) const {
+        const json *value = find(name);
+        if (!value) return fallback;
+        if (!value->is_boolean()) bad(TL_ERR_FORMAT, name, "must be true or false, got " + describe(*value));
+        return value->get<bool>();
+    }
+
+    std::string text(const char *name, std::optional<std::string> fallback) const {
+        const json *value = fallback ? find(name) : &require(name, "");
+        if (!value) return *fallback;
+        if (!value->is_string()) bad(TL_ERR_FORMAT, name, "must be a string, got " + describe(*value));
+        return value->get<std::string>();
+    }
+
+private:
+    const json &object_;
+    std::string file_;
+    std::string prefix_;
+};
+
+struct Quantization {
+    bool present = false;
+    Int4Layout layout = Int4Layout::Gptq;
+    std::string method;      // "gptq" or "awq", for messages
+    int32_t group_size = 0;  // 0 = per row (the checkpoint's -1)
+};
+
+struct HfConfig {
+    std::string path;   // config.json, for messages
+    ModelConfig model;  // the .tinyloop config (group_size set once the linears are read)
+    int32_t kv_heads = 0;
+    bool tied = false;
+    Quantization quant;
+};
+
+// validate_config names the .tinyloop fields; the user wrote config.json's.
+[[noreturn]] void fail_config_range(const Error &e, const std::string &path) {
+    struct Name {
+        const char *ours, *theirs, *hint;
+    };
+    static const Name kNames[] = {{"d_model", "hidden_size", ""},
+                                  {"n_heads", "num_attention_heads", ""},
+                                  {"head_dim", "head_dim", ""},
+                                  {"ffn", "intermediate_size", ""},
+                                  {"vocab", "vocab_size", ""},
+                                  {"pre", "num_pre_layers", ""},
+                                  {"loops", "num_loops", ""},
+                                  {"max_seq", "max_position_embeddings", " (the max_seq option overrides it)"},
+                                  {"rope_theta", "rope_theta", ""},
+                                  {"norm_eps", "rms_norm_eps", ""},
+                                  {"group_size", "quantization_config.group_size", ""}};
+    std::string message = e.what();
+    const std::string prefix = "config: ";
+    if (starts_with(message, prefix)) {
+        message.erase(0, prefix.size());
+        for (const Name &name : kNames) {
+            if (starts_with(message, std::string(name.ours) + " ")) {
+                message = std::string(name.theirs) + " (the .tinyloop " + name.ours + ")" +
+                          message.substr(std::strlen(name.ours)) + name.hint;
+                break;
+            }
+        }
+    }
+    fail(e.code(), squote(path) + ": " + message);
+}
+
+Quantization read_quantization(const json &object, const std::string &path) {
+    const Fields f(object, path, "quantization_config.");
+    Quantization q;
+    q.present = true;
+    q.method = lower(f.text("quant_method", std::nullopt));
+    if (q.method == "gptq") {
+        q.layout = Int4Layout::Gptq;
+    } else if (q.method == "awq") {
+        q.layout = Int4Layout::Awq;
+    } else {
+        f.bad(TL_ERR_UNSUPPORTED, "quant_method",
+              "= " + squote(q.method) + ": only 'gptq' (v1) and 'awq' (GEMM) checkpoints can be imported");
+    }
+    const int64_t bits = f.integer("bits", std::nullopt);
+    if (bits != 4) {
+        f.bad(TL_ERR_UNSUPPORTED, "bits", "= " + std::to_string(bits) + ": only 4-bit checkpoints can be imported");
+    }
+    const int64_t group = f.integer("group_size", kDefaultQuantGroupSize);
+    if (group != -1 && group <= 0) {
+        f.bad(TL_ERR_FORMAT, "group_size", "= " + std::to_string(group) + ": must be -1 (per row) or positive");
+    }
+    q.group_size = group == -1 ? 0 : static_cast<int32_t>(group);
+    f.boolean("sym", true);  // type-checked only: both forms store their zero points, and import the same way
+    if (q.layout == Int4Layout::Gptq) {
+        if (f.boolean("desc_act", false)) {
+            f.bad(TL_ERR_UNSUPPORTED, "desc_act",
+                  "is true: act-order checkpoints need a permutation of K that this library does not apply yet");
+        }
+        const std::string format = lower(f.text("checkpoint_format", std::string("gptq")));
+        if (format != "gptq") {
+            f.bad(TL_ERR_UNSUPPORTED, "checkpoint_format",
+                  "= " + squote(format) + ": only GPTQ's v1 format ('gptq') is read; save or convert to v1 first");
+        }
+    } else {
+        const std::string version = lower(f.text("version", std::string("gemm")));
+        if (version != "gemm") {
+            f.bad(TL_ERR_UNSUPPORTED, "version",
+                  "= " + squote(version) + ": only AutoAWQ's GEMM packing is read (not GEMV, exllama, ...)");
+        }
+        if (!f.boolean("zero_point", true)) {
+            f.bad(TL_ERR_UNSUPPORTED, "zero_point", "is false: only AWQ checkpoints with zero points are read");
+        }
+    }
+    return q;
+}
+
+HfConfig read_config(const std::string &path, const CheckpointImportOptions &options) {
+    const json root = read_json(path);
+    if (!root.is_object()) fail(TL_ERR_FORMAT, squote(path) + ": not a JSON object");
+    const Fields f(root, path, "");
+    HfConfig c;
+    c.path = path;
+    ModelConfig &m = c.model;
+    const std::string looped =
+        "(a looped model's config.json needs num_pre_layers, the unique blocks before the looped block, and "
+        "num_loops, how many times the looped block is applied; docs/format.md)";
+    m.pre = static_cast<int32_t>(f.integer("num_pre_layers", std::nullopt, looped));
+    m.loops = static_cast<int32_t>(f.integer("num_loops", std::nullopt, looped));
+    m.d_model = static_cast<int32_t>(f.integer("hidden_size", std::nullopt));
+    m.n_heads = static_cast<int32_t>(f.integer("num_attention_heads", std::nullopt));
+    m.ffn = static_cast<int32_t>(f.integer("intermediate_size", std::nullopt));
+    m.vocab = static_cast<int32_t>(f.integer("vocab_size", std::nullopt));
+    if (m.n_heads <= 0) {
+        f.bad(TL_ERR_FORMAT, "num_attention_heads", "= " + std::to_string(m.n_heads) + " must be positive");
+    }
+    if (f.find("head_dim")) {
+        m.head_dim = static_cast<int32_t>(f.integer("head_dim", std::nullopt));
+    } else if (m.d_model % m.n_heads != 0) {
+        f.bad(TL_ERR_FORMAT, "head_dim",
+              "is missing and hidden_size = " + std::to_string(m.d_model) +
+                  " is not a multiple of num_attention_heads = " + std::to_string(m.n_heads));
+    } else {
+        m.head_dim = m.d_model / m.n_heads;
+    }
+    c.kv_heads = static_cast<int32_t>(f.integer("num_key_value_heads", m.n_heads));
+    if (c.kv_heads <= 0 || m.n_heads % c.kv_heads != 0) {
+        f.bad(TL_ERR_FORMAT, "num_key_value_heads",
+              "= " + std::to_string(c.kv_heads) + " must be positive and divide num_attention_heads = " +
+                  std::to_string(m.n_heads));
+    }
+    const int64_t positions = f.integer("max_position_embeddings", kDefaultMaxPositions);
+    m.max_seq = options.max_seq > 0 ? options.max_seq : static_cast<int32_t>(positions);
+    m.rope_theta = static_cast<float>(f.number("rope_theta", kDefaultRopeTheta));
+    m.norm_eps = static_cast<float>(f.number("rms_norm_eps", kDefaultRmsNormEps));
+    m.group_size = 0;
+    m.bits = 4;
+    c.tied = f.boolean("tie_word_embeddings", false);
+    if (f.find("num_hidden_layers")) {
+        const int64_t layers = f.integer("num_hidden_layers", std::nullopt);
+        if (layers != int64_t{m.pre} + 1) {
+            f.bad(TL_ERR_FORMAT, "num_hidden_layers",
+                  "= " + std::to_string(layers) + ", but a looped checkpoint stores num_pre_layers + 1 = " +
+                      std::to_string(int64_t{m.pre} + 1) + " layers (the pre blocks, then the looped block)");
+        }
+    }
+
+    // Llama options that change what the model computes, which the TinyLoop block does not.
+    const std::string act = f.text("hidden_act", std::string("silu"));
+    if (act != "silu") {
+        f.bad(TL_ERR_UNSUPPORTED, "hidden_act", "= " + squote(act) + ": only 'silu' (SwiGLU) is supported");
+    }
+    if (f.find("rope_scaling")) {
+        f.bad(TL_ERR_UNSUPPORTED, "rope_scaling", "is set: only plain RoPE (rope_theta, rotate-half) is supported");
+    }
+    for (const char *bias : {"attention_bias", "mlp_bias"}) {
+        if (f.boolean(bias, false)) f.bad(TL_ERR_UNSUPPORTED, bias, "is true: linear biases are not supported");
+    }
+
+    try {
+        validate_config(m);
+    } catch (const Error &e) {
+        fail_config_range(e, path);
+    }
+    if (const json *q = f.find("quantization_config")) {
+        if (!q->is_object()) f.bad(TL_ERR_FORMAT, "quantization_config", "must be an object, got " + describe(*q));
+        c.quant = read_quantization(*q, path);
+    }
+    return c;
+}
+
+// Everything the imported model's views point into: the mapped files and the buffers made here.
+struct Storage {
+    std::vector<std::shared_ptr<const void>> files;
+    std::deque<std::vector<uint8_t>> buffers;  // a deque: adding one never moves the others
+};
+
+struct Entry {
+    const SafetensorsTensor *tensor = nullptr;
+    const std::string *file = nullptr;
+};
+
+// The checkpoint's tensors, from model.safetensors or from the shards an index names (each file opened once and
+// mapped, not read: a tensor's bytes are touched only when it is converted or written).
+class Checkpoint {
+public:
+    Checkpoint(const std::string &dir, bool use_mmap, Storage *storage) {
+        const std::string single = join(dir, "model.safetensors");
+        const std::string index = join(dir, "model.safetensors.index.json");
+        // transformers looks for the single file first, then the index.
+        if (regular_file_exists(single)) {
+            source_ = single;
+            const SafetensorsFile &file = open(single, use_mmap, storage);
+            for (const auto &kv : file.tensors) tensors_.emplace(kv.first, Entry{&kv.second, &file.path});
+        } else if (regular_file_exists(index)) {
+            source_ = index;
+            open_sharded(dir, index, use_mmap, storage);
+        } else {
+            fail(TL_ERR_IO, squote(dir) + " has neither model.safetensors nor model.safetensors.index.json");
+        }
+    }
+
+    const std::string &source() const { return source_; }
+    const std::map<std::string, Entry> &tensors() const { return tensors_; }
+    const Entry *find(const std::string &name) const {
+        const auto it = tensors_.find(name);
+        return it == tensors_.end() ? nullptr : &it->second;
+    }
+
+private:
+    const SafetensorsFile &open(const std::string &path, bool use_mmap, Storage *storage) {
+        files_.push_back(std::make_unique<SafetensorsFile>(read_safetensors(path, use_mmap)));
+        storage->files.push_back(files_.back()->keepalive);
+        return *files_.back();
+    }
+
+    void open_sharded(const std::string &dir, const std::string &index, bool use_mmap, Storage *storage) {
+        const json root = read_json(index);
+        const auto map = root.is_object() ? root.find("weight_map") : root.end();
+        if (!root.is_object() || map == root.end() || !map->is_object()) {
+            fail(TL_ERR_FORMAT, squote(index) + ": no 'weight_map' object (tensor name -> shard file)");
+        }
+        std::map<std::string, const SafetensorsFile *> shards;
+        for (const auto &kv : map->items()) {
+            if (!kv.value().is_string()) {
+                fail(TL_ERR_FORMAT, squote(index) + ": weight_map[" + squote(kv.key()) + "] is not a file name");
+            }
+            const std::string shard = kv.value().get<std::string>();
+            // Shards lie next to the index: a name with a folder could point outside the checkpoint.
+            if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos) {
+                fail(TL_ERR_FORMAT, squote(index) + ": weight_map[" + squote(kv.key()) + "] = " + squote(shard) +
+                                        " is not a file name in the checkpoint folder");
+            }
+            auto it = shards.find(shard);
+            if (it == shards.end()) it = shards.emplace(shard, &open(join(dir, shard), use_mmap, storage)).first;
+            const SafetensorsFile &file = *it->second;
+            const auto t = file.tensors.find(kv.key());
+            if (t == file.tensors.end()) {
+                fail(TL_ERR_FORMAT, squote(index) + ": weight_map puts tensor " + squote(kv.key()) + " in " +
+                                        squote(file.path) + ", which has no such tensor");
+            }
+            tensors_.emplace(kv.key(), Entry{&t->second, &file.path});
+        }
+        // The index and the shards must agree both ways: a tensor the index does not list is not silently dropped.
+        for (const auto &file : files_) {
+            for (const auto &kv : file->tensors) {
+                const Entry *e = find(kv.first);
+                if (!e || e->file != &file->path) {
+                    fail(TL_ERR_FORMAT, squote(file->path) + ": tensor " + squote(kv.first) +
+                                            " is not listed for this shard in " + squote(index) + "'s weight_map");
+                }
+            }
+        }
+    }
+
+    std::string source_;
+    std::vector<std::unique_ptr<SafetensorsFile>> files_;
+    std::map<std::string, Entry> tensors_;
+};
+
+// One linear of the checkpoint: dense (its .weight, [out, in] = [N, K] as torch stores nn.Linear.weight, which is
+// already the .tinyloop dense layout) or INT4 (converted by import_int4 into the library's [N][K/2] codes and
+// [N][G] scales and offsets).
+struct HfLinear {
+    std::string name;  // e.g. "model.layers.0.self_attn.q_proj"
+    const Entry *weight = nullptr;
+    std::optional<QuantizedMatrix> int4;
+    bool quantized() const { return int4.has_value(); }
+};
+
+// The element as float, from any alignment (the file's tensors need not be aligned).
+float value_at(DType dtype, const uint8_t *data, size_t i) {
+    alignas(4) uint8_t value[4];
+    std::memcpy(value, data + i * dtype_size(dtype), dtype_size(dtype));
+    return load_float(dtype, value, 0);
+}
+
+class Importer {
+public:
+    Importer(HfConfig config, const Checkpoint &checkpoint, std::shared_ptr<Storage> storage,
+             const CheckpointImportOptions &options)
+        : config_(std::move(config)), c_(config_.model), checkpoint_(checkpoint), storage_(std::move(storage)),
+          options_(options) {}
+
+    std::unique_ptr<Model> build() {
+        check_names();
+        auto model = std::make_unique<Model>();
+        model->config = c_;
+        model->keepalive = storage_;
+
+        const Entry &embed = require("model.embed_tokens.weight", "");
+        check_float(embed, {c_.vocab, c_.d_model}, "[vocab_size, hidden_size]");
+        model->embed_dtype = embed.tensor->dtype;
+        model->embed = aligned_view(embed);
+
+        model->pre.resize(static_cast<size_t>(c_.pre));
+        for (int32_t i = 0; i < c_.pre; ++i) read_block(i, &model->pre[static_cast<size_t>(i)]);
+        read_block(c_.pre, &model->loop);  // the looped block is the layer after the pre blocks
+        model->final_norm = read_norm("model.norm.weight");
+        read_head(embed, model.get());
+
+        // One group size for the whole file: the checkpoint's, once a linear is INT4 (import_int4 checked that it
+        // divides each one's K); a dense model's 0 leaves `tinyloop quantize` free to choose.
+        if (any_int4_) model->config.group_size = config_.quant.group_size;
+        try {
+            validate_config(model->config);
+        } catch (const Error &e) {
+            fail_config_range(e, config_.path);
+        }
+        return model;
+    }
+
+private:
+    std::string where(const Entry &e) const { return squote(*e.file) + ": tensor " + squote(e.tensor->name) + ": "; }
+
+    const Entry *find(const std::string &name) const { return checkpoint_.find(name); }
+
+    const Entry &require(const std::string &name, const std::string &hint) const {
+        const Entry *e = find(name);
+        if (!e) fail(TL_ERR_FORMAT, squote(checkpoint_.source()) + ": missing tensor " + squote(name) + hint);
+        return *e;
+    }
+
+    void check(const Entry &e, std::initializer_list<DType> dtypes, const std::vector<int64_t> &shape,
+               const std::string &meaning) const {
+        const SafetensorsTensor &t = *e.tensor;
+        if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
+            std::string allowed;
+            for (DType d : dtypes) allowed += std::string(allowed.empty() ? "" : "/") + dtype_name(d);
+            fail(TL_ERR_FORMAT, where(e) + "dtype " + dtype_name(t.dtype) + ", expected " + allowed);
+        }
+        if (t.shape != shape) {
+            fail(TL_ERR_FORMAT, where(e) + "shape " + shape_text(t.shape) + ", expected " + shape_text(shape) + " " +
+                                    meaning);
+        }
+    }
+
+    void check_float(const Entry &e, const std::vector<int64_t> &shape, const std::string &meaning) const {
+        check(e, {DType::F16, DType::BF16, DType::F32}, shape, meaning);
+        if (!options_.validate_values) return;
+        const SafetensorsTensor &t = *e.tensor;
+        const size_t count = static_cast<size_t>(t.bytes / dtype_size(t.dtype));
+        const size_t bad = first_nonfinite(t.dtype, t.data, count);
+        if (bad != count) {
+            fail(TL_ERR_FORMAT, where(e) + "non-finite value (" + std::to_string(value_at(t.dtype, t.data, bad)) +
+                                    ") at index " + std::to_string(bad));
+        }
+    }
+
+    // The tensor's bytes at an address aligned for its dtype: in place when the file allows (writers of
+    // safetensors align their tensors), else a copy that lives as long as the model.
+    const void *aligned_view(const Entry &e) {
+        const SafetensorsTensor &t = *e.tensor;
+        if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return t.data;
+        storage_->buffers.emplace_back(t.data, t.data + t.bytes);
+        return storage_->buffers.back().data();
+    }
+
+    // Every tensor must be one the layout names: anything else means the config does not describe this checkpoint.
+    void check_names() const {
+        std::set<std::string> known = {"model.embed_tokens.weight", "model.norm.weight"};
+        auto add_linear = [&](const std::string &name) {
+            for (const char *suffix : kLinearSuffixes) known.insert(name + suffix);
+        };
+        for (int32_t i = 0; i <= c_.pre; ++i) {
+            const std::string layer = "model.layers." + std::to_string(i) + ".";
+            known.insert(layer + "input_layernorm.weight");
+            known.insert(layer + "post_attention_layernorm.weight");
+            for (const char *linear : kLayerLinears) add_linear(layer + linear);
+        }
+        add_linear("lm_head");
+        for (const auto &kv : checkpoint_.tensors()) {
+            const std::string &name = kv.first;
+            if (known.count(name)) continue;
+            // Older transformers versions saved RoPE's inverse frequencies; they follow from rope_theta and head_dim.
+            if (starts_with(name, "model.") && ends_with(name, ".rotary_emb.inv_freq")) continue;
+            const std::string file = squote(*kv.second.file) + ": ";
+            if (ends_with(name, ".bias")) {
+                fail(TL_ERR_UNSUPPORTED, file + "tensor " + squote(name) + ": linear biases are not supported");
+            }
+            std::string hint;
+            const std::string layers = "model.layers.";
+            if (starts_with(name, layers)) {
+                hint = " (config.json's num_pre_layers = " + std::to_string(c_.pre) +
+                       ": the checkpoint's layers are model.layers.0 .. " + std::to_string(c_.pre) +
+                       ", the pre blocks and then the looped block)";
+            }
+            fail(TL_ERR_FORMAT, file + "unexpected tensor " + squote(name) + hint);
+        }
+    }
+
+    std::vector<float> read_norm(const std::string &name) const {
+        const Entry &e = require(name, "");
+        check_float(e, {c_.d_model}, "[hidden_size]");
+        std::vector<float> gain(static_cast<size_t>(c_.d_model));
+        for (size_t i = 0; i < gain.size(); ++i) gain[i] = value_at(e.tensor->dtype, e.tensor->data, i);
+        return gain;
+    }
+
+    HfLinear read_linear(const std::string &name, int32_t k, int32_t n) {
+        HfLinear lin;
+        lin.name = name;
+        const Entry *weight = find(name + ".weight");
+        const Entry *qweight = find(name + ".qweight");
+        const std::string kn = "(K = " + std::to_string(k) + ", N = " + std::to_string(n) + ")";
+        if (weight && qweight) {
+            fail(TL_ERR_FORMAT, squote(checkpoint_.source()) + ": linear " + squote(name) + " has both " +
+                                    squote(name + ".weight") + " and " + squote(name + ".qweight"));
+        }
+        if (weight) {
+            for (const char *suffix : {".qzeros", ".scales", ".g_idx"}) {
+                if (const Entry *stray = find(name + suffix)) {
+                    fail(TL_ERR_FORMAT, where(*stray) + "belongs to an INT4 linear, but " + squote(name) +
+                                            " is dense (it has " + squote(name + ".weight") + ")");
+                }
+            }
+            check_float(*weight, {n, k}, "[out, in] " + kn);
+            lin.weight = weight;
+            return lin;
+        }
+        if (!qweight) {
+            require(name + ".weight", " (or " + name + ".qweight, .qzeros, .scales of a GPTQ / AWQ checkpoint)");
+        }
+        if (!config_.quant.present) {
+            fail(TL_ERR_FORMAT, where(*qweight) +
+                                    "an INT4 tensor, but config.json has no quantization_config (its quant_method "
+                                    "'gptq' or 'awq' says how the tensor is packed)");
+        }
+        lin.int4 = read_int4(name, k, n, *qweight);
+        any_int4_ = true;
+        return lin;
+    }
+
+    QuantizedMatrix read_int4(const std::string &name, int32_t k, int32_t n, const Entry &qweight) const {
+        const Quantization &q = config_.quant;
+        const bool gptq = q.layout == Int4Layout::Gptq;
+        const std::string linear = squote(checkpoint_.source()) + ": linear " + squote(name) + " (K = " +
+                                   std::to_string(k) + ", N = " + std::to_string(n) + ", " + q.method + "): ";
+        const int32_t gs = q.group_size == 0 ? k : q.group_size;
+        if (k % gs != 0) {
+            fail(TL_ERR_FORMAT, linear + "quantization_config.group_size " + std::to_string(gs) + " does not divide K");
+        }
+        // The packing's own constraints, checked here so that the shapes below are whole numbers.
+        if (gptq && k % 8 != 0) {
+            fail(TL_ERR_FORMAT, linear + "K must be a multiple of 8 (qweight packs 8 rows of K per int32)");
+        }
+        if (!gptq && k % 2 != 0) fail(TL_ERR_FORMAT, linear + "K must be even");
+        if (n % 8 != 0) fail(TL_ERR_FORMAT, linear + "N must be a multiple of 8 (qzeros packs 8 columns per int32)");
+        const int64_t groups = k / gs;
+        const Entry &qzeros = require(name + ".qzeros", "");
+        const Entry &scales = require(name + ".scales", "");
+        const Entry *g_idx = find(name + ".g_idx");
+        if (gptq) {
+            check(qweight, {DType::I32}, {k / 8, n}, "[K/8, N] (GPTQ)");
+        } else {
+            check(qweight, {DType::I32}, {k, n / 8}, "[K, N/8] (AWQ)");
+        }
+        check(qzeros, {DType::I32}, {groups, n / 8}, "[G, N/8] (G = K / group_size)");
+        check(scales, {DType::F16}, {groups, n}, "[G, N] (G = K / group_size)");
+        if (g_idx) {
+            if (!gptq) fail(TL_ERR_FORMAT, where(*g_idx) + "AWQ checkpoints have no g_idx");
+            check(*g_idx, {DType::I32}, {k}, "[K]");
+        }
+
+        // import_int4 reads typed arrays; a misaligned tensor is copied for the call only.
+        std::vector<uint8_t> copies[4];
+        auto typed = [&](const Entry *e, int slot) -> const void * {
+            if (!e) return nullptr;
+            const SafetensorsTensor &t = *e->tensor;
+            if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return t.data;
+            copies[slot].assign(t.data, t.data + t.bytes);
+            return copies[slot].data();
+        };
+        Int4Checkpoint c;
+        c.layout = q.layout;
+        c.k = k;
+        c.n = n;
+        c.group_size = q.group_size;
+        c.qweight = static_cast<const int32_t *>(typed(&qweight, 0));
+        c.qzeros = static_cast<const int32_t *>(typed(&qzeros, 1));
+        c.scales = static_cast<const uint16_t *>(typed(&scales, 2));
+        c.g_idx = static_cast<const int32_t *>(typed(g_idx, 3));
+        c.field_prefix = name + ".";  // so that its messages name the tensor: "<name>.g_idx[5] = ..."
+        try {
+            return import_int4(c);
+        } catch (const Error &e) {
+            // A bad value is an invalid argument to import_int4; here it is a malformed file. Act-order stays
+            // unsupported.
+            fail(e.code() == TL_ERR_UNSUPPORTED ? TL_ERR_UNSUPPORTED : TL_ERR_FORMAT,
+                 squote(checkpoint_.source()) + ": " + e.what());
+        }
+    }
+
+    // A linear other than q|k|v: the dense weight in place, or the converted INT4 one.
+    Linear make_linear(const std::string &name, HfLinear &&src, int32_t k, int32_t n) {
+        if (src.quantized()) return make_quantized_linear(name, std::move(*src.int4));
+        Linear lin;
+        lin.name = name;
+        lin.k = k;
+        lin.n = n;
+        lin.quantized = false;
+        lin.dense_dtype = src.weight->tensor->dtype;
+        lin.dense = aligned_view(*src.weight);
+        lin.keepalive = storage_;
+        return lin;
+    }
+
+    // attn_qkv's 3A rows ([N][K], out-major) in the .tinyloop order [q | k | v], each head-major: all of q_proj's
+    // rows, then for each query head h the hd rows of K head h / (H / KV), then the same for V. With KV = H these
+    // are k_proj and v_proj as they are; with fewer K/V heads (grouped-query attention) each is repeated, as
+    // transformers' repeat_kv does at run time, because this library's attention has one K/V head per query head.
+    struct RowRange {
+        int source;  // 0 q, 1 k, 2 v
+        int64_t first, count;
+    };
+    std::vector<RowRange> qkv_rows() const {
+        const int64_t h = c_.n_heads, hd = c_.head_dim, group = h / config_.kv_heads;
+        std::vector<RowRange> rows = {{0, 0, h * hd}};
+        for (int source = 1; source <= 2; ++source)
+            for (int64_t head = 0; head < h; ++head) rows.push_back({source, head / group * hd, hd});
+        return rows;
+    }
+
+    Linear make_qkv(const std::string &name, HfLinear q, HfLinear k, HfLinear v) {
+        const HfLinear *src[3] = {&q, &k, &v};
+        for (const HfLinear *s : {&k, &v}) {
+            if (s->quantized() != q.quantized()) {
+                fail(TL_ERR_UNSUPPORTED, squote(checkpoint_.source()) + ": " + squote(q.name) + " is " +
+                                             (q.quantized() ? "INT4" : "dense") + " but " + squote(s->name) + " is " +
+                                             (s->quantized() ? "INT4" : "dense") +
+                                             ": q, k and v become one linear (attn_qkv), stored one way");
+            }
+        }
+        const int64_t kk = c_.d_model, n = 3 * int64_t{c_.attn_dim()};
+        if (q.quantized()) {
+            // Codes [N][K/2] and scales/zeros [N][G] are row-major in N, so concatenating along N appends rows.
+            // q, k and v share K = hidden_size and the checkpoint's group size, hence G.
+            QuantizedMatrix out;
+            out.k = static_cast<int32_t>(kk);
+            out.n = static_cast<int32_t>(n);
+            out.group_size = q.int4->group_size;
+            out.bits = 4;
+            const size_t code_row = static_cast<size_t>(kk / 2), groups = static_cast<size_t>(kk / out.group_size);
+            out.codes.reserve(static_cast<size_t>(n) * code_row);
+            out.scales.reserve(static_cast<size_t>(n) * groups);
+            out.zeros.reserve(static_cast<size_t>(n) * groups);
+            for (const RowRange &r : qkv_rows()) {
+                const QuantizedMatrix &m = *src[r.source]->int4;
+                const size_t first = static_cast<size_t>(r.first), end = first + static_cast<size_t>(r.count);
+                out.codes.insert(out.codes.end(), m.codes.begin() + first * code_row, m.codes.begin() + end * code_row);
+                out.scales.insert(out.scales.end(), m.scales.begin() + first * groups, m.scales.begin() + end * groups);
+                out.zeros.insert(out.zeros.end(), m.zeros.begin() + first * groups, m.zeros.begin() + end * groups);
+            }
+            return make_quantized_linear(name, std::move(out));
+        }
+        // Dense: the rows' bytes as they are when q, k and v share a dtype; else all three widened to F32 (exact).
+        DType dtype = q.weight->tensor->dtype;
+        if (k.weight->tensor->dtype != dtype || v.weight->tensor->dtype != dtype) dtype = DType::F32;
+        const size_t row_bytes = static_cast<size_t>(kk) * dtype_size(dtype);
+        storage_->buffers.emplace_back(static_cast<size_t>(n) * row_bytes);
+        std::vector<uint8_t> &out = storage_->buffers.back();
+        uint8_t *dst = out.data();
+        for (const RowRange &r : qkv_rows()) {
+            const SafetensorsTensor &t = *src[r.source]->weight->tensor;
+            if (t.dtype == dtype) {
+                const size_t bytes = static_cast<size_t>(r.count) * row_bytes;
+                std::memcpy(dst, t.data + static_cast<size_t>(r.first) * row_bytes, bytes);
+                dst += bytes;
+                continue;
+            }
+            const size_t begin = static_cast<size_t>(r.first * kk), count = static_cast<size_t>(r.count * kk);
+            for (size_t i = 0; i < count; ++i, dst += sizeof(float)) {
+                const float value = value_at(t.dtype, t.data, begin + i);
+                std::memcpy(dst, &value, sizeof value);
+            }
+        }
+        Linear lin;
+        lin.name = name;
+        lin.k = static_cast<int32_t>(kk);
+        lin.n = static_cast<int32_t>(n);
+        lin.quantized = false;
+        lin.dense_dtype = dtype;
+        lin.dense = out.data();
+        lin.keepalive = storage_;
+        return lin;
+    }
+
+    void read_block(int32_t layer_index, Block *block) {
+        const std::string layer = "model.layers." + std::to_string(layer_index) + ".";
+        const std::string prefix = layer_index < c_.pre ? "pre." + std::to_string(layer_index) + "." : "loop.";
+        const int32_t d = c_.d_model, a = c_.attn_dim(), kv = config_.kv_heads * c_.head_dim, f = c_.ffn;
+        block->attn_norm = read_norm(layer + "input_layernorm.weight");
+        block->mlp_norm = read_norm(layer + "post_attention_layernorm.weight");
+        // One statement each (not function arguments, whose order is unspecified): the first bad tensor in the
+        // layout's order is the one reported.
+        HfLinear q = read_linear(layer + "self_attn.q_proj", d, a);
+        HfLinear k = read_linear(layer + "self_attn.k_proj", d, kv);
+        HfLinear v = read_linear(layer + "self_attn.v_proj", d, kv);
+        block->attn_qkv = make_qkv(prefix + "attn_qkv", std::move(q), std::move(k), std::move(v));
+        block->attn_out = make_linear(prefix + "attn_out", read_linear(layer + "self_attn.o_proj", a, d), a, d);
+        block->mlp_gate = make_linear(prefix + "mlp_gate", read_linear(layer + "mlp.gate_proj", d, f), d, f);
+        block->mlp_up = make_linear(prefix + "mlp_up", read_linear(layer + "mlp.up_proj", d, f), d, f);
+        block->mlp_down = make_linear(prefix + "mlp_down", read_linear(layer + "mlp.down_proj", f, d), f, d);
+    }
+
+    void read_head(const Entry &embed, Model *model) {
+        const int32_t d = c_.d_model, v = c_.vocab;
+        const Entry *weight = find("lm_head.weight");
+        if (!config_.tied) {
+            if (!weight && !find("lm_head.qweight")) {
+                require("lm_head.weight", " (tie_word_embeddings is false; set it to true if the head is the "
+                                          "embedding)");
+            }
+            model->head = make_linear("head", read_linear("lm_head", d, v), d, v);
+            model->head_kind = model->head.quantized ? HeadKind::Quantized : HeadKind::Dense;
+            return;
+        }
+        for (const char *suffix : {".qweight", ".qzeros", ".scales", ".g_idx"}) {
+            if (const Entry *q = find(std::string("lm_head") + suffix)) {
+                fail(TL_ERR_FORMAT, where(*q) + "tie_word_embeddings is true, so the head is the embedding, but the "
+                                                "checkpoint has an INT4 lm_head");
+            }
+        }
+        if (weight) {  // saved anyway (some writers do): it must be the embedding, or the config is wrong
+            check_float(*weight, {v, d}, "[vocab_size, hidden_size]");
+            const SafetensorsTensor &a = *embed.tensor, &b = *weight->tensor;
+            if (a.dtype != b.dtype || std::memcmp(a.data, b.data, a.bytes) != 0) {
+                const size_t count = static_cast<size_t>(v) * static_cast<size_t>(d);
+                for (size_t i = 0; i < count; ++i) {
+                    const float x = value_at(a.dtype, a.data, i), y = value_at(b.dtype, b.data, i);
+                    if (x != y) {
+                        fail(TL_ERR_FORMAT, where(*weight) + "tie_word_embeddings is true but the head differs from "
+                                                             "model.embed_tokens.weight at index " +
+                                                std::to_string(i) + " (" + std::to_string(y) + " vs " +
+                                                std::to_string(x) + "); set tie_word_embeddings to false to keep it");
+                    }
+                }
+            }
+        }
+        model->tie_head(storage_);
+    }
+
+    HfConfig config_;
+    const ModelConfig &c_;
+    const Checkpoint &checkpoint_;
+    std::shared_ptr<Storage> storage_;
+    CheckpointImportOptions options_;
+    bool any_int4_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> import_checkpoint(const std::string &dir, const CheckpointImportOptions &options) {
+    if (options.max_seq < 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "max_seq must be >= 0 (0 = config.json's max_position_embeddings), got " +
+                                          std::to_string(options.max_seq));
+    }
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) {
+        fail(TL_ERR_IO, "cannot open checkpoint folder " + squote(dir) + ": " + errno_text(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fail(TL_ERR_IO, squote(dir) + " is not a folder (a checkpoint is a folder with config.json and "
+                                      "model.safetensors or model.safetensors.index.json)");
+    }
+    HfConfig config = read_config(join(dir, "config.json"), options);
+    auto storage = std::make_shared<Storage>();
+    const Checkpoint checkpoint(dir, options.use_mmap, storage.get());
+    return Importer(std::move(config), checkpoint, storage, options).build();
+}
+
+void import_checkpoint_to_file(const std::string &dir, const std::string &out_path,
+                               const CheckpointImportOptions &options) {
+    const std::unique_ptr<Model> model = import_checkpoint(dir, options);
+    save_model(out_path, *model);
+}
+
+}  // namespace tl

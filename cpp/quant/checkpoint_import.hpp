@@ -1,0 +1,37 @@
+// Conversion of a Hugging Face-style checkpoint folder of a looped model into a .tinyloop model: config.json (Llama
+// field names plus num_pre_layers / num_loops) and model.safetensors or a sharded model.safetensors.index.json, with
+// dense linears or GPTQ v1 / AWQ GEMM INT4 ones (docs/format.md, "Importing Hugging Face-style checkpoints").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "format/model.hpp"
+
+namespace tl {
+
+struct CheckpointImportOptions {
+    int32_t max_seq = 0;          // the .tinyloop max_seq; 0 = config.json's max_position_embeddings
+    bool use_mmap = true;         // map the .safetensors files (false: read each one into memory)
+    bool validate_values = true;  // NaN/Inf scan of the embedding, norms and dense linears (scales: always)
+};
+
+// Reads the checkpoint in `dir` into a Model. The embedding and the dense linears other than q|k|v are views into
+// the mapped files (kept alive by the model's keepalive, copied only when a file leaves a tensor misaligned), so a
+// multi-GB checkpoint is read once, when the model is written. q|k|v become one attn_qkv (rows concatenated, K/V
+// heads repeated for grouped-query attention); quantized linears go through import_int4. Throws tl::Error:
+//   TL_ERR_IO           a file cannot be opened or read (no model.safetensors, a missing shard, ...);
+//   TL_ERR_FORMAT       a missing or mistyped config field or tensor, a wrong shape or dtype, an unexpected tensor,
+//                       a non-finite value, a tied head that differs from the embedding;
+//   TL_ERR_UNSUPPORTED  a well-formed checkpoint this library cannot represent (bits != 4, act-order, rope_scaling,
+//                       biases, an activation other than SiLU, another quantization method or packing).
+// Messages name the file and the config field or tensor.
+std::unique_ptr<Model> import_checkpoint(const std::string &dir, const CheckpointImportOptions &options);
+
+// import_checkpoint, then save_model(out_path) (atomic; dense linears stay dense, `tinyloop quantize` makes them
+// INT4). TL_ERR_IO also for the output.
+void import_checkpoint_to_file(const std::string &dir, const std::string &out_path,
+                               const CheckpointImportOptions &options);
+
+}  // namespace tl

@@ -1,0 +1,431 @@
+// tl_model_import_checkpoint against the Hugging Face-style checkpoints make_looped_checkpoints.py writes (CTest runs
+// it into the build folder first), through the exported C API. Round trips: the .tinyloop file is read back with the
+// test's own safetensors reader and compared with the script's expectations (config, dtypes, every tensor: dense
+// values exactly, INT4 weights up to the one FP16 rounding of z' = -z * s), then loaded and scored by the library.
+// Refusals: each status and the file, field or tensor its message names.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_safetensors.hpp"
+#include "tinyloop.h"
+
+#ifndef TL_LOOPED_DATA_DIR
+#error "TL_LOOPED_DATA_DIR must name the folder make_looped_checkpoints.py writes to"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using tl_test::int4_tolerance;
+using tl_test::read_safetensors;
+using tl_test::Tensor;
+using tl_test::value_at;
+
+const std::string kData = TL_LOOPED_DATA_DIR;
+
+std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+
+// Output and scratch paths of one test: CTest may run the tests in parallel.
+std::string scratch(const std::string &name) {
+    const fs::path dir = fs::path(kData) / "scratch" / test_name();
+    fs::create_directories(dir);
+    return (dir / name).string();
+}
+
+json read_json(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open " + path);
+    return json::parse(in);
+}
+
+void write_json(const std::string &path, const json &j) {
+    std::ofstream out(path);
+    out << j.dump(2);
+}
+
+struct Result {
+    tl_status status;
+    std::string message;
+};
+
+Result convert(const std::string &dir, const std::string &out, const tl_import_options *options = nullptr) {
+    const tl_status status = tl_model_import_checkpoint(dir.c_str(), out.c_str(), options);
+    return {status, tl_last_error_message()};
+}
+
+// A copy of a variant's checkpoint folder, for edits.
+std::string copy_of(const std::string &variant) {
+    const std::string dir = scratch("checkpoint");
+    fs::remove_all(dir);
+    fs::copy(fs::path(kData) / variant, dir, fs::copy_options::recursive);
+    return dir;
+}
+
+// A copy of a variant whose config.json `edit` changes.
+std::string with_config(const std::string &variant, const std::function<void(json &)> &edit) {
+    const std::string dir = copy_of(variant);
+    json config = read_json(dir + "/config.json");
+    edit(config);
+    write_json(dir + "/config.json", config);
+    return dir;
+}
+
+#define EXPECT_REFUSED(result, want_status, ...)                                                               \
+    do {                                                                                                       \
+        const Result r_ = (result);                                                                            \
+        EXPECT_EQ(r_.status, want_status) << r_.message;                                                       \
+        for (const char *part : {__VA_ARGS__}) EXPECT_NE(r_.message.find(part), std::string::npos)             \
+            << "message lacks \"" << part << "\": " << r_.message;                                             \
+    } while (0)
+
+// ---- Round trips ----
+
+void expect_dense_equal(const Tensor &got, const std::string &dtype, const Tensor &want, const std::string &name) {
+    EXPECT_EQ(got.dtype, dtype) << name;
+    ASSERT_EQ(got.shape, want.shape) << name;
+    size_t mismatches = 0;
+    for (size_t i = 0; i < want.count(); ++i) {
+        const float g = value_at(got, i), w = value_at(want, i);
+        if (g != w && mismatches++ == 0) ADD_FAILURE() << name << "[" << i << "] = " << g << ", expected " << w;
+    }
+    EXPECT_EQ(mismatches, 0u) << name;
+}
+
+// An INT4 linear of the file (codes [N][K/2], scales and offsets [N][G]) dequantized here, W = q * s + z', against
+// the script's (q - z) * s in [N][K].
+void expect_int4_close(const std::map<std::string, Tensor> &file, const std::string &name, const Tensor &want,
+                       const Tensor &offset) {
+    ASSERT_EQ(file.count(name + ".qweight"), 1u) << name << " is not INT4 in the file";
+    const Tensor &codes = file.at(name + ".qweight"), &scales = file.at(name + ".scales");
+    const Tensor &zeros = file.at(name + ".zeros");
+    const size_t n = static_cast<size_t>(want.shape[0]), k = static_cast<size_t>(want.shape[1]);
+    const size_t groups = static_cast<size_t>(offset.shape[1]);
+    ASSERT_EQ(codes.shape, (std::vector<int64_t>{static_cast<int64_t>(n), static_cast<int64_t>(k / 2)})) << name;
+    ASSERT_EQ(scales.shape, offset.shape) << name;
+    ASSERT_EQ(zeros.shape, offset.shape) << name;
+    const uint8_t *q = codes.as<uint8_t>("U8");
+    size_t mismatches = 0;
+    for (size_t nn = 0; nn < n; ++nn) {
+        for (size_t kk = 0; kk < k; ++kk) {
+            const size_t g = kk / (k / groups);
+            const uint8_t byte = q[nn * (k / 2) + kk / 2];
+            const int code = (kk & 1) ? byte >> 4 : byte & 15;
+            const float s = value_at(scales, nn * groups + g), z = value_at(zeros, nn * groups + g);
+            const double got = static_cast<float>(code) * s + z;
+            const double e = value_at(want, nn * k + kk), off = value_at(offset, nn * groups + g);
+            if (!(std::fabs(got - e) <= int4_tolerance(e, off)) && mismatches++ == 0) {
+                ADD_FAILURE() << name << " W[" << kk << ", " << nn << "] = " << got << ", expected " << e;
+            }
+        }
+    }
+    EXPECT_EQ(mismatches, 0u) << name;
+}
+
+void check_round_trip(const std::string &variant, const tl_import_options *options = nullptr) {
+    SCOPED_TRACE(variant);
+    const std::string out = scratch(variant + ".tinyloop");
+    const Result r = convert(kData + "/" + variant, out, options);
+    ASSERT_EQ(r.status, TL_OK) << r.message;
+
+    const json manifest = read_json(kData + "/" + variant + ".expected.json");
+    const auto expected = read_safetensors(kData + "/" + variant + ".expected.safetensors");
+    std::map<std::string, std::string> metadata;
+    const auto file = read_safetensors(out, &metadata);
+
+    EXPECT_EQ(metadata["format"], "tinyloop");
+    EXPECT_EQ(metadata["format_version"], "1");
+    const json config = json::parse(metadata["config"]);
+    for (const auto &kv : manifest["config"].items()) {
+        ASSERT_TRUE(config.contains(kv.key())) << kv.key();
+        if (kv.value().is_number_float()) {
+            EXPECT_EQ(static_cast<float>(config[kv.key()].get<double>()), static_cast<float>(kv.value().get<double>()))
+                << kv.key();
+        } else {
+            EXPECT_EQ(config[kv.key()], kv.value()) << kv.key();
+        }
+    }
+
+    // Embedding and norms: exactly the stored values (norm gains are written as F32).
+    size_t tensors = 0, n_int4 = 0, n_dense = 0;
+    expect_dense_equal(file.at("embed.weight"), manifest["embed_dtype"], expected.at("embed.weight"), "embed.weight");
+    ++tensors;
+    for (const auto &kv : expected) {
+        if (kv.first.size() > 12 && kv.first.compare(kv.first.size() - 12, 12, "_norm.weight") == 0) {
+            ASSERT_EQ(file.count(kv.first), 1u) << kv.first;
+            expect_dense_equal(file.at(kv.first), "F32", kv.second, kv.first);
+            ++tensors;
+        }
+    }
+    EXPECT_EQ(tensors, 1u + 2u * 3u + 1u);
+    for (const auto &kv : manifest["linears"].items()) {
+        const std::string name = kv.key(), storage = kv.value();
+        if (storage == "INT4") {
+            expect_int4_close(file, name, expected.at(name), expected.at(name + ".offset"));
+            tensors += 3;
+            ++n_int4;
+        } else {
+            ASSERT_EQ(file.count(name + ".weight"), 1u) << name << " is not dense in the file";
+            expect_dense_equal(file.at(name + ".weight"), storage, expected.at(name), name);
+            ++tensors;
+            ++n_dense;
+        }
+    }
+    EXPECT_EQ(file.size(), tensors) << "the file has tensors the expectations do not name";
+    const std::string head = manifest["head"];
+    EXPECT_EQ(file.count("head.weight") + file.count("head.qweight"), head == "tied" ? 0u : 1u);
+
+    // The library loads it with its full validation, agrees on what it holds, and scores with it.
+    tl_model *model = nullptr;
+    ASSERT_EQ(tl_model_load(out.c_str(), nullptr, &model), TL_OK) << tl_last_error_message();
+    tl_model_properties p;
+    p.struct_size = sizeof p;
+    ASSERT_EQ(tl_model_info(model, &p), TL_OK);
+    EXPECT_EQ(p.n_quant_weights, n_int4);
+    EXPECT_EQ(p.n_dense_linears, n_dense);
+    EXPECT_EQ(p.head_kind, head == "tied" ? 2 : head == "int4" ? 1 : 0);
+    EXPECT_EQ(p.n_pre, manifest["config"]["pre"].get<int32_t>());
+    EXPECT_EQ(p.n_loops, manifest["config"]["loops"].get<int32_t>());
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int32_t>((i * 7 + 3) % static_cast<size_t>(p.vocab));
+    }
+    tl_score_options so;
+    ASSERT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
+    so.backend = TL_BACKEND_CPU;
+    so.n_threads = 2;
+    tl_score_result result;
+    ASSERT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
+    EXPECT_EQ(tl_score(model, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+    EXPECT_TRUE(std::isfinite(result.nll_sum));
+    EXPECT_EQ(result.tokens_scored, tokens.size() - 1);
+    tl_model_free(model);
+}
+
+TEST(CheckpointImport, DenseF16Tied) { check_round_trip("dense_f16_tied"); }
+TEST(CheckpointImport, DenseBf16UntiedGqaDefaults) { check_round_trip("dense_bf16_untied_gqa"); }
+TEST(CheckpointImport, DenseF32ShardedMixedQkvDtypes) { check_round_trip("dense_f32_sharded"); }
+TEST(CheckpointImport, GptqMisalignedWithDenseLinear) { check_round_trip("gptq"); }
+TEST(CheckpointImport, GptqPerRowWithoutGIdx) { check_round_trip("gptq_per_row"); }
+TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
+
+TEST(CheckpointImport, ReadWithoutMmap) {
+    tl_import_options o;
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.use_mmap = 0;
+    check_round_trip("gptq", &o);
+}
+
+TEST(CheckpointImport, MaxSeqOption) {
+    tl_import_options o;
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    EXPECT_EQ(o.max_seq, 0);
+    EXPECT_EQ(o.use_mmap, 1);
+    EXPECT_EQ(o.validate_values, 1);
+    // max_position_embeddings past the format's limit: refused naming the field, accepted with an override.
+    const std::string dir = with_config("dense_f16_tied", [](json &c) { c["max_position_embeddings"] = 1 << 21; });
+    const std::string out = scratch("out.tinyloop");
+    EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "config.json'", "max_position_embeddings", "2097152");
+    o.max_seq = 77;
+    ASSERT_EQ(convert(dir, out, &o).status, TL_OK) << tl_last_error_message();
+    std::map<std::string, std::string> metadata;
+    read_safetensors(out, &metadata);
+    EXPECT_EQ(json::parse(metadata["config"])["max_seq"], 77);
+}
+
+// ---- Refusals: checkpoints the script wrote ----
+
+TEST(CheckpointImportRefuses, MissingTensor) {
+    const std::string out = scratch("out.tinyloop");
+    EXPECT_REFUSED(convert(kData + "/bad/missing_tensor", out), TL_ERR_FORMAT, "bad/missing_tensor/model.safetensors'",
+                   "missing tensor 'model.layers.1.mlp.down_proj.weight'");
+    EXPECT_FALSE(fs::exists(out)) << "a failed import must not leave an output";
+}
+
+TEST(CheckpointImportRefuses, WrongShape) {
+    EXPECT_REFUSED(convert(kData + "/bad/wrong_shape", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "tensor 'model.layers.0.mlp.up_proj.weight'", "shape [64, 96], expected [96, 64]");
+}
+
+TEST(CheckpointImportRefuses, UnexpectedLayer) {
+    EXPECT_REFUSED(convert(kData + "/bad/unexpected_layer", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "unexpected tensor 'model.layers.3.mlp.up_proj.weight'", "num_pre_layers = 2");
+}
+
+TEST(CheckpointImportRefuses, ActOrderGIdx) {
+    EXPECT_REFUSED(convert(kData + "/bad/act_order", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
+                   "model.layers.2.self_attn.k_proj.g_idx[1]", "act-order");
+}
+
+TEST(CheckpointImportRefuses, NonFiniteScale) {
+    EXPECT_REFUSED(convert(kData + "/bad/infinite_scale", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "model.layers.1.mlp.gate_proj.scales[0][0]", "not finite");
+}
+
+TEST(CheckpointImportRefuses, Bias) {
+    EXPECT_REFUSED(convert(kData + "/bad/bias", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
+                   "'model.layers.0.self_attn.q_proj.bias'", "biases");
+}
+
+// ---- Refusals: config.json edited ----
+
+struct ConfigCase {
+    const char *name;
+    const char *variant;
+    std::function<void(json &)> edit;
+    tl_status status;
+    std::vector<const char *> message;
+};
+
+TEST(CheckpointImportRefuses, ConfigFields) {
+    const std::vector<ConfigCase> cases = {
+        {"no num_loops", "dense_f16_tied", [](json &c) { c.erase("num_loops"); }, TL_ERR_FORMAT,
+         {"config.json'", "field 'num_loops' is missing", "num_pre_layers"}},
+        {"no num_pre_layers", "dense_f16_tied", [](json &c) { c.erase("num_pre_layers"); }, TL_ERR_FORMAT,
+         {"field 'num_pre_layers' is missing"}},
+        {"no hidden_size", "dense_f16_tied", [](json &c) { c.erase("hidden_size"); }, TL_ERR_FORMAT,
+         {"field 'hidden_size' is missing"}},
+        {"hidden_size a string", "dense_f16_tied", [](json &c) { c["hidden_size"] = "64"; }, TL_ERR_FORMAT,
+         {"field 'hidden_size' must be a 32-bit integer, got '64'"}},
+        {"hidden_size 0", "dense_f16_tied", [](json &c) { c["hidden_size"] = 0; }, TL_ERR_FORMAT,
+         {"hidden_size (the .tinyloop d_model) = 0 is out of range"}},
+        {"fewer pre layers than stored", "dense_f16_tied",
+         [](json &c) {
+             c["num_pre_layers"] = 1;
+             c.erase("num_hidden_layers");
+         },
+         TL_ERR_FORMAT, {"unexpected tensor 'model.layers.2."}},
+        {"num_hidden_layers", "dense_f16_tied", [](json &c) { c["num_hidden_layers"] = 5; }, TL_ERR_FORMAT,
+         {"field 'num_hidden_layers'", "num_pre_layers + 1 = 3"}},
+        {"num_key_value_heads", "dense_f16_tied", [](json &c) { c["num_key_value_heads"] = 3; }, TL_ERR_FORMAT,
+         {"field 'num_key_value_heads'"}},
+        {"head_dim wrong for the tensors", "dense_f16_tied", [](json &c) { c["head_dim"] = 8; }, TL_ERR_FORMAT,
+         {"tensor 'model.layers.0.self_attn.q_proj.weight'", "shape [64, 64], expected [32, 64]"}},
+        {"rope_scaling", "dense_f16_tied", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+         TL_ERR_UNSUPPORTED, {"field 'rope_scaling'"}},
+        {"hidden_act", "dense_f16_tied", [](json &c) { c["hidden_act"] = "gelu"; }, TL_ERR_UNSUPPORTED,
+         {"field 'hidden_act' = 'gelu'"}},
+        {"attention_bias", "dense_f16_tied", [](json &c) { c["attention_bias"] = true; }, TL_ERR_UNSUPPORTED,
+         {"field 'attention_bias'"}},
+        {"untied without lm_head", "dense_f16_tied", [](json &c) { c["tie_word_embeddings"] = false; }, TL_ERR_FORMAT,
+         {"missing tensor 'lm_head.weight'", "tie_word_embeddings is false"}},
+        {"tied with a different lm_head", "dense_bf16_untied_gqa", [](json &c) { c["tie_word_embeddings"] = true; },
+         TL_ERR_FORMAT, {"tensor 'lm_head.weight'", "differs from model.embed_tokens.weight"}},
+        {"bits 8", "gptq", [](json &c) { c["quantization_config"]["bits"] = 8; }, TL_ERR_UNSUPPORTED,
+         {"field 'quantization_config.bits' = 8", "only 4-bit"}},
+        {"desc_act", "gptq", [](json &c) { c["quantization_config"]["desc_act"] = true; }, TL_ERR_UNSUPPORTED,
+         {"field 'quantization_config.desc_act' is true", "act-order"}},
+        {"gptq v2", "gptq", [](json &c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; },
+         TL_ERR_UNSUPPORTED, {"quantization_config.checkpoint_format", "gptq_v2"}},
+        {"another method", "gptq", [](json &c) { c["quantization_config"]["quant_method"] = "bitsandbytes"; },
+         TL_ERR_UNSUPPORTED, {"quant_method", "'bitsandbytes'"}},
+        {"awq gemv", "awq", [](json &c) { c["quantization_config"]["version"] = "gemv"; }, TL_ERR_UNSUPPORTED,
+         {"quantization_config.version", "GEMM"}},
+        {"group size not the tensors'", "gptq", [](json &c) { c["quantization_config"]["group_size"] = 64; },
+         TL_ERR_FORMAT, {"qzeros'", "expected [1, "}},
+        {"INT4 tensors without quantization_config", "gptq", [](json &c) { c.erase("quantization_config"); },
+         TL_ERR_FORMAT, {".qweight'", "no quantization_config"}},
+        {"not an object", "dense_f16_tied", [](json &c) { c = json::array(); }, TL_ERR_FORMAT,
+         {"config.json': not a JSON object"}},
+    };
+    for (const ConfigCase &c : cases) {
+        SCOPED_TRACE(c.name);
+        const std::string dir = with_config(c.variant, c.edit);
+        const Result r = convert(dir, scratch("out.tinyloop"));
+        EXPECT_EQ(r.status, c.status) << r.message;
+        for (const char *part : c.message) {
+            EXPECT_NE(r.message.find(part), std::string::npos) << "message lacks \"" << part << "\": " << r.message;
+        }
+    }
+}
+
+// ---- Refusals: files and the sharded index ----
+
+TEST(CheckpointImportRefuses, Files) {
+    const std::string out = scratch("out.tinyloop");
+    EXPECT_REFUSED(convert(kData + "/no_such_folder", out), TL_ERR_IO, "no_such_folder");
+    EXPECT_REFUSED(convert(kData + "/gptq.expected.json", out), TL_ERR_IO, "is not a folder");
+    std::string dir = copy_of("dense_f16_tied");
+    fs::remove(dir + "/model.safetensors");
+    EXPECT_REFUSED(convert(dir, out), TL_ERR_IO, "has neither model.safetensors nor model.safetensors.index.json");
+    fs::remove(dir + "/config.json");
+    EXPECT_REFUSED(convert(dir, out), TL_ERR_IO, "config.json'");
+    {
+        dir = copy_of("dense_f16_tied");
+        std::ofstream(dir + "/config.json") << "{\"hidden_size\": 64,";
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "config.json': not valid JSON");
+    }
+    // The output's folder does not exist.
+    EXPECT_REFUSED(convert(kData + "/dense_f16_tied", kData + "/no_such_folder/x.tinyloop"), TL_ERR_IO,
+                   "no_such_folder");
+}
+
+TEST(CheckpointImportRefuses, ShardIndex) {
+    const std::string out = scratch("out.tinyloop");
+    const std::string index = "/model.safetensors.index.json";
+    {
+        const std::string dir = copy_of("dense_f32_sharded");
+        json j = read_json(dir + index);
+        j["weight_map"]["model.norm.weight"] = "model-00009-of-00003.safetensors";
+        write_json(dir + index, j);
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_IO, "model-00009-of-00003.safetensors");
+    }
+    {
+        const std::string dir = copy_of("dense_f32_sharded");
+        json j = read_json(dir + index);
+        j["weight_map"]["model.norm.weight"] = "../dense_f16_tied/model.safetensors";
+        write_json(dir + index, j);
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "weight_map['model.norm.weight']", "not a file name");
+    }
+    {
+        const std::string dir = copy_of("dense_f32_sharded");
+        json j = read_json(dir + index);
+        j["weight_map"].erase("model.norm.weight");
+        write_json(dir + index, j);
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "tensor 'model.norm.weight' is not listed");
+    }
+    {
+        const std::string dir = copy_of("dense_f32_sharded");
+        json j = read_json(dir + index);
+        const std::string shard = j["weight_map"]["model.norm.weight"];
+        const std::string other = shard == "model-00001-of-00003.safetensors" ? "model-00002-of-00003.safetensors"
+                                                                              : "model-00001-of-00003.safetensors";
+        j["weight_map"]["model.norm.weight"] = other;
+        write_json(dir + index, j);
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "weight_map puts tensor 'model.norm.weight'",
+                       "no such tensor");
+    }
+}
+
+// ---- The C API's arguments ----
+
+TEST(CheckpointImportRefuses, Arguments) {
+    const std::string dir = kData + "/dense_f16_tied", out = scratch("out.tinyloop");
+    EXPECT_EQ(tl_model_import_checkpoint(nullptr, out.c_str(), nullptr), TL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(tl_model_import_checkpoint(dir.c_str(), nullptr, nullptr), TL_ERR_INVALID_ARGUMENT);
+    tl_import_options o;
+    EXPECT_EQ(tl_import_options_init(&o, 3), TL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(tl_import_options_init(nullptr, sizeof o), TL_ERR_INVALID_ARGUMENT);
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.struct_size = 5;
+    EXPECT_REFUSED(convert(dir, out, &o), TL_ERR_INVALID_ARGUMENT, "options->struct_size");
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.use_mmap = 2;
+    EXPECT_REFUSED(convert(dir, out, &o), TL_ERR_INVALID_ARGUMENT, "options->use_mmap");
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.max_seq = -1;
+    EXPECT_REFUSED(convert(dir, out, &o), TL_ERR_INVALID_ARGUMENT, "options->max_seq");
+    EXPECT_FALSE(fs::exists(out));
+}
+
+}  // namespace
