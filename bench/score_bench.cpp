@@ -1,16 +1,22 @@
 // tl_score_bench: tl_score end to end on one model file, through the public C API, in each configuration issue 4
 // compares: the CPU reference (only when asked), CUDA native INT4, Marlin-class fused, Marlin-class correction, the
-// FP16 body, and the dispatcher's defaults; every CUDA configuration with CUDA graphs off and on; full windows and the
-// decode-like regime of short (16-token) windows.
+// FP16 body, and the dispatcher's defaults; every CUDA configuration with CUDA graphs off and on; full windows, the
+// decode-like regime of short (16-token) windows, and a batch of independent documents scored in one call.
 //
 //   tl_score_bench MODEL OUT.csv OUT.md [--tokens 1024,4096] [--chunked 1024] [--chunk-window 16]
-//                  [--seed 1 | --text FILE] [--reps 3] [--cpu-max-tokens 0] [--device 0] [--label NAME] [--append]
-//                  [--configs cpu,native,fused,correction,fp16body,default]
+//                  [--docs 0 --doc-min 100 --doc-max 2000] [--seed 1 | --text FILE] [--reps 3] [--cpu-max-tokens 0]
+//                  [--device 0] [--label NAME] [--append] [--configs cpu,native,fused,correction,fp16body,default]
 //
 // Tokens: the first T of one sequence, either the bytes of --text FILE or pseudo-random ids in [0, vocab): output i
 // of splitmix64 seeded with --seed, modulo vocab (tools/torch_reference.py --random makes the same sequence).
 // Scenarios: each T of --tokens scored in the model's default window (max_seq), plus --chunked T tokens scored in
-// --chunk-window windows (they overlap by one token, so tokens/s counts tokens scored, n - 1, everywhere).
+// --chunk-window windows (they overlap by one token, so tokens/s counts tokens scored, n - 1, everywhere), plus
+// --docs N documents scored by one tl_score_batch call (tl_sequence with n_context 0: every token of a document but
+// its first is scored). The documents come from one splitmix64 stream seeded with --seed: its first N outputs give
+// the lengths, doc_min + out % (doc_max - doc_min + 1), the outputs after them the tokens, out % vocab, document
+// after document (tools/torch_reference.py --docs makes the same ones). Their rows have window "docs" in the CSV and
+// the Markdown, tokens = all the documents' tokens, windows = the number of documents; tokens/s counts tokens scored
+// (tokens - documents).
 // Each configuration gets a fresh model handle (load, set the dispatcher, score every scenario, free): the GPU model
 // packs the FP16 body only when that setting is on at its creation, and a fresh handle keeps one configuration's
 // forms out of the next one's memory figure. Per scenario and graphs setting: one warm-up call (it also captures
@@ -107,6 +113,8 @@ struct Args {
     std::vector<int64_t> tokens = {1024, 4096};
     int64_t chunked = 1024;
     int32_t chunk_window = 16;
+    int64_t docs = 0;
+    int32_t doc_min = 100, doc_max = 2000;
     uint64_t seed = 1;
     int reps = 3;
     int64_t cpu_max_tokens = 0;
@@ -136,10 +144,13 @@ int64_t to_int(const std::string &s, const std::string &flag) {
 
 const char *kUsage =
     "usage: tl_score_bench MODEL OUT.csv OUT.md [--tokens T1,T2,...] [--chunked T] [--chunk-window L]\n"
-    "                      [--seed S | --text FILE] [--reps N>=3] [--cpu-max-tokens N] [--device D]\n"
-    "                      [--configs cpu,native,fused,correction,fp16body,default] [--label NAME] [--append]\n"
+    "                      [--docs N [--doc-min A] [--doc-max B]] [--seed S | --text FILE] [--reps N>=3]\n"
+    "                      [--cpu-max-tokens N] [--device D] [--configs cpu,native,fused,correction,fp16body,default]\n"
+    "                      [--label NAME] [--append]\n"
     "  --tokens          token counts scored in the model's default window (default 1024,4096)\n"
     "  --chunked         tokens scored in --chunk-window windows, 0 = skip (default 1024; window 16)\n"
+    "  --docs            N documents of A..B tokens (default 100..2000) from --seed, scored by one tl_score_batch\n"
+    "                    call, 0 = skip (default 0)\n"
     "  --cpu-max-tokens  the CPU configuration runs only in scenarios of at most N tokens (default 0: never)\n"
     "  --append          append rows to OUT.csv and a section to OUT.md instead of replacing them\n";
 
@@ -169,6 +180,12 @@ Args parse_args(int argc, char **argv) {
             a.chunked = to_int(v, flag);
         } else if (flag == "--chunk-window") {
             a.chunk_window = static_cast<int32_t>(to_int(v, flag));
+        } else if (flag == "--docs") {
+            a.docs = to_int(v, flag);
+        } else if (flag == "--doc-min") {
+            a.doc_min = static_cast<int32_t>(to_int(v, flag));
+        } else if (flag == "--doc-max") {
+            a.doc_max = static_cast<int32_t>(to_int(v, flag));
         } else if (flag == "--seed") {
             a.seed = static_cast<uint64_t>(to_int(v, flag));
         } else if (flag == "--text") {
@@ -197,6 +214,10 @@ Args parse_args(int argc, char **argv) {
     if (a.chunked != 0 && (a.chunked < 2 || a.chunk_window < 2)) {
         throw BenchError("--chunked must be 0 or >= 2, and --chunk-window >= 2");
     }
+    if (a.docs < 0 || a.doc_min < 2 || a.doc_min > a.doc_max) {
+        throw BenchError("--docs must be >= 0, and 2 <= --doc-min <= --doc-max");
+    }
+    if (a.docs != 0 && !a.text.empty()) throw BenchError("--docs makes its tokens from --seed: it takes no --text");
     for (const std::string &name : a.configs) {
         if (std::none_of(std::begin(kConfigs), std::end(kConfigs), [&](const Config &c) { return name == c.name; })) {
             throw BenchError("unknown configuration '" + name + "'");
@@ -234,6 +255,18 @@ std::vector<int32_t> make_tokens(const Args &a, size_t count, int32_t vocab) {
     return tokens;
 }
 
+// The --docs documents (the stream is described at the top of this file).
+std::vector<std::vector<int32_t>> make_documents(const Args &a, int32_t vocab) {
+    uint64_t state = a.seed;
+    std::vector<std::vector<int32_t>> docs(static_cast<size_t>(a.docs));
+    const uint64_t span = static_cast<uint64_t>(a.doc_max - a.doc_min) + 1;
+    for (std::vector<int32_t> &d : docs) d.resize(a.doc_min + splitmix64(state) % span);
+    for (std::vector<int32_t> &d : docs) {
+        for (int32_t &t : d) t = static_cast<int32_t>(splitmix64(state) % vocab);
+    }
+    return docs;
+}
+
 // ---- Logging: the library's lines on stderr, the first few in full (the first-dispatch line among them) ----
 
 std::mutex g_log_mutex;
@@ -254,8 +287,9 @@ void log_to_stderr(void *, int32_t level, const char *message) {
 // ---- Running ----
 
 struct Scenario {
-    int64_t tokens;
-    int32_t window;  // 0 = the model's max_seq
+    int64_t tokens;  // docs: all the documents' tokens
+    int32_t window;  // 0 = the model's max_seq (always, for docs)
+    bool docs = false;
 };
 
 // Per-position NLL agreement of one row with another (the scenario's reference or the CPU).
@@ -302,18 +336,39 @@ double max_abs_diff(const std::vector<float> &a, const std::vector<float> &b) {
     return m;
 }
 
-// One row: a warm-up call, then `reps` timed calls.
-void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens, const Args &a, size_t free_before,
-             Row &row) {
+// tl_score_batch's per-document scores must add up to its totals and to the tokens the documents hold: the bench
+// reports the totals, so a mismatch would make its row meaningless.
+void check_batch_scores(const std::vector<tl_sequence_score> &scores, const tl_score_result &r, size_t scored) {
+    uint64_t tokens = 0;
+    double nll = 0;
+    for (const tl_sequence_score &x : scores) tokens += x.tokens_scored, nll += x.nll_sum;
+    if (tokens != scored || r.tokens_scored != scored ||
+        !(std::fabs(nll - r.nll_sum) <= 1e-6 * std::fabs(r.nll_sum) + 1e-3)) {
+        throw BenchError("tl_score_batch: the documents' scores (" + std::to_string(tokens) + " tokens, NLL " +
+                         std::to_string(nll) + ") disagree with the totals (" + std::to_string(r.tokens_scored) +
+                         " tokens, NLL " + std::to_string(r.nll_sum) + "); expected " + std::to_string(scored) +
+                         " tokens");
+    }
+}
+
+// One row: a warm-up call, then `reps` timed calls. A docs row scores every document in each call (tl_score_batch).
+void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens,
+             const std::vector<std::vector<int32_t>> &documents, const Args &a, size_t free_before, Row &row) {
     const size_t n = static_cast<size_t>(row.scenario.tokens);
+    const size_t scored = row.scenario.docs ? n - documents.size() : n - 1;
+    std::vector<tl_sequence> sequences;
+    if (row.scenario.docs) {
+        for (const std::vector<int32_t> &d : documents) sequences.push_back({d.data(), d.size(), 0});
+    }
+    std::vector<tl_sequence_score> scores(sequences.size());
     tl_score_options o;
     check(tl_score_options_init(&o, sizeof o), "tl_score_options_init");
     o.backend = row.cpu ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
     o.window = row.scenario.window;
     o.device = a.device;
     o.use_graphs = row.graphs;
-    row.nll.assign(n - 1, NAN);
-    row.warmup_nll.assign(n - 1, NAN);
+    row.nll.assign(scored, NAN);
+    row.warmup_nll.assign(scored, NAN);
     tl_score_result r;
     check(tl_score_result_init(&r, sizeof r), "tl_score_result_init");
     for (int call = 0; call <= a.reps; ++call) {
@@ -321,9 +376,12 @@ void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens, cons
         o.token_nll = nll.data();
         o.token_nll_len = nll.size();
         const auto t0 = std::chrono::steady_clock::now();
-        const tl_status s = tl_score(model, all_tokens.data(), n, &o, &r);
+        const tl_status s = row.scenario.docs
+                                ? tl_score_batch(model, sequences.data(), sequences.size(), &o, scores.data(), &r)
+                                : tl_score(model, all_tokens.data(), n, &o, &r);
         const auto t1 = std::chrono::steady_clock::now();
-        if (s != TL_OK) throw BenchError(status_text(s, "tl_score"));
+        if (s != TL_OK) throw BenchError(status_text(s, row.scenario.docs ? "tl_score_batch" : "tl_score"));
+        if (row.scenario.docs) check_batch_scores(scores, r, scored);
         if (call > 0) row.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
         if (!row.cpu) {
             const size_t free_now = free_device_bytes();
@@ -333,12 +391,23 @@ void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens, cons
     row.result = r;
 }
 
-std::string scenario_text(const Scenario &s) {
+std::string scenario_text(const Scenario &s, const Args &a) {
+    if (s.docs) {
+        return std::to_string(a.docs) + " documents of " + std::to_string(a.doc_min) + "-" + std::to_string(a.doc_max) +
+               " tokens (" + std::to_string(s.tokens) + " in all)";
+    }
     return std::to_string(s.tokens) + " tokens, window " + (s.window ? std::to_string(s.window) : "max_seq");
 }
 
+// The CSV's and the Markdown's window column: `max_seq` stands for window 0.
+std::string window_text(const Scenario &s, const char *max_seq) {
+    return s.docs ? "docs" : s.window ? std::to_string(s.window) : max_seq;
+}
+
 void compare(std::vector<Row> &rows) {
-    auto same = [](const Scenario &x, const Scenario &y) { return x.tokens == y.tokens && x.window == y.window; };
+    auto same = [](const Scenario &x, const Scenario &y) {
+        return x.tokens == y.tokens && x.window == y.window && x.docs == y.docs;
+    };
     for (Row &row : rows) {
         if (!row.error.empty()) continue;
         const Row *ref = nullptr, *cpu = nullptr;
@@ -408,8 +477,8 @@ std::string csv_rows(const Args &a, const tl_model_properties &p, const std::vec
         auto agreement = [](const Agreement &g) {
             return g.measured ? fmt("%.4g", g.max) + ',' + fmt("%.4g", g.mean) + ',' + fmt("%.4g", 100 * g.dppl) : ",,";
         };
-        out << csv_field(a.label) << ',' << r.scenario.tokens << ',' << r.scenario.window << ',' << r.config << ','
-            << r.graphs << ',' << r.ms.size() << ',' << (ok ? fmt("%.4f", ms) : "") << ','
+        out << csv_field(a.label) << ',' << r.scenario.tokens << ',' << window_text(r.scenario, "0") << ','
+            << r.config << ',' << r.graphs << ',' << r.ms.size() << ',' << (ok ? fmt("%.4f", ms) : "") << ','
             << (ok ? fmt("%.4f", *std::min_element(r.ms.begin(), r.ms.end())) : "") << ','
             << (ok ? fmt("%.4f", *std::max_element(r.ms.begin(), r.ms.end())) : "") << ','
             << (ok ? fmt("%.1f", s.tokens_scored / (ms / 1e3)) : "") << ',' << s.tokens_scored << ',' << s.n_windows
@@ -433,7 +502,11 @@ std::string model_line(const Args &a, const tl_model_properties &p, const std::s
       << (p.head_kind == 1 ? "INT4" : p.head_kind == 0 ? "dense" : "tied") << "; " << p.n_quant_weights
       << " INT4 linears, " << fmt("%.1f", p.quant_weight_bytes / 1048576.0) << " MiB of INT4 weights, "
       << fmt("%.1f", p.tensor_bytes / 1048576.0) << " MiB of tensors in the file; tokens: "
-      << (a.text.empty() ? "splitmix64 seed " + std::to_string(a.seed) : "bytes of " + a.text) << "; device: "
+      << (a.text.empty() ? "splitmix64 seed " + std::to_string(a.seed) : "bytes of " + a.text)
+      << (a.docs ? "; docs: " + std::to_string(a.docs) + " documents of " + std::to_string(a.doc_min) + "-" +
+                       std::to_string(a.doc_max) + " tokens, one tl_score_batch call"
+                 : std::string())
+      << "; device: "
       << device << "; median of " << a.reps << " calls after one warm-up.\n\n";
     return s.str();
 }
@@ -446,8 +519,8 @@ std::string markdown(const Args &a, const tl_model_properties &p, const std::str
          "body | dense | fallbacks | device MiB | rerun max dNLL | vs ref: max dNLL, dPPL | vs CPU: max dNLL, dPPL |\n"
          "|---:|---:|---|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
     for (const Row &r : rows) {
-        s << "| " << r.scenario.tokens << " | " << (r.scenario.window ? std::to_string(r.scenario.window) : "max")
-          << " | " << r.config << " | " << (r.cpu ? "-" : r.graphs ? "on" : "off") << " | ";
+        s << "| " << r.scenario.tokens << " | " << window_text(r.scenario, "max") << " | " << r.config << " | "
+          << (r.cpu ? "-" : r.graphs ? "on" : "off") << " | ";
         if (!r.error.empty()) {
             std::string e = r.error;
             std::replace(e.begin(), e.end(), '|', '/');
@@ -470,9 +543,10 @@ std::string markdown(const Args &a, const tl_model_properties &p, const std::str
         };
         s << (r.vs_ref.measured ? r.ref + ": " : "") << agreement(r.vs_ref) << " | " << agreement(r.vs_cpu) << " |\n";
     }
-    s << "\nms: wall time of one tl_score call; tokens/s: tokens scored (n - 1) per second; GEMM counters: per call "
-         "(graph replays included); device MiB: free-memory drop since before the load; dNLL in nats per position; "
-         "dPPL = exp(mean NLL difference) - 1; ref: the first CUDA configuration with graphs off.\n\n";
+    s << "\nms: wall time of one tl_score (docs: tl_score_batch) call; tokens/s: tokens scored (n - 1; docs: n - "
+         "documents) per second; GEMM counters: per call (graph replays included); device MiB: free-memory drop since "
+         "before the load; dNLL in nats per position; dPPL = exp(mean NLL difference) - 1; ref: the first CUDA "
+         "configuration with graphs off.\n\n";
     return s.str();
 }
 
@@ -489,7 +563,8 @@ int run(const Args &a) {
         check(s, "tl_model_info");
     }
 
-    // Scenarios from the shortest window up (see the memory note at the top).
+    // Scenarios from the shortest window up (see the memory note at the top); the documents last: one call packs
+    // many of them into each forward pass, so it may hold more activations than any window.
     std::vector<Scenario> scenarios;
     if (a.chunked) scenarios.push_back({a.chunked, a.chunk_window});
     std::vector<int64_t> full = a.tokens;
@@ -502,6 +577,17 @@ int run(const Args &a) {
                          std::to_string(props.max_seq));
     }
     const std::vector<int32_t> tokens = make_tokens(a, static_cast<size_t>(longest), props.vocab);
+    std::vector<std::vector<int32_t>> documents;
+    if (a.docs) {
+        if (a.doc_max > props.max_seq) {
+            throw BenchError("--doc-max " + std::to_string(a.doc_max) + " exceeds max_seq " +
+                             std::to_string(props.max_seq));
+        }
+        documents = make_documents(a, props.vocab);
+        int64_t total = 0;
+        for (const std::vector<int32_t> &d : documents) total += static_cast<int64_t>(d.size());
+        scenarios.push_back({total, 0, true});
+    }
 
     std::vector<const Config *> configs;
     for (const Config &c : kConfigs) {
@@ -556,12 +642,12 @@ int run(const Args &a) {
             for (size_t i = first_row; i < rows.size(); ++i) {
                 Row &row = rows[i];
                 try {
-                    run_row(model, tokens, a, free_before, row);
+                    run_row(model, tokens, documents, a, free_before, row);
                     const tl_score_result &x = row.result;
                     std::fprintf(stderr,
                                  "[bench] %-10s %s, graphs %s: %.2f ms, NLL/token %.5f, GEMMs fused %llu corr %llu "
                                  "deq %llu native %llu fp16 %llu dense %llu fallbacks %llu\n",
-                                 c->name, scenario_text(row.scenario).c_str(),
+                                 c->name, scenario_text(row.scenario, a).c_str(),
                                  row.cpu ? "-" : row.graphs ? "on" : "off",
                                  median(row.ms), x.nll_sum / x.tokens_scored,
                                  (unsigned long long)x.gemm_marlin_fused, (unsigned long long)x.gemm_marlin_correction,
@@ -571,7 +657,8 @@ int run(const Args &a) {
                 } catch (const BenchError &e) {
                     row.error = e.what();
                     failed = true;
-                    std::fprintf(stderr, "[bench] %s %s: %s\n", c->name, scenario_text(row.scenario).c_str(), e.what());
+                    std::fprintf(stderr, "[bench] %s %s: %s\n", c->name, scenario_text(row.scenario, a).c_str(),
+                                 e.what());
                 }
             }
         } catch (const BenchError &e) {  // the load or a dispatcher setting failed: every row of this configuration

@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# Issue 4's measurements on the GPU machine in one command, after tools/device_check.sh has built the project into
-# $BUILD (default /tmp/tl-device-build; the two targets used here are rebuilt if stale):
-#   1. the 2B-shaped synthetic models (D 2048, 16x128 heads, FFN 8192, V 50257, 2 pre + loop x 8, tied head):
-#      per-row and group 128;
-#   2. tl_score_bench on the per-row model: every configuration, graphs off and on, T = 128 (with the CPU reference),
-#      1024 and 4096, and 1024 tokens in 16-token windows;
-#   3. the PyTorch cross-check on 1024 tokens: `tinyloop score --backend cuda --per-token` under each dispatcher
-#      setting (defaults, native, fused, correction, FP16 body) and `--backend cpu`, all checked by one run of
-#      tools/torch_reference.py --compare;
-#   4. the PyTorch FP16 speed peer: 1024 and 4096 tokens, and 1024 tokens in 16-token windows;
-#   5. tl_score_bench on the group-128 model (same scenarios);
-#   6. a summary against the issue's targets.
-# Every step's time limit is cut to what is left of $BUDGET seconds (default 345), so the whole run stays under six
-# minutes; a step that runs out is reported and the rest go on. All tokens come from splitmix64 seed $SEED, so every
-# tool scores the same sequence. Files under $OUT (six): score_bench.csv, score_bench.md, score_bench.log (models and
-# both benches), crosscheck.log, torch_speed.log, summary.md.
+# Issue 16's measurements on the GPU machine: TinyLoop's scoring (tl_score_bench, through the C API) against a peer
+# worth beating, PyTorch FP16 with windows and documents batched, eager and under torch.compile, on the same tokens;
+# the summary judges the issue's target, tl_score >= 1.3x the faster of the two peers, per model and scenario. Run it
+# after tools/device_check.sh has built the project into $BUILD (default /tmp/tl-device-build; the two targets used
+# here are rebuilt if stale):
 #
-#   OUT=/path tools/score_bench.sh        (BUILD=..., BUDGET=345, SEED=1, PYTHON=python3, WORK=/tmp/tl-score-bench)
+#   OUT=/path tools/score_bench.sh     (BUILD=..., BUDGET=540, SEED=1, PYTHON=python3, WORK=/tmp/tl-score-bench,
+#                                       STEPS="bench-row bench-g128 peer crosscheck")
+#
+# The four scenarios, every tool on the same splitmix64 tokens from seed $SEED: (a) 4096 tokens in one window,
+# (b) 1024 tokens in 16-token windows, (c) 1024 tokens in one window, (d) 256 documents of 100-2000 tokens (one
+# tl_score_batch call; the peer batches them padded and packed: tools/torch_reference.py says how).
+# Always: build (tl_score_bench and tinyloop) and models (the 2B-shaped synthetic models, D 2048, 16x128 heads, FFN
+# 8192, V 50257, 2 pre + loop x 8, tied head, per-row and group 128; made again only when older than the tinyloop
+# binary); then those of the $STEPS asked for, in this order, most essential first:
+#   bench-row   tl_score_bench on the per-row model, the four scenarios, configurations default, fused and fp16body
+#               (native and correction are never the fastest: docs/benchmarks.md), CUDA graphs off and on;
+#   bench-g128  the same on the group-128 model;
+#   peer        tools/torch_reference.py --speed --compile both on the per-row model, the four scenarios in one
+#               process: eager first, then torch.compile(mode="max-autotune-no-cudagraphs"), which compiles each
+#               pass shape (a minute or more each) before timing it, so it comes after the benches and takes the time
+#               left. The peer runs on the per-row model only: the group-128 model's FP16 weights have the same
+#               shapes, hence the same speed;
+#   crosscheck  `tinyloop score --backend cuda --per-token` on 1024 tokens under each dispatcher setting (defaults,
+#               native, fused, correction, FP16 body) and `--backend cpu`, all checked by one run of the FP32
+#               reference, tools/torch_reference.py --compare;
+# and the summary. Every step's time limit is cut to what is left of $BUDGET seconds, so the run ends within it (the
+# device machine allows 600 s a command); a step that runs out is reported and the rest go on. When the compiled peer
+# needs more time than one command has, run the steps in separate commands with the same OUT and WORK on the same
+# machine, e.g. STEPS=peer after a full run: the summary reads every file that is there (STEPS="" makes only the
+# summary), and a second peer run reuses TorchInductor's caches. Files under $OUT: score_bench.csv and score_bench.md
+# (tl_score_bench, both models; bench-row starts them afresh), score_bench.log (models and benches), torch_speed.log
+# (the peer's lines, SPEED lines among them), crosscheck.log, summary.md.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/score-bench-out}
@@ -24,10 +39,13 @@ BUILD=${BUILD:-/tmp/tl-device-build}
 WORK=${WORK:-/tmp/tl-score-bench}
 PY=${PYTHON:-python3}
 SEED=${SEED:-1}
-DEADLINE=$((SECONDS + ${BUDGET:-345}))
+STEPS=" ${STEPS-bench-row bench-g128 peer crosscheck} "
+DEADLINE=$((SECONDS + ${BUDGET:-540}))  # the device machine allows 600 s a command
+DOCS=(--docs 256 --doc-min 100 --doc-max 2000)  # scenario (d), the same for tl_score_bench and the peer
 mkdir -p "$OUT" "$WORK"
 export PATH=/usr/local/cuda/bin:$PATH
 step() { echo "== $* ($(date +%T), $((DEADLINE - SECONDS)) s left)"; }
+wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 summary=()
 
 # bounded CAP [NAME=VALUE...] CMD...: run CMD (through env, with those variables) for at most the smaller of CAP and
@@ -53,140 +71,178 @@ fi
 BIN=$BUILD/bin
 LOG=$OUT/score_bench.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv,noheader \
-  >"$LOG" 2>&1 || true
+  >>"$LOG" 2>&1 || true
 
 step models
 for spec in row:0 g128:128; do
-  name=${spec%%:*}
-  bounded 60 "$BIN/tinyloop" make-model --preset 2b --group-size "${spec#*:}" --out "$WORK/2b-$name.tinyloop" \
-    >>"$LOG" 2>&1
+  name=${spec%%:*} model=$WORK/2b-${spec%%:*}.tinyloop
+  if [ "$model" -nt "$BIN/tinyloop" ]; then
+    summary+=("model 2b-$name: reused")
+    continue
+  fi
+  # Through a temporary name: a file cut short by the time limit must not pass for a model on the next run.
+  bounded 60 "$BIN/tinyloop" make-model --preset 2b --group-size "${spec#*:}" --out "$model.part" >>"$LOG" 2>&1 &&
+    mv "$model.part" "$model"
   summary+=("model 2b-$name: rc=$?")
 done
 
-# bench MODEL LABEL [--append]: every configuration on one model.
+# bench MODEL LABEL [--append]: the four scenarios on one model.
 bench() {
   echo "---- tl_score_bench $2" >>"$LOG"
   bounded 150 "$BIN/tl_score_bench" "$WORK/2b-$1.tinyloop" "$OUT/score_bench.csv" "$OUT/score_bench.md" --label "$2" \
-    --tokens 128,1024,4096 --chunked 1024 --chunk-window 16 --cpu-max-tokens 128 --seed "$SEED" "${@:3}" \
-    >>"$LOG" 2>&1
+    --tokens 1024,4096 --chunked 1024 --chunk-window 16 "${DOCS[@]}" --configs default,fused,fp16body \
+    --seed "$SEED" "${@:3}" >>"$LOG" 2>&1
   summary+=("tl_score_bench $2: rc=$?")
 }
 
-step "bench, per-row"
-bench row "2B per-row"
-
-step "cross-check with PyTorch"
-CROSS=$OUT/crosscheck.log
-: >"$CROSS"
-"$PY" -B -c "import sys; sys.path.insert(0, 'tools'); import torch_reference as r
-print(' '.join(map(str, r.splitmix64_tokens(1024, $SEED, 50257))))" >"$WORK/tokens-1024.txt"
-per_token=()
-for spec in "default:" "native:TINYLOOP_USE_MARLIN=0" "fused:TINYLOOP_MARLIN_MODE=1 TINYLOOP_CUBLAS_MIN_M=0" \
-            "correction:TINYLOOP_MARLIN_MODE=2 TINYLOOP_CUBLAS_MIN_M=0" "fp16body:TINYLOOP_EXPERIMENTAL_FP16_BODY=1" \
-            "cpu:"; do
-  name=${spec%%:*}
-  backend=cuda
-  [ "$name" = cpu ] && backend=cpu
-  echo "---- tinyloop score --backend $backend ($name: ${spec#*:})" >>"$CROSS"
-  # shellcheck disable=SC2086
-  bounded 60 ${spec#*:} "$BIN/tinyloop" score "$WORK/2b-row.tinyloop" --tokens "$WORK/tokens-1024.txt" \
-    --backend "$backend" --per-token "$WORK/tl-$name.tsv" >>"$CROSS" 2>&1 && per_token+=("$WORK/tl-$name.tsv")
-done
-echo "---- torch_reference.py --compare" >>"$CROSS"
-if [ ${#per_token[@]} -gt 0 ]; then
-  bounded 120 "$PY" tools/torch_reference.py "$WORK/2b-row.tinyloop" --random 1024 --seed "$SEED" \
-    --per-token-out "$WORK/torch-1024.tsv" --compare "${per_token[@]}" >>"$CROSS" 2>&1
-  rc=$?
-  passed=$(grep -c '^COMPARE PASS' "$CROSS") failed=$(grep -c '^COMPARE FAIL' "$CROSS")
-  summary+=("cross-check: rc=$rc ($passed pass, $failed fail of ${#per_token[@]} tinyloop runs)")
-else
-  summary+=("cross-check: no tinyloop score run succeeded")
+if wanted bench-row; then
+  step "bench, per-row"
+  bench row "2B per-row"
 fi
 
-step "PyTorch FP16 peer"
-SPEED=$OUT/torch_speed.log
-: >"$SPEED"
-for spec in 1024:0 4096:0 1024:16; do
-  tokens=${spec%%:*} window=${spec#*:}
-  echo "---- torch_reference.py --speed, $tokens tokens, window $window (0 = max_seq)" >>"$SPEED"
-  bounded 60 "$PY" tools/torch_reference.py "$WORK/2b-row.tinyloop" --random "$tokens" --seed "$SEED" \
-    --window "$window" --speed >>"$SPEED" 2>&1
-  summary+=("torch peer $tokens tokens window $window: rc=$?")
-done
+if wanted bench-g128; then
+  step "bench, group 128"
+  bench g128 "2B g128" --append
+fi
 
-step "bench, group 128"
-bench g128 "2B g128" --append
+SPEED=$OUT/torch_speed.log
+if wanted peer; then
+  step "PyTorch FP16 peer, eager and compiled"
+  bounded 540 "$PY" tools/torch_reference.py "$WORK/2b-row.tinyloop" --speed --compile both --seed "$SEED" \
+    --random 4096 "${DOCS[@]}" --scenarios 4096:0,1024:16,1024:0,docs >"$SPEED" 2>&1
+  rc=$?
+  eager=$(grep -c '^SPEED,eager' "$SPEED") compiled=$(grep -c '^SPEED,compiled' "$SPEED")
+  summary+=("torch peer: rc=$rc ($eager eager and $compiled compiled variants timed of 5 and 4)")
+fi
+
+CROSS=$OUT/crosscheck.log
+if wanted crosscheck; then
+  step "cross-check with PyTorch"
+  : >"$CROSS"
+  "$PY" -B -c "import sys; sys.path.insert(0, 'tools'); import torch_reference as r
+print(' '.join(map(str, r.splitmix64_tokens(1024, $SEED, 50257))))" >"$WORK/tokens-1024.txt"
+  per_token=()
+  for spec in "default:" "native:TINYLOOP_USE_MARLIN=0" "fused:TINYLOOP_MARLIN_MODE=1 TINYLOOP_CUBLAS_MIN_M=0" \
+              "correction:TINYLOOP_MARLIN_MODE=2 TINYLOOP_CUBLAS_MIN_M=0" "fp16body:TINYLOOP_EXPERIMENTAL_FP16_BODY=1" \
+              "cpu:"; do
+    name=${spec%%:*}
+    backend=cuda
+    [ "$name" = cpu ] && backend=cpu
+    echo "---- tinyloop score --backend $backend ($name: ${spec#*:})" >>"$CROSS"
+    # shellcheck disable=SC2086
+    bounded 60 ${spec#*:} "$BIN/tinyloop" score "$WORK/2b-row.tinyloop" --tokens "$WORK/tokens-1024.txt" \
+      --backend "$backend" --per-token "$WORK/tl-$name.tsv" >>"$CROSS" 2>&1 && per_token+=("$WORK/tl-$name.tsv")
+  done
+  echo "---- torch_reference.py --compare" >>"$CROSS"
+  if [ ${#per_token[@]} -gt 0 ]; then
+    bounded 120 "$PY" tools/torch_reference.py "$WORK/2b-row.tinyloop" --random 1024 --seed "$SEED" \
+      --per-token-out "$WORK/torch-1024.tsv" --compare "${per_token[@]}" >>"$CROSS" 2>&1
+    rc=$?
+    passed=$(grep -c '^COMPARE PASS' "$CROSS") failed=$(grep -c '^COMPARE FAIL' "$CROSS")
+    summary+=("cross-check: rc=$rc ($passed pass, $failed fail of ${#per_token[@]} tinyloop runs)")
+  else
+    summary+=("cross-check: no tinyloop score run succeeded")
+  fi
+fi
 
 step summary
 "$PY" - "$OUT/score_bench.csv" "$SPEED" "$CROSS" >"$OUT/summary.md" <<'EOF'
-# The issue's targets from the bench CSV and the PyTorch peer's SPEED lines.
-import csv, os, sys
+# Issue 16's target from tl_score_bench's CSV and the PyTorch peer's SPEED lines (format: tools/torch_reference.py).
+import csv, math, os, sys
+
+TARGET = 1.3
+PPL_TOL = 0.03  # the peer and TinyLoop score the same tokens in FP16: their perplexities must agree this closely
+SCENARIOS = [(("tokens", 4096, 0), "(a) 4096 tokens, one window"), (("tokens", 1024, 16), "(b) 1024 tokens in 16-token "
+             "windows"), (("tokens", 1024, 0), "(c) 1024 tokens, one window"), (("docs",), "(d) 256 documents of "
+             "100-2000 tokens")]
+PEER_MODEL = "2B per-row"  # the peer's NLL is that model's; its speed stands for both (same shapes)
 
 rows = list(csv.DictReader(open(sys.argv[1]))) if os.path.exists(sys.argv[1]) else []
-peer = {}
+for r in rows:
+    r["key"] = ("docs",) if r["window"] == "docs" else ("tokens", int(r["tokens"]), int(r["window"]))
+
+peer = {}  # (scenario key, mode) -> the fastest layout's fields
 for line in open(sys.argv[2]) if os.path.exists(sys.argv[2]) else []:
-    if line.startswith("SPEED,"):
-        _, _, tokens, window, ms, tps, weight_bytes, linear_bytes, peak = line.strip().split(",")
-        # The peer reports the window it used (max_seq when none was asked for): one covering every token is "max".
-        w = 0 if int(window) >= int(tokens) else int(window)
-        peer[(int(tokens), w)] = (float(tps), int(weight_bytes), int(linear_bytes), int(peak))
+    if not line.startswith("SPEED,"):
+        continue
+    (_, mode, kind, tokens, window, ms, tps, weight_bytes, linear_bytes, peak, layout, sequences, passes, scored,
+     nll_sum, compile_mode, warmup_s) = line.strip().split(",")
+    # A window covering every token is the bench's window 0 (max_seq).
+    key = ("docs",) if kind == "docs" else ("tokens", int(tokens), 0 if int(window) >= int(tokens) else int(window))
+    p = {"tps": float(tps), "layout": layout, "nll": float(nll_sum) / int(scored), "peak": int(peak),
+         "warmup": float(warmup_s), "passes": int(passes), "tokens": int(tokens)}
+    if (key, mode) not in peer or p["tps"] > peer[key, mode]["tps"]:
+        peer[key, mode] = p
 
-def fnum(v, f="{:.0f}"):
-    return f.format(float(v)) if v not in ("", None) else "-"
+def ours(model, key, configs=None):
+    ok = [r for r in rows if r["model"] == model and r["key"] == key and not r["error"] and r["config"] != "cpu"
+          and (configs is None or r["config"] in configs)]
+    return max(ok, key=lambda r: float(r["tokens_per_s"]), default=None)
 
-print("| model | tokens | window | config | graphs | tokens/s | ms | device MiB | fallbacks | vs ref dPPL % "
-      "| vs CPU dPPL % |")
-print("|---|---:|---:|---|:-:|---:|---:|---:|---:|---:|---:|")
+def tps(x):
+    return f"{x:,.0f}"
+
+def graphs(r):
+    return "on" if r["graphs"] == "1" else "off"
+
+print(f"## Issue 16: tl_score against PyTorch FP16 (target >= {TARGET}x the faster of eager and compiled)\n")
+print("| model | scenario | ours: best (config, graphs) | ours: default | peer eager | peer compiled | "
+      "best / faster peer | default / faster peer | target |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+for model in sorted({r["model"] for r in rows}):
+    for key, what in SCENARIOS:
+        best, default = ours(model, key), ours(model, key, ["default"])
+        eager, compiled = peer.get((key, "eager")), peer.get((key, "compiled"))
+        cells = [f"{tps(float(best['tokens_per_s']))} ({best['config']}, graphs {graphs(best)})" if best else "-",
+                 tps(float(default["tokens_per_s"])) if default else "-",
+                 f"{tps(eager['tps'])} ({eager['layout']})" if eager else "-",
+                 f"{tps(compiled['tps'])} ({compiled['layout']})" if compiled else "not measured"]
+        faster = max((p["tps"] for p in (eager, compiled) if p), default=None)
+        ratio = lambda r: f"{float(r['tokens_per_s']) / faster:.2f}x" if r and faster else "-"
+        if best is None or faster is None:
+            verdict = "not measured"
+        elif compiled is None:  # the faster peer is at least as fast as the eager one
+            verdict = ("MISSED" if float(best["tokens_per_s"]) < TARGET * faster else "unknown") + ": no compiled peer"
+        else:
+            verdict = "met" if float(best["tokens_per_s"]) >= TARGET * faster else "MISSED"
+            if default is not None and default is not best:
+                verdict += f" (default: {'met' if float(default['tokens_per_s']) >= TARGET * faster else 'MISSED'})"
+        print(f"| {model} | {what} | {' | '.join(cells)} | {ratio(best)} | {ratio(default)} | {verdict} |")
+
+print(f"\n## Same tokens, same scores: perplexity of the peer (eager) against ours (default), {PEER_MODEL} model\n")
+for key, what in SCENARIOS:
+    r, p = ours(PEER_MODEL, key, ["default"]) or ours(PEER_MODEL, key), peer.get((key, "eager"))
+    if r is None or p is None:
+        print(f"- {what}: not measured")
+        continue
+    d = math.expm1(p["nll"] - float(r["nll_per_token"]))  # finite even where the synthetic PPL overflows
+    verdict = "ok" if abs(d) <= PPL_TOL else "CHECK"
+    print(f"- {what}: NLL/token peer {p['nll']:.6f}, ours ({r['config']}) {float(r['nll_per_token']):.6f}: "
+          f"PPL peer / ours - 1 = {100 * d:+.3f}% (within {100 * PPL_TOL:.0f}%: {verdict})")
+warmups = [f"{what[:3]} {peer[key, 'compiled']['warmup']:.0f} s" for key, what in SCENARIOS
+           if (key, "compiled") in peer]
+if warmups:
+    print("\nCompiled peer's warm-up runs (compiling every pass shape, then one run): " + ", ".join(warmups))
+
+print("\n## Every row\n")
+print("| model | tokens | window | config | graphs | tokens/s | ms | NLL/token | device MiB | fallbacks |")
+print("|---|---:|---:|---|:-:|---:|---:|---:|---:|---:|")
 for r in rows:
     if r["error"]:
         print(f"| {r['model']} | {r['tokens']} | {r['window']} | {r['config']} | {r['graphs']} | error: "
-              f"{r['error'][:80].replace('|', '/')} | | | | | |")
+              f"{r['error'][:80].replace('|', '/')} | | | | |")
         continue
-    print(f"| {r['model']} | {r['tokens']} | {r['window'] or 'max'} | {r['config']} | {r['graphs']} | "
-          f"{fnum(r['tokens_per_s'])} | {fnum(r['ms_median'], '{:.2f}')} | {fnum(r['device_mib'])} | "
-          f"{r['gemm_fallbacks']} | {fnum(r['dppl_ref_pct'], '{:+.3f}')} | {fnum(r['dppl_cpu_pct'], '{:+.3f}')} |")
-for (tokens, window), (tps, _, _, peak) in sorted(peer.items()):
-    print(f"| PyTorch FP16 peer | {tokens} | {window or 'max'} | F.linear + SDPA | - | {tps:.0f} | | "
-          f"{peak / 2**20:.0f} (peak) | | | |")
+    print(f"| {r['model']} | {r['tokens']} | {r['window'] if r['window'] != '0' else 'max'} | {r['config']} | "
+          f"{graphs(r)} | {tps(float(r['tokens_per_s']))} | {float(r['ms_median']):.2f} | "
+          f"{float(r['nll_per_token']):.5f} | {r['device_mib'] or '-'} | {r['gemm_fallbacks']} |")
+for key, _ in SCENARIOS:
+    for mode in ("eager", "compiled"):
+        p = peer.get((key, mode))
+        if p:
+            window = (key[2] or "max") if key[0] == "tokens" else "docs"
+            print(f"| PyTorch FP16 peer, {mode} | {p['tokens']} | {window} | {p['layout']}, {p['passes']} forward "
+                  f"passes | - | {tps(p['tps'])} | | {p['nll']:.5f} | {p['peak'] / 2**20:.0f} (peak) | |")
 
-def best(model, tokens, window, configs=None):
-    ok = [r for r in rows if r["model"] == model and int(r["tokens"]) == tokens and int(r["window"]) == window
-          and not r["error"] and r["config"] != "cpu" and (configs is None or r["config"] in configs)]
-    return max(ok, key=lambda r: float(r["tokens_per_s"]), default=None)
-
-print("\n## Targets\n")
-for model in sorted({r["model"] for r in rows}):
-    for tokens, window, target, what in ((1024, 0, 1.0, "1K tokens"), (4096, 0, 1.0, "4K tokens"),
-                                         (1024, 16, 2.5, "1K tokens in 16-token windows")):
-        r, p = best(model, tokens, window), peer.get((tokens, window))
-        if r is None or p is None:
-            print(f"- {model}, {what}: not measured")
-            continue
-        ratio = float(r["tokens_per_s"]) / p[0]
-        print(f"- {model}, {what}: best {r['config']} (graphs {r['graphs']}) {float(r['tokens_per_s']):.0f} tokens/s "
-              f"= {ratio:.2f}x the PyTorch FP16 peer ({p[0]:.0f}); target >= {target}x: "
-              f"{'met' if ratio >= target else 'MISSED'}")
-        # The default configuration is what a user gets without setting anything (fp16body trades memory for speed).
-        d = best(model, tokens, window, ["default"])
-        if d is not None and d is not r:
-            print(f"  default configuration (graphs {d['graphs']}): {float(d['tokens_per_s']):.0f} tokens/s = "
-                  f"{float(d['tokens_per_s']) / p[0]:.2f}x the peer")
-        r = d or r
-        if window == 0:
-            stored, int4 = float(r["file_tensor_mib"]), float(r["int4_weight_mib"])
-            print(f"  weight memory: as stored (INT4 linears + embedding + norms) {stored:.0f} MiB = "
-                  f"{stored * 2**20 / p[1]:.2f}x the peer's FP16 weights ({p[1] / 2**20:.0f} MiB), target <= 0.35x: "
-                  f"{'met' if stored * 2**20 <= 0.35 * p[1] else 'MISSED'}; linear layers alone {int4:.0f} MiB INT4 "
-                  f"= {int4 * 2**20 / p[2]:.2f}x their FP16 {p[2] / 2**20:.0f} MiB")
-            if r["device_mib"]:
-                print(f"  device memory of that row {float(r['device_mib']):.0f} MiB (every packed form + activations)"
-                      f" = {float(r['device_mib']) * 2**20 / p[1]:.2f}x the peer's FP16 weights; the peer's peak "
-                      f"while scoring {p[3] / 2**20:.0f} MiB")
-    for tokens in (1024, 4096):
-        fused, native = best(model, tokens, 0, ["fused"]), best(model, tokens, 0, ["native"])
-        if fused and native:
-            print(f"- {model}, {tokens} tokens: Marlin-class fused / native INT4 = "
-                  f"{float(fused['tokens_per_s']) / float(native['tokens_per_s']):.1f}x (the seed's reference: 21x)")
 print("\n## Cross-check with PyTorch (FP32 reference, 1024 tokens)\n")
 for line in open(sys.argv[3]) if os.path.exists(sys.argv[3]) else []:
     if line.startswith(("COMPARE", "  |dNLL|", "  PPL")) or line.startswith("----"):

@@ -9,11 +9,13 @@ Written from docs/architecture.md and docs/format.md alone (no code shared with 
                        (scores, causal mask, softmax, weighted sum); log-softmax and the NLL sum in float64. Prints
                        the total NLL, tokens scored and perplexity; --per-token-out writes each position's NLL;
                        --compare checks files from `tinyloop score --per-token` against it, each on its own.
-  --speed              the same model as a plain FP16 PyTorch model: dequantized FP16 weights used like nn.Linear
-                       (F.linear), FP16 activations with RMSNorm computed in FP32, RoPE, and
-                       F.scaled_dot_product_attention(is_causal=True); full [T, V] FP16 logits and F.cross_entropy.
-                       Times scoring with CUDA events (one warm-up, median of --reps >= 5) and prints tokens/s, the
-                       FP16 weights' bytes and torch.cuda.max_memory_allocated.
+  --speed              the speed peer for tl_score_bench (issue 16): the same model as a plain FP16 PyTorch model,
+                       dequantized FP16 weights used like nn.Linear (F.linear), FP16 activations with RMSNorm in FP32,
+                       RoPE, F.scaled_dot_product_attention, full FP16 logits upcast to FP32 for F.cross_entropy.
+                       Sequences are batched: each forward pass scores a [B, L] batch of at most --batch-tokens
+                       tokens (padding included). Times each scenario eagerly and/or under torch.compile (--compile)
+                       with CUDA events: one warm-up run, then the median of --reps >= 5 runs; prints tokens/s, the
+                       NLL, the FP16 weights' bytes and torch.cuda.max_memory_allocated.
   --backend numpy      the reference math on the CPU with numpy and no torch or safetensors package (a small
                        reader of the format stands in for safe_open): for smoke tests on machines without them.
 
@@ -23,6 +25,35 @@ token, positions restarting at 0 in each; token i + 1's NLL is reported at posit
 Tokens: --tokens-from TEXT (its bytes, like `tinyloop score --text`), --token-ids FILE (whitespace-separated ids,
 like `tinyloop score --tokens`), or --random N: output i of splitmix64 seeded with --seed, modulo the vocabulary
 (the same sequence as bench/score_bench.cpp with that seed). --max-tokens cuts any of them.
+
+The speed peer's scenarios (--scenarios, comma-separated; by default the token source in --window windows, and docs
+when --docs is given):
+  T:W   the first T tokens of the token source in windows of W tokens (0 = max_seq), overlapping by one as above.
+        Windows are stacked into [B, W] batches, the last, shorter one padded (right padding under causal attention
+        is exact: no real position attends to it, and padded positions are not scored).
+  docs  --docs N documents, --doc-min A to --doc-max B tokens long (default 100 and 2000), from ONE splitmix64 stream
+        seeded with --seed: its first N outputs give the lengths, A + out % (B - A + 1); the sum(lengths) outputs after
+        them, modulo the vocabulary, the tokens, document after document (tl_score_bench --docs makes the same ones).
+        Every token of a document but its first is scored, each given the document's tokens before it. Two layouts:
+          padded  sorted by length, a pass takes documents while they fit in --batch-tokens once padded to its
+                  longest (right padding, causal attention, padding not scored);
+          packed  first-fit decreasing into rows of the longest document rounded up to 128 tokens, --batch-tokens /
+                  that many rows a pass, attention confined to each document by a block-diagonal causal mask.
+        Eager runs time both; compiled runs only packed, whose passes share one shape: padded passes all differ in
+        shape and torch.compile(dynamic=False) compiles each one anew (19 for 256 documents of 100-2000 tokens,
+        about a minute each under max-autotune), more than a benchmark run has.
+--compile: none (eager only, the default); default or max-autotune-no-cudagraphs (that torch.compile mode only); both
+(eager, then max-autotune-no-cudagraphs). Compiled runs use dynamic=False and fullgraph=True; the warm-up run compiles
+every pass shape before timing starts, and its seconds are printed apart.
+
+Tokens scored: every token but the first of each window or document; tokens/s counts those. One machine-readable line
+per timed variant (mode, scenario, layout), after a readable one:
+  SPEED,<mode: eager|compiled>,<scenario: tokens|docs>,<tokens in>,<window: W, 0 for docs>,<ms median>,
+        <tokens scored per s>,<weight bytes>,<linear bytes>,<peak bytes>,<layout: padded|packed>,<sequences: windows
+        or documents>,<forward passes>,<tokens scored>,<NLL sum, nats>,<compile mode, - when eager>,<warm-up s>
+  (one line; weight bytes: the FP16 weights, a tied head counted once; linear bytes: the linear layers alone; peak
+  bytes: torch.cuda.max_memory_allocated over the timed runs, weights included; warm-up s: the untimed first run,
+  which under torch.compile includes compiling every pass shape.)
 
 --compare tolerance (documented for issue 4's cross-check; exit status 1 when any file is beyond it):
   relative perplexity difference |exp(mean NLL_theirs - mean NLL_ours) - 1| <= --ppl-tol (default 0.0025 = 0.25%)
@@ -35,11 +66,15 @@ Exit status: 0 success, 1 comparison beyond tolerance, 2 bad arguments or inputs
 Examples:
   python3 tools/torch_reference.py model.tinyloop --random 1024 --seed 1 --compare tl.tsv
   python3 tools/torch_reference.py model.tinyloop --random 4096 --seed 1 --speed
+  python3 tools/torch_reference.py model.tinyloop --speed --compile both --seed 1 --random 4096 \\
+      --docs 256 --doc-min 100 --doc-max 2000 --scenarios 4096:0,1024:16,1024:0,docs
   python3 tools/torch_reference.py model.tinyloop --tokens-from text.txt --max-tokens 300 --backend numpy
 """
 
 import argparse
+import collections
 import contextlib
+import importlib
 import json
 import math
 import statistics
@@ -57,15 +92,29 @@ class InputError(Exception):
 
 # ---- Tokens --------------------------------------------------------------------------------------------------------
 
-def splitmix64_tokens(count, seed, vocab):
-    state, tokens = seed & MASK64, []
-    for _ in range(count):
+def splitmix64(seed):
+    """splitmix64's outputs from `seed`, endlessly (bench/score_bench.cpp's generator)."""
+    state = seed & MASK64
+    while True:
         state = (state + 0x9E3779B97F4A7C15) & MASK64
         z = state
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-        tokens.append((z ^ (z >> 31)) % vocab)
-    return tokens
+        yield z ^ (z >> 31)
+
+
+def splitmix64_tokens(count, seed, vocab):
+    stream = splitmix64(seed)
+    return [next(stream) % vocab for _ in range(count)]
+
+
+def splitmix64_documents(count, min_len, max_len, seed, vocab):
+    """`count` documents from one splitmix64 stream seeded with `seed` (tl_score_bench --docs makes the same ones): its
+    first `count` outputs give the lengths, min_len + out % (max_len - min_len + 1); the outputs after them, modulo
+    vocab, the tokens, document after document."""
+    stream = splitmix64(seed)
+    lengths = [min_len + next(stream) % (max_len - min_len + 1) for _ in range(count)]
+    return [[next(stream) % vocab for _ in range(n)] for n in lengths]
 
 
 def read_tokens(args, vocab):
@@ -405,7 +454,15 @@ class Reference:
 
 # ---- The FP16 speed peer ---------------------------------------------------------------------------------------------
 
+IGNORE = -100  # F.cross_entropy's ignore_index: the label of every position whose next token is not scored
+PACK_ALIGN = 128  # a packed row holds the longest document rounded up to this many tokens (tensor-core tiles)
+COMPILE_MODES = {"none": [None], "default": ["default"], "max-autotune-no-cudagraphs": ["max-autotune-no-cudagraphs"],
+                 "both": [None, "max-autotune-no-cudagraphs"]}  # None: eager
+
+
 class Fp16Peer:
+    """The model as a plain FP16 PyTorch model that scores one batch of equal-length rows per forward pass."""
+
     def __init__(self, path, xp):
         torch = xp.torch
         self.xp, self.torch, self.F = xp, torch, torch.nn.functional
@@ -423,91 +480,240 @@ class Fp16Peer:
         self.linear_bytes = nbytes(linears)
         self.weight_bytes = nbytes(linears + [self.embed, self.final_norm] +
                                    [b[name] for b in m.blocks for name in ("attn_norm", "mlp_norm")])
+        # RoPE for every position a sequence can hold (none is longer than max_seq): computed in float64, used in FP16.
+        inv_freq = m.theta ** (-2.0 * torch.arange(m.hd // 2, dtype=torch.float64, device=xp.device) / m.hd)
+        angle = torch.arange(m.max_seq, dtype=torch.float64, device=xp.device)[:, None] * inv_freq[None, :]
+        self.cos, self.sin = angle.cos().to(torch.float16), angle.sin().to(torch.float16)  # [max_seq, hd/2]
         torch.cuda.empty_cache()  # the FP32 dequantization temporaries
-        self.tables = {}
 
     def rmsnorm(self, x, gain):
         x32 = x.to(self.torch.float32)
         return (x32 * self.torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.m.eps) * gain).to(self.torch.float16)
 
-    def rope_tables(self, T):
-        if T not in self.tables:
-            torch, m = self.torch, self.m
-            inv_freq = m.theta ** (-2.0 * torch.arange(m.hd // 2, dtype=torch.float64, device=self.xp.device) / m.hd)
-            angle = torch.arange(T, dtype=torch.float64, device=self.xp.device)[:, None] * inv_freq[None, :]
-            self.tables[T] = (angle.cos().to(torch.float16)[None, :, :], angle.sin().to(torch.float16)[None, :, :])
-        return self.tables[T]
-
-    def window_nll_sum(self, tokens):
-        """tokens: a device tensor of T ids. Returns the window's NLL sum as a 0-d FP32 tensor."""
+    def forward_nll(self, ids, labels, pos, doc):
+        """The NLL sum of one pass, a 0-d FP32 tensor. ids [B, L]: token ids; labels [B, L - 1]: the token each
+        position predicts, IGNORE where it is not scored; pos [1 or B, L]: each token's position in its sequence;
+        doc: None when each row is one sequence (plain causal attention), else [B, L] sequence ids within each row
+        (packed rows: attention stays inside each sequence)."""
         F, m, torch = self.F, self.m, self.torch
-        T = tokens.shape[0]
-        cos, sin = self.rope_tables(T)
+        B, L = ids.shape
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [1 or B, 1, L, hd/2]
         half = m.hd // 2
 
-        def rope(x):  # [H, T, hd]
+        def rope(x):  # [B, H, L, hd]
             a, b = x[..., :half], x[..., half:]
             return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
-        x = self.embed[tokens]
+        mask = None
+        if doc is not None:  # [B, 1, L(query), L(key)]: the same sequence, and not after the query
+            mask = ((doc[:, :, None] == doc[:, None, :]) & (pos[:, None, :] <= pos[:, :, None]))[:, None]
+        x = self.embed[ids]  # [B, L, D]
         for blk in m.block_sequence():
-            qkv = F.linear(self.rmsnorm(x, blk["attn_norm"]), blk["attn_qkv"]).view(T, 3, m.H, m.hd)
-            q, k, v = (qkv[:, i].transpose(0, 1) for i in range(3))  # [H, T, hd]
-            attn = F.scaled_dot_product_attention(rope(q)[None], rope(k)[None], v[None], is_causal=True)
-            x = x + F.linear(attn[0].transpose(0, 1).reshape(T, m.A), blk["attn_out"])
+            qkv = F.linear(self.rmsnorm(x, blk["attn_norm"]), blk["attn_qkv"]).view(B, L, 3, m.H, m.hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, L, hd] each
+            attn = F.scaled_dot_product_attention(rope(q), rope(k), v, attn_mask=mask, is_causal=mask is None)
+            x = x + F.linear(attn.transpose(1, 2).reshape(B, L, m.A), blk["attn_out"])
             u = self.rmsnorm(x, blk["mlp_norm"])
             x = x + F.linear(F.silu(F.linear(u, blk["mlp_gate"])) * F.linear(u, blk["mlp_up"]), blk["mlp_down"])
-        logits = F.linear(self.rmsnorm(x, self.final_norm), self.head)
-        return F.cross_entropy(logits[:-1].float(), tokens[1:], reduction="sum")
+        # A row's last position predicts nothing inside the row: the head runs on the other L - 1.
+        logits = F.linear(self.rmsnorm(x[:, :-1], self.final_norm), self.head)  # [B, L - 1, V] FP16
+        return F.cross_entropy(logits.reshape(-1, m.vocab).float(), labels.reshape(-1), ignore_index=IGNORE,
+                               reduction="sum")
 
-    def score(self, tokens, window):
-        total = self.torch.zeros((), dtype=self.torch.float32, device=self.xp.device)
-        for begin, end in windows(tokens.shape[0], window):
-            total = total + self.window_nll_sum(tokens[begin:end])
+
+def compiled_forward(torch, forward, mode):
+    """`forward` under torch.compile: static shapes (each pass shape compiles once, in the warm-up run) and one graph
+    (fullgraph: a graph break is an error, not an eager island inside a "compiled" timing)."""
+    dynamo = importlib.import_module("torch._dynamo")
+    # One compiled function serves every pass shape of every scenario; past Dynamo's recompile limit (8 by default;
+    # its name changed across versions) the forward would silently run eagerly.
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(getattr(dynamo.config, name), 1024))
+    return torch.compile(forward, mode=mode, dynamic=False, fullgraph=True)
+
+
+class SpeedScenario:
+    """What one timed variant scores: `sequences` (the windows of one token sequence, or independent documents), each
+    scored from its second token on."""
+
+    def __init__(self, kind, sequences, tokens_in, window):
+        self.kind, self.sequences, self.tokens_in, self.window = kind, sequences, tokens_in, window
+        self.scored = sum(len(s) - 1 for s in sequences)
+
+    def describe(self):
+        if self.kind == "tokens":
+            n = len(self.sequences)
+            return (f"{self.tokens_in} tokens in {n} windows of {self.window}" if n > 1 else
+                    f"{self.tokens_in} tokens in one window (window {self.window})")
+        lengths = [len(s) for s in self.sequences]
+        return f"{len(lengths)} documents of {min(lengths)}-{max(lengths)} tokens, {self.tokens_in} in all"
+
+    def layouts(self, compiled):
+        if self.kind == "tokens":
+            return ["padded"]
+        # Padded passes differ in shape from one to the next (19 for the issue's 256 documents of 100-2000 tokens), and
+        # torch.compile(dynamic=False) compiles every shape anew, about a minute each under max-autotune: compiled
+        # runs take the packed rows, whose passes all share one shape (the last one aside).
+        return ["packed"] if compiled else ["padded", "packed"]
+
+
+def padded_passes(lengths, budget):
+    """One sequence per row, shortest first; a pass takes rows while they fit in `budget` tokens once padded to its
+    longest (at least one row). [(row length, [[sequence index], ...]), ...]."""
+    passes, rows = [], []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if rows and (len(rows) + 1) * lengths[i] > budget:
+            passes.append((lengths[rows[-1][0]], rows))
+            rows = []
+        rows.append([i])
+    passes.append((lengths[rows[-1][0]], rows))
+    return passes
+
+
+def packed_passes(lengths, budget):
+    """Sequences packed first-fit decreasing into rows of the longest one rounded up to PACK_ALIGN tokens, budget //
+    that many rows a pass (at least one). [(row length, [[sequence indices of a row], ...]), ...]."""
+    length = -(-max(lengths) // PACK_ALIGN) * PACK_ALIGN
+    rows = []  # [free tokens, [sequence indices]]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r in rows if r[0] >= lengths[i]), None)
+        if row is None:
+            row = [length, []]
+            rows.append(row)
+        row[0] -= lengths[i]
+        row[1].append(i)
+    per_pass = max(1, budget // length)
+    return [(length, [r[1] for r in rows[k:k + per_pass]]) for k in range(0, len(rows), per_pass)]
+
+
+def pass_tensors(torch, device, sequences, length, rows, packed):
+    """forward_nll's arguments for one pass. Padding (token 0) follows the sequences of a row and is never scored;
+    packed, each padding position is a sequence of its own (it attends to itself only: no query is left without a
+    key, whose softmax would be NaN and would spread through the additive mask)."""
+    B = len(rows)
+    ids = torch.zeros(B, length, dtype=torch.long)
+    labels = torch.full((B, length), IGNORE, dtype=torch.long)
+    pos = torch.zeros(B, length, dtype=torch.long) if packed else torch.arange(length)[None]
+    doc = -1 - torch.arange(length).repeat(B, 1) if packed else None
+    for r, members in enumerate(rows):
+        at = 0
+        for slot, i in enumerate(members):
+            seq = torch.tensor(sequences[i], dtype=torch.long)
+            n = seq.shape[0]
+            ids[r, at:at + n] = seq
+            labels[r, at:at + n - 1] = seq[1:]
+            if packed:
+                pos[r, at:at + n] = torch.arange(n)
+                doc[r, at:at + n] = slot
+            at += n
+    # No sequence ends past its row, so the last column holds no label.
+    return tuple(None if t is None else t.to(device) for t in (ids, labels[:, :-1].contiguous(), pos, doc))
+
+
+def build_passes(torch, device, scenario, layout, budget):
+    lengths = [len(s) for s in scenario.sequences]
+    plan = padded_passes(lengths, budget) if layout == "padded" else packed_passes(lengths, budget)
+    passes = [pass_tensors(torch, device, scenario.sequences, length, rows, layout == "packed")
+              for length, rows in plan]
+    labelled = sum(int((p[1] != IGNORE).sum()) for p in passes)
+    if labelled != scenario.scored:  # every scored token labelled exactly once
+        raise AssertionError(f"{layout} passes label {labelled} positions, the scenario scores {scenario.scored}")
+    return passes
+
+
+def speed_scenarios(args, m):
+    """The scenarios of --scenarios (by default: the token source in --window windows, and/or the --docs documents)."""
+    has_source = any(v is not None for v in (args.random, args.tokens_from, args.token_ids))
+    tokens = read_tokens(args, m.vocab) if has_source else None
+    specs = args.scenarios or ([(len(tokens), args.window)] if has_source else []) + (["docs"] if args.docs else [])
+    scenarios = []
+    for spec in specs:
+        if spec == "docs":
+            if args.doc_max > m.max_seq:
+                raise InputError(f"--doc-max {args.doc_max} exceeds max_seq = {m.max_seq}")
+            docs = splitmix64_documents(args.docs, args.doc_min, args.doc_max, args.seed, m.vocab)
+            scenarios.append(SpeedScenario("docs", docs, sum(map(len, docs)), 0))
+            continue
+        count, window = spec
+        window = window or m.max_seq
+        if not 2 <= window <= m.max_seq:
+            raise InputError(f"window {window} is outside [2, max_seq = {m.max_seq}]")
+        if count > len(tokens):
+            raise InputError(f"scenario {count}:{spec[1]} needs {count} tokens, the token source gives {len(tokens)}")
+        seq = tokens[:count]
+        scenarios.append(SpeedScenario("tokens", [seq[b:e] for b, e in windows(count, window)], count, window))
+    return scenarios
+
+
+def time_variant(torch, forward, passes, reps):
+    """(NLL sum, warm-up seconds, per-run milliseconds, peak bytes): one warm-up run over every pass (it compiles each
+    pass shape under torch.compile, and picks cuBLAS and SDPA kernels), then `reps` runs timed with CUDA events."""
+    def run():
+        total = None
+        for p in passes:
+            nll = forward(*p)
+            total = nll if total is None else total + nll
         return total
+
+    started = time.perf_counter()
+    nll_sum = float(run())
+    warmup_s = time.perf_counter() - started
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return nll_sum, warmup_s, times, torch.cuda.max_memory_allocated()
+
+
+def report(args, peer, sc, layout, mode, passes, nll_sum, warmup_s, times, peak):
+    """One timed variant: a readable line, then its SPEED line (the format is in the docstring)."""
+    name = "eager" if mode is None else "compiled"
+    ms = statistics.median(times)
+    tps = sc.scored / (ms / 1e3)
+    shapes = collections.Counter(tuple(p[0].shape) for p in passes)  # in pass order
+    plan = ", ".join(f"{count} x [{b}, {n}]" for (b, n), count in shapes.items())
+    mean = nll_sum / sc.scored
+    compiling = "" if mode is None else " (compiles every pass shape)"
+    print(f"{name:<12} {sc.describe()}{'' if mode is None else ', ' + mode}, {layout}: {len(passes)} "
+          f"pass{'es' if len(passes) > 1 else ''} ({plan}); median {ms:.3f} ms of {args.reps} (min {min(times):.3f}, "
+          f"max {max(times):.3f}); {tps:.1f} tokens/s over {sc.scored} scored; NLL {mean:.6f} nats/token (perplexity "
+          f"{perplexity_text(mean)}); warm-up {warmup_s:.1f} s{compiling}; peak {peak / 2**20:.0f} MiB")
+    print(f"SPEED,{name},{sc.kind},{sc.tokens_in},{sc.window},{ms:.4f},{tps:.1f},{peer.weight_bytes},"
+          f"{peer.linear_bytes},{peak},{layout},{len(sc.sequences)},{len(passes)},{sc.scored},{nll_sum:.6f},"
+          f"{mode or '-'},{warmup_s:.2f}", flush=True)
 
 
 def run_speed(args, xp):
     torch = xp.torch
-    if xp.device.type != "cuda":
-        raise InputError("--speed times on a CUDA device")
-    with torch.inference_mode():
+    # no_grad, not inference_mode: torch.compile has had bugs with inference tensors as inputs (pytorch issues 135892,
+    # 169477), and for kernels this large the two run equally fast.
+    with torch.no_grad():
         peer = Fp16Peer(args.model, xp)
         m = peer.m
-        tokens = read_tokens(args, m.vocab)
-        window = args.window or m.max_seq
-        if not 2 <= window <= m.max_seq:
-            raise InputError(f"--window {window} is outside [2, max_seq = {m.max_seq}]")
-        ids = torch.tensor(tokens, dtype=torch.long, device=xp.device)
-        loaded = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        nll_sum = float(peer.score(ids, window))  # warm-up (cuBLAS handles, SDPA kernel choice)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            peer.score(ids, window)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        peak = torch.cuda.max_memory_allocated()
-    scored = len(tokens) - 1
-    ms = statistics.median(times)
-    print(f"model        {args.model}: {m.describe()}")
-    print(f"peer         PyTorch {torch.__version__} FP16, F.linear + scaled_dot_product_attention(is_causal=True), "
-          f"{torch.cuda.get_device_name(xp.device)}")
-    print(f"tokens       {scored} scored ({len(tokens)} in, window {window}, {len(windows(len(tokens), window))} "
-          f"windows)")
-    print(f"time         median {ms:.3f} ms of {args.reps} (min {min(times):.3f}, max {max(times):.3f})")
-    print(f"tokens/s     {scored / (ms / 1e3):.1f}")
-    print(f"nll          {nll_sum / scored:.6f} nats/token (FP16 peer; perplexity {perplexity_text(nll_sum / scored)})")
-    print(f"weights      {peer.weight_bytes} bytes FP16 ({peer.weight_bytes / 2**20:.1f} MiB; tied head counted once), "
-          f"of which linear layers {peer.linear_bytes} ({peer.linear_bytes / 2**20:.1f} MiB)")
-    print(f"memory       {loaded / 2**20:.1f} MiB allocated after load, "
-          f"max_memory_allocated {peak / 2**20:.1f} MiB while scoring")
-    print(f"SPEED,{args.model},{len(tokens)},{window},{ms:.4f},{scored / (ms / 1e3):.1f},{peer.weight_bytes},"
-          f"{peer.linear_bytes},{peak}")
+        scenarios = speed_scenarios(args, m)
+        print(f"model        {args.model}: {m.describe()}")
+        print(f"peer         PyTorch {torch.__version__} FP16, F.linear + scaled_dot_product_attention, "
+              f"{torch.cuda.get_device_name(xp.device)}; at most {args.batch_tokens} tokens a pass")
+        print(f"weights      {peer.weight_bytes} bytes FP16 ({peer.weight_bytes / 2**20:.1f} MiB; tied head counted "
+              f"once), of which linear layers {peer.linear_bytes} ({peer.linear_bytes / 2**20:.1f} MiB); "
+              f"{torch.cuda.memory_allocated() / 2**20:.1f} MiB allocated after load", flush=True)
+        built = {}  # (scenario index, layout) -> passes, shared by the eager and compiled runs
+        # Eager first, every scenario: cheap, and its lines are out before any compilation starts.
+        for mode in COMPILE_MODES[args.compile]:
+            forward = peer.forward_nll if mode is None else compiled_forward(torch, peer.forward_nll, mode)
+            for index, sc in enumerate(scenarios):
+                for layout in sc.layouts(compiled=mode is not None):
+                    if (index, layout) not in built:
+                        built[index, layout] = build_passes(torch, xp.device, sc, layout, args.batch_tokens)
+                    passes = built[index, layout]
+                    nll_sum, warmup_s, times, peak = time_variant(torch, forward, passes, args.reps)
+                    report(args, peer, sc, layout, mode, passes, nll_sum, warmup_s, times, peak)
     return 0
 
 
@@ -554,14 +760,31 @@ def compare(path, tokens, ours, ppl_tol, nll_tol):
 
 # ---- Main ------------------------------------------------------------------------------------------------------------
 
+def parse_scenarios(text):
+    """--scenarios: a comma-separated list of T:W (T tokens in W-token windows, W 0 = max_seq) and docs."""
+    specs = []
+    for item in text.split(","):
+        if item == "docs":
+            specs.append(item)
+            continue
+        try:
+            count, window = (int(part) for part in item.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{item}' is neither T:W (two integers) nor docs")
+        if count < 2 or window < 0:
+            raise argparse.ArgumentTypeError(f"'{item}': T must be >= 2 and W >= 0")
+        specs.append((count, window))
+    return specs
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the .tinyloop file")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--tokens-from", metavar="TEXT", help="a text file; each byte is a token")
     src.add_argument("--token-ids", metavar="FILE", help="a file of whitespace-separated token ids")
     src.add_argument("--random", metavar="N", type=int, help="N pseudo-random tokens (splitmix64, see --seed)")
-    p.add_argument("--seed", type=int, default=1, help="seed of --random (default 1)")
+    p.add_argument("--seed", type=int, default=1, help="seed of --random and --docs (default 1)")
     p.add_argument("--max-tokens", type=int, default=0, help="use at most this many tokens (0 = all)")
     p.add_argument("--window", type=int, default=0, help="window length, 2..max_seq (default max_seq)")
     p.add_argument("--fp64", action="store_true", help="reference in float64 instead of float32")
@@ -575,11 +798,44 @@ def parse_args(argv):
     p.add_argument("--nll-tol", type=float, default=0.05, help="per-position NLL tolerance in nats (default 0.05)")
     p.add_argument("--speed", action="store_true", help="time the FP16 speed peer instead of the reference")
     p.add_argument("--reps", type=int, default=5, help="timed runs of --speed, at least 5 (default 5)")
+    speed = p.add_argument_group("--speed only")
+    speed.add_argument("--docs", metavar="N", type=int, default=0,
+                       help="N pseudo-random documents (splitmix64, see --seed and the docstring)")
+    speed.add_argument("--doc-min", type=int, default=100, help="shortest document, tokens (default 100)")
+    speed.add_argument("--doc-max", type=int, default=2000, help="longest document, tokens (default 2000)")
+    speed.add_argument("--scenarios", type=parse_scenarios,
+                       help="T:W,...,docs: T tokens of the token source in W-token windows (0 = max_seq), and the "
+                            "--docs documents (default: the token source in --window windows, and/or docs)")
+    speed.add_argument("--batch-tokens", type=int, default=16384,
+                       help="tokens per forward pass, padding included (default 16384; one row at least)")
+    speed.add_argument("--compile", choices=list(COMPILE_MODES), default="none",
+                       help="none (eager, default), default or max-autotune-no-cudagraphs (torch.compile mode), "
+                            "both (eager, then max-autotune-no-cudagraphs)")
     args = p.parse_args(argv)
+    has_source = any(v is not None for v in (args.random, args.tokens_from, args.token_ids))
     if args.random is not None and args.random < 2:
         p.error("--random needs N >= 2")
-    if args.speed and (args.backend != "torch" or args.compare or args.per_token_out or args.fp64):
-        p.error("--speed runs the torch FP16 peer alone (no --backend numpy, --compare, --per-token-out, --fp64)")
+    if not args.speed:
+        if not has_source:
+            p.error("one of the arguments --tokens-from --token-ids --random is required")
+        if args.docs or args.scenarios or args.compile != "none":
+            p.error("--docs, --scenarios and --compile belong to --speed")
+    if args.speed:
+        if args.backend != "torch" or args.compare or args.per_token_out or args.fp64:
+            p.error("--speed runs the torch FP16 peer alone (no --backend numpy, --compare, --per-token-out, --fp64)")
+        if not args.device.startswith("cuda"):
+            p.error("--speed times on a CUDA device")
+        if not has_source and not args.docs:
+            p.error("--speed needs tokens (--tokens-from, --token-ids or --random) or --docs N")
+        if args.scenarios and args.window:
+            p.error("--window applies without --scenarios; with it, each T:W gives its window")
+        if args.scenarios and (("docs" in args.scenarios) != bool(args.docs) or
+                               any(s != "docs" for s in args.scenarios) != has_source):
+            p.error("--scenarios: docs goes with --docs N, and T:W with a token source, each with the other")
+        if args.docs < 0 or not 2 <= args.doc_min <= args.doc_max:
+            p.error("--docs needs N >= 0 and 2 <= --doc-min <= --doc-max")
+        if args.batch_tokens < 1:
+            p.error("--batch-tokens must be positive")
     if args.reps < 5:
         p.error("--reps must be at least 5")
     return args
