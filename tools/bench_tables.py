@@ -204,14 +204,18 @@ def score_table(path, model=None):
     for r in rows:
         if r["error"]:
             continue
-        scenario = (f"{r['tokens']} tokens" if r["window"] in ("0", "") else
-                    f"{r['tokens']} tokens in {r['window']}-token windows")
+        if r["window"] == "docs":  # tl_score_bench --docs: one tl_score_batch call, `windows` = documents
+            scenario = f"{r['windows']} documents, {r['tokens']} tokens"
+        elif r["window"] in ("0", ""):
+            scenario = f"{r['tokens']} tokens"
+        else:
+            scenario = f"{r['tokens']} tokens in {r['window']}-token windows"
         key = (r["model"], scenario, r["config"])
         if key not in table:
             table[key] = {}
             order.append(key)
         table[key][r["graphs"]] = r
-    scenario_rank = lambda sc: (("windows" in sc), sc.startswith("128 "), int(sc.split()[0]))
+    scenario_rank = lambda sc: (("documents" in sc), ("windows" in sc), sc.startswith("128 "), int(sc.split()[0]))
     config_rank = {c: i for i, c in enumerate(("default", "fused", "correction", "native", "fp16body", "cpu"))}
     order.sort(key=lambda k: (k[0], scenario_rank(k[1]), config_rank.get(k[2], 99)))
     print("| model | scenario | config | graphs off tok/s | graphs on tok/s | device MiB | fallbacks |")

@@ -58,33 +58,36 @@ bounded() {
   timeout "$cap" env "$@"
 }
 
-step build
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  echo "no build in $BUILD: run tools/device_check.sh first (or set BUILD)"
-  exit 1
-fi
-if ! bounded 240 cmake --build "$BUILD" --target tl_score_bench tinyloop_cli >"$WORK/build.log" 2>&1; then
-  grep -E "error|FAILED" "$WORK/build.log" | head -20
-  echo "build of tl_score_bench / tinyloop failed"
-  exit 1
-fi
-BIN=$BUILD/bin
-LOG=$OUT/score_bench.log
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv,noheader \
-  >>"$LOG" 2>&1 || true
-
-step models
-for spec in row:0 g128:128; do
-  name=${spec%%:*} model=$WORK/2b-${spec%%:*}.tinyloop
-  if [ "$model" -nt "$BIN/tinyloop" ]; then
-    summary+=("model 2b-$name: reused")
-    continue
+# The build and the models serve every step; STEPS="" (the summary of files already there) needs neither.
+if [ -n "${STEPS// /}" ]; then
+  step build
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    echo "no build in $BUILD: run tools/device_check.sh first (or set BUILD)"
+    exit 1
   fi
-  # Through a temporary name: a file cut short by the time limit must not pass for a model on the next run.
-  bounded 60 "$BIN/tinyloop" make-model --preset 2b --group-size "${spec#*:}" --out "$model.part" >>"$LOG" 2>&1 &&
-    mv "$model.part" "$model"
-  summary+=("model 2b-$name: rc=$?")
-done
+  if ! bounded 240 cmake --build "$BUILD" --target tl_score_bench tinyloop_cli >"$WORK/build.log" 2>&1; then
+    grep -E "error|FAILED" "$WORK/build.log" | head -20
+    echo "build of tl_score_bench / tinyloop failed"
+    exit 1
+  fi
+  BIN=$BUILD/bin
+  LOG=$OUT/score_bench.log
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv,noheader \
+    >>"$LOG" 2>&1 || true
+
+  step models
+  for spec in row:0 g128:128; do
+    name=${spec%%:*} model=$WORK/2b-${spec%%:*}.tinyloop
+    if [ "$model" -nt "$BIN/tinyloop" ]; then
+      summary+=("model 2b-$name: reused")
+      continue
+    fi
+    # Through a temporary name: a file cut short by the time limit must not pass for a model on the next run.
+    bounded 60 "$BIN/tinyloop" make-model --preset 2b --group-size "${spec#*:}" --out "$model.part" >>"$LOG" 2>&1 &&
+      mv "$model.part" "$model"
+    summary+=("model 2b-$name: rc=$?")
+  done
+fi
 
 # bench MODEL LABEL [--append]: the four scenarios on one model.
 bench() {

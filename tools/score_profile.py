@@ -58,6 +58,19 @@ class ModelProperties(ctypes.Structure):  # tl_model_properties' leading fields,
         "format_version", "d_model", "n_heads", "head_dim", "ffn", "vocab")] + [("rest", ctypes.c_byte * 256)]
 
 
+def short_name(kernel):
+    """A kernel's name without its return type, anonymous namespaces and argument list."""
+    name = kernel.replace("(anonymous namespace)::", "").removeprefix("void ")
+    if name.endswith(")"):  # drop the balanced (...) at the end: the arguments
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    return name[:90]
+
+
 def splitmix64_tokens(count, seed, vocab):
     state, tokens = seed & MASK64, []
     for _ in range(count):
@@ -138,8 +151,7 @@ def main():
     print("| kernel | ms per call | launches |")
     print("|---|---:|---:|")
     for name, (t, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        short = re.sub(r"\(.*", "", name.replace("(anonymous namespace)::", "").replace("void ", ""))[:90]
-        print(f"| `{short}` | {t:.3f} | {n} |")
+        print(f"| `{short_name(name)}` | {t:.3f} | {n} |")
     lib.tl_model_free(model)
 
 
