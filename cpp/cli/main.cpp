@@ -395,9 +395,14 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     std::printf("nll           %.6f nats/token\n", r.nll_sum / static_cast<double>(r.tokens_scored));
     std::printf("perplexity    %.4f\n", r.perplexity);
     std::printf("PPL = %.4f ± %.5f\n", r.perplexity, ppl_stderr);
-    std::printf("time          load %.3f s, GPU setup %.3f s (copy + pack), graph capture %.3f s, scoring %.3f s "
-                "(%.1f tokens/s)\n",
-                load_seconds, r.setup_seconds, r.graph_capture_seconds, scoring_seconds, tokens_per_second);
+    if (r.backend == TL_BACKEND_CUDA) {
+        std::printf("time          load %.3f s, GPU setup %.3f s (copy + pack), graph capture %.3f s, scoring %.3f s "
+                    "(%.1f tokens/s)\n",
+                    load_seconds, r.setup_seconds, r.graph_capture_seconds, scoring_seconds, tokens_per_second);
+    } else {
+        std::printf("time          load %.3f s, scoring %.3f s (%.1f tokens/s)\n", load_seconds, scoring_seconds,
+                    tokens_per_second);
+    }
     return 0;
 }
 
