@@ -241,6 +241,50 @@ impl Drop for ModelHandle {
 }
 
 /// The path as the NUL-terminated bytes the C library opens.
+/// Options of [`import_checkpoint`]; `Default` gives the library's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// The written model's `max_seq`; `None` (default) takes `config.json`'s `max_position_embeddings`.
+    pub max_seq: Option<usize>,
+    /// Memory-map the checkpoint's files (default `true`); `false` reads each into memory.
+    pub use_mmap: bool,
+    /// Check the embedding, norms and dense linears for NaN/Inf (default `true`).
+    pub validate_values: bool,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions { max_seq: None, use_mmap: true, validate_values: true }
+    }
+}
+
+/// Converts a Hugging Face-style checkpoint folder of a looped model (`config.json` and `model.safetensors`, or a
+/// sharded index; dense, GPTQ v1 or AWQ GEMM linears) into the `.tinyloop` file `out`, which [`Model::load`] then
+/// reads (docs/format.md, "Importing Hugging Face-style checkpoints"). Nothing is written unless the whole
+/// conversion succeeds.
+///
+/// Errors: [`Error::Io`] for a folder or file that cannot be read or written, [`Error::Format`] for a malformed
+/// config or tensor, [`Error::Unsupported`] for what the library does not import (act-order GPTQ, 8-bit weights,
+/// biases, ...); each message names the file and the field or tensor.
+pub fn import_checkpoint(dir: impl AsRef<Path>, out: impl AsRef<Path>, options: &ImportOptions) -> Result<()> {
+    let (dir, out) = (path_to_c(dir.as_ref())?, path_to_c(out.as_ref())?);
+    let max_seq = match options.max_seq {
+        None => 0,
+        Some(v) => i32::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| Error::InvalidArgument(format!("max_seq {v} is not in [1, i32::MAX]")))?,
+    };
+    let c_options = sys::tl_import_options {
+        struct_size: std::mem::size_of::<sys::tl_import_options>() as u32,
+        max_seq,
+        use_mmap: options.use_mmap.into(),
+        validate_values: options.validate_values.into(),
+    };
+    // SAFETY: both paths are NUL-terminated and the options struct fully initialised; all outlive the call.
+    check(unsafe { sys::tl_model_import_checkpoint(dir.as_ptr(), out.as_ptr(), &c_options) })
+}
+
 fn path_to_c(path: &Path) -> Result<CString> {
     #[cfg(unix)]
     let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec();
