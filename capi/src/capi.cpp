@@ -399,6 +399,8 @@ TL_API tl_status tl_weight_desc_init(tl_weight_desc *desc, uint32_t struct_size)
     return init_struct(desc, struct_size, "desc", [](tl_weight_desc &d) { d.bits = 4; });
 }
 
+}  // extern "C"
+
 namespace {
 
 // Shared checks of tl_weight_create and tl_weight_quantize; returns the actual group size.
@@ -415,6 +417,8 @@ int32_t check_weight_shape(int32_t k, int32_t n, int32_t group_size, int32_t bit
 }
 
 }  // namespace
+
+extern "C" {
 
 TL_API tl_status tl_weight_create(const tl_weight_desc *desc, tl_weight **out_weight) {
     return guarded([&] {
@@ -606,6 +610,8 @@ TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_siz
     return init_struct(report, struct_size, "report", [](tl_pack_report &) {});
 }
 
+}  // extern "C"
+
 namespace {
 
 tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
@@ -671,6 +677,8 @@ tl::GpuModel &gpu_model_for(const tl_model &model, int32_t device, double *setup
 }
 
 }  // namespace
+
+extern "C" {
 
 TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options, tl_pack_report *out_report) {
     return guarded([&] {
@@ -778,6 +786,8 @@ TL_API tl_status tl_score_result_init(tl_score_result *result, uint32_t struct_s
     return init_struct(result, struct_size, "result", [](tl_score_result &) {});
 }
 
+}  // extern "C"
+
 namespace {
 
 // The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs, and
@@ -882,6 +892,8 @@ tl_score_result run_score(const tl_model &model, const tl_score_options &opts, c
 }
 
 }  // namespace
+
+extern "C" {
 
 TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
                           const tl_score_options *options, tl_score_result *out_result) {
