@@ -108,6 +108,11 @@ int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16
                           uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
                           float *a_sum, size_t a_sum_bytes, cudaStream_t stream);
 
+// ---- Act-order inputs -----------------------------------------------------------------------------------------------
+// out[r][j] = x[r][perm[j]] for r < m, j < k: X [m][k] FP16 with its columns in a weight's stored K order. perm is a
+// permutation of [0, k) (not checked here); out must not overlap x.
+int permute_columns(const uint16_t *x, const int32_t *perm, uint16_t *out, int m, int k, cudaStream_t stream);
+
 // ---- Large-M path: dequantize to FP16, then cuBLAS ---------------------------------------------------------------
 // w_fp16 [N][K] = q*s + z rounded once to FP16; the file layout as in native_int4_gemm (K even).
 int dequant_int4_fp16(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w_fp16, int n,

@@ -279,8 +279,8 @@ typedef struct tl_int4_import_desc {
     const int32_t *qzeros;
     /** [G][n] IEEE half-precision bit patterns. Finite. */
     const uint16_t *scales;
-    /** Optional (NULL), GPTQ only: [k] the group of each input row, in [0, G). Only g_idx[k] == k / group_size is
-     *  supported: act-order (desc_act) checkpoints are TL_ERR_UNSUPPORTED. */
+    /** Optional (NULL), GPTQ only: [k] the group of each input row, in [0, G). Any g_idx that gives every group
+     *  group_size rows is accepted, act-order (desc_act) ones included (see tl_weight_import_int4). */
     const int32_t *g_idx;
     /** Optional (NULL): a name for messages and lookups. Copied. */
     const char *name;
@@ -295,8 +295,11 @@ TL_API tl_status tl_int4_import_desc_init(tl_int4_import_desc *desc, uint32_t st
  *  computed in FP32 and rounded once to FP16: that rounding is the only difference from the checkpoint's own
  *  dequantization. TL_ERR_INVALID_ARGUMENT (naming the field) for a NULL pointer, a bad layout, shape or group
  *  size, a g_idx value out of range, a scale that is not finite or an offset that overflows FP16;
- *  TL_ERR_UNSUPPORTED for a g_idx other than k / group_size (act-order needs a K permutation not applied yet).
- *  On failure *out_weight is set to NULL. */
+ *  TL_ERR_UNSUPPORTED for a g_idx whose groups are not all group_size rows. An act-order g_idx (not k / group_size)
+ *  is stored as contiguous groups plus a permutation of K that the weight applies to its input itself: the weight
+ *  still means the checkpoint's W, for tl_weight_dequantize (rows in the checkpoint's K order) and tl_quant_gemm (x
+ *  in that order; such a weight needs its workspace, see tl_quant_gemm_workspace_size). On failure *out_weight is
+ *  set to NULL. */
 TL_API tl_status tl_weight_import_int4(const tl_int4_import_desc *desc, tl_weight **out_weight);
 
 /** Options of tl_model_import_checkpoint. */
@@ -501,8 +504,9 @@ TL_API tl_status tl_stream_destroy(void *stream);
 TL_API tl_status tl_stream_synchronize(void *stream);
 
 /** Device workspace tl_quant_gemm needs for this weight at this M under the current dispatcher settings (0 is
- *  possible): the Marlin-class kernels' counters plus the scratch of the path that may run (the correction
- *  form's group sums, dequantize + cuBLAS's FP16 weight, cuBLAS's own workspace). Thread-safe. */
+ *  possible): the Marlin-class kernels' counters, x with its columns permuted for a weight imported from an
+ *  act-order checkpoint, and the scratch of the path that may run (the correction form's group sums, dequantize +
+ *  cuBLAS's FP16 weight, cuBLAS's own workspace). Thread-safe. */
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes);
 
 /** Y = X · W on the GPU: x is FP16 [m][k] row-major, y FP16 [m][n] row-major, both device pointers on the
@@ -513,7 +517,8 @@ TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m
  *  after a call are unspecified. All per-call scratch comes from this workspace, so calls with different
  *  workspaces may run at the same time on one weight and one stream or many; one workspace must not serve two
  *  calls that can run at the same time (calls queued on one stream never do). A workspace smaller than the size
- *  above is not an error: a path whose share does not fit is skipped, as if it refused. Enqueued on `stream`;
+ *  above is not an error: a path whose share does not fit is skipped, as if it refused; but a weight that permutes
+ *  its input (act-order) needs at least the counters and the permuted x, else TL_ERR_INVALID_ARGUMENT. Enqueued on `stream`;
  *  returns without waiting. The dispatcher tries, in order: the FP16 body (if enabled and packed), the Marlin-class kernel
  *  (or dequantize + cuBLAS from TL_DISPATCH_CUBLAS_MIN_M on), the native INT4 kernel; a path that refuses the
  *  call falls through to the next, so the result is the same whichever ran. Thread-safe on a shared weight. */

@@ -33,7 +33,7 @@ using ordered_json = nlohmann::ordered_json;
 constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
 constexpr const char *kMaxHeaderText = "16 MiB";
 constexpr const char *kMetadataKey = "__metadata__";
-constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".weight"};
+constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".k_perm", ".weight"};
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -468,7 +468,7 @@ public:
                                     " and a quantized " + quoted(name + ".qweight") + "; a linear is one or the other");
         }
         if (weight) {
-            for (const char *suffix : {".scales", ".zeros", ".frac4", ".sign_bit"}) {
+            for (const char *suffix : {".scales", ".zeros", ".frac4", ".sign_bit", ".k_perm"}) {
                 if (find(name + suffix)) {
                     fail(TL_ERR_FORMAT, "tensor " + quoted(name + suffix) + " belongs to a quantized linear, but " +
                                             quoted(name) + " is dense (it has " + quoted(name + ".weight") + ")");
@@ -527,6 +527,14 @@ public:
             }
             check(*sign_bit, {DType::U8}, {n, k / 8}, "([N, K/8] " + kn + ")");
             lin.sign_bit = sign_bit->bytes;
+        }
+        if (const TensorEntry *k_perm = find(name + ".k_perm")) {
+            check(*k_perm, {DType::I32}, {k}, "([K] " + kn + ")");
+            lin.k_perm = static_cast<const int32_t *>(aligned(*k_perm));
+            // Always checked, whatever validate_values says: a bad index would read outside the activations.
+            const std::string why = k_perm_error(lin.k_perm, k);
+            if (!why.empty()) fail(TL_ERR_FORMAT, "tensor " + quoted(k_perm->name) + ": " + why +
+                                                      "; it must be a permutation of [0, K)");
         }
         return lin;
     }
@@ -878,6 +886,11 @@ void save_model(const std::string &path, const Model &model) {
             need(k % 8 == 0, "linear " + quoted(name) + " has a sign_bit channel but K = " + std::to_string(k) +
                                  " is not a multiple of 8");
             views.push_back({name + ".sign_bit", DType::U8, {n, k / 8}, lin.sign_bit});
+        }
+        if (lin.k_perm) {
+            const std::string why = k_perm_error(lin.k_perm, lin.k);
+            need(why.empty(), "linear " + quoted(name) + ": " + why);
+            views.push_back({name + ".k_perm", DType::I32, {k}, lin.k_perm});
         }
     };
     auto add_block = [&](int32_t pre_index, const Block &b) {

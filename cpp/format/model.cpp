@@ -1,6 +1,9 @@
 #include "format/model.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "util/error.hpp"
 #include "util/half.hpp"
@@ -50,6 +53,7 @@ size_t Linear::quant_bytes() const {
     size_t bytes = kn / 2 + groups * 2 * sizeof(uint16_t);
     if (frac4) bytes += kn / 2;
     if (sign_bit) bytes += kn / 8;
+    if (k_perm) bytes += static_cast<size_t>(k) * sizeof(int32_t);
     return bytes;
 }
 
@@ -83,6 +87,28 @@ void Model::tie_head(std::shared_ptr<const void> storage) {
     head.dense_dtype = embed_dtype;
     head.dense = embed;
     head.keepalive = std::move(storage);
+}
+
+std::string k_perm_error(const int32_t *perm, int32_t k) {
+    std::vector<int32_t> seen_at(static_cast<size_t>(std::max(k, 0)), -1);
+    for (int32_t i = 0; i < k; ++i) {
+        const int32_t v = perm[i];
+        if (v < 0 || v >= k) {
+            return "k_perm[" + std::to_string(i) + "] = " + std::to_string(v) + " is out of range [0, " +
+                   std::to_string(k) + ")";
+        }
+        if (seen_at[v] >= 0) {
+            return "k_perm[" + std::to_string(i) + "] = " + std::to_string(v) + " repeats k_perm[" +
+                   std::to_string(seen_at[v]) + "]";
+        }
+        seen_at[v] = i;
+    }
+    return "";
+}
+
+bool same_k_perm(const Linear &a, const Linear &b) {
+    if (a.k != b.k || (a.k_perm == nullptr) != (b.k_perm == nullptr)) return false;
+    return a.k_perm == nullptr || std::equal(a.k_perm, a.k_perm + a.k, b.k_perm);
 }
 
 }  // namespace tl

@@ -49,6 +49,10 @@ struct Linear {
     const uint16_t *zeros = nullptr;
     const uint8_t *frac4 = nullptr;     // optional [n][k/2]
     const uint8_t *sign_bit = nullptr;  // optional [n][k/8]
+    // Optional [k], a permutation of [0, k) (act-order checkpoints): stored row kk of W multiplies input column
+    // k_perm[kk], so Y[m, n] = sum_kk X[m, k_perm[kk]] * W_stored[kk, n]. It lets groups that an act-order quantizer
+    // formed over scattered inputs be contiguous in storage.
+    const int32_t *k_perm = nullptr;
 
     // Dense storage.
     DType dense_dtype = DType::F32;
@@ -108,6 +112,13 @@ struct Model {
     // `storage`.
     void tie_head(std::shared_ptr<const void> storage);
 };
+
+// Why `perm` ([k]) is not a permutation of [0, k) ("k_perm[5] = 9 is out of range [0, 8)", "k_perm[6] = 2 repeats
+// k_perm[1]"), or "" when it is.
+std::string k_perm_error(const int32_t *perm, int32_t k);
+
+// Whether a and b permute their inputs the same way (both not at all, or the same k_perm).
+bool same_k_perm(const Linear &a, const Linear &b);
 
 // Reads element i of an F16/F32/BF16 array as float.
 float load_float(DType dtype, const void *data, size_t i);

@@ -100,7 +100,12 @@ int32_t device_count() noexcept { return 0; }
 DeviceProperties device_info(int32_t) { no_cuda(); }
 std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint32_t, PackOutcome *) { no_cuda(); }
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
-void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t, void *) { no_cuda(); }
+void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t, void *, const uint16_t *) {
+    no_cuda();
+}
+bool dequant_cublas_wanted(const DeviceWeight &, int64_t) { no_cuda(); }
+size_t dequantized_bytes(const DeviceWeight &) { no_cuda(); }
+void dequantize_weight(const DeviceWeight &, uint16_t *, void *) { no_cuda(); }
 DispatchCounts dispatch_counts(const DeviceWeight &) { no_cuda(); }
 void *device_malloc(int32_t, size_t) { no_cuda(); }
 void device_free(void *ptr, void *) {
@@ -281,6 +286,7 @@ struct DeviceWeight {
     DeviceBuffer words, fused_scales, fused_zeros;  // Marlin-class tiles; fused form
     DeviceBuffer corr_words, corr_scales, delta;    // correction form (words/scales empty when shared)
     DeviceBuffer fp16_body;                         // [N][K] FP16
+    DeviceBuffer k_perm;                            // INT32 [K] (act-order): stored row k reads input k_perm[k]
     bool has_fused = false, has_correction = false, marlin_ok = false;
     size_t marlin_workspace = 0;  // the Marlin-class kernels' zero-filled region at the start of the workspace
     size_t cublas_workspace = 0;  // what the cuBLAS paths give cuBLAS, from the caller's workspace
@@ -340,7 +346,8 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     dw->codes = DeviceBuffer::upload(device, w.codes, static_cast<size_t>(w.n) * (w.k / 2), stream);
     dw->scales = DeviceBuffer::upload(device, w.scales, groups * sizeof(uint16_t), stream);
     dw->zeros = DeviceBuffer::upload(device, w.zeros, groups * sizeof(uint16_t), stream);
-    const uint64_t native_bytes = dw->codes.bytes() + dw->scales.bytes() + dw->zeros.bytes();
+    if (w.k_perm != nullptr) dw->k_perm = DeviceBuffer::upload(device, w.k_perm, static_cast<size_t>(w.k) * 4, stream);
+    const uint64_t native_bytes = dw->codes.bytes() + dw->scales.bytes() + dw->zeros.bytes() + dw->k_perm.bytes();
 
     const bool packable = props.marlin_supported && marlin_shape_error(w.k, w.n, w.group_size) == nullptr;
     dw->kernel_group_size = marlin_kernel_group_size(w.k, w.group_size);
@@ -400,14 +407,18 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
 namespace {
 
 // The workspace of a call: [0, marlin_workspace) holds the Marlin-class kernels' counters, zero-filled by the caller
-// before first use and zero again when every call's work is done; the scratch of whichever path runs follows it, and
-// its contents after a call are unspecified:
+// before first use and zero again when every call's work is done; then, for a weight with a k_perm, x with its columns
+// permuted [M][K]; then the scratch of whichever path runs. The contents after the counters are unspecified after a
+// call. Path scratch:
 //   Marlin-class correction form: the FP32 group sums [M][groups];
 //   dequantize + cuBLAS: the FP16 weight [N][K], then cuBLAS's workspace;
 //   FP16 body: cuBLAS's workspace.
 // Scratch per call (never per stream or per process) is what lets any number of calls run at once on one weight.
 size_t dequant_scratch_bytes(const DeviceWeight &dw) {
     return align_up(static_cast<size_t>(dw.n) * dw.k * sizeof(uint16_t), 256);
+}
+size_t permuted_x_bytes(const DeviceWeight &dw, int64_t m) {
+    return dw.k_perm ? align_up(static_cast<size_t>(m) * dw.k * sizeof(uint16_t), 256) : 0;
 }
 size_t correction_scratch_bytes(const DeviceWeight &dw, int64_t m) {
     return align_up(gpu::correction_scratch_bytes(static_cast<int>(m), dw.k, dw.kernel_group_size), 256);
@@ -442,11 +453,26 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
         if (cublas_path_wanted(dw, m)) scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
         if (dw.has_correction) scratch = std::max(scratch, correction_scratch_bytes(dw, m));
     }
-    return dw.marlin_workspace + scratch;
+    return dw.marlin_workspace + permuted_x_bytes(dw, m) + scratch;
+}
+
+bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m) {
+    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) return false;
+    return get_dispatch(TL_DISPATCH_USE_MARLIN) && cublas_path_wanted(dw, m);
+}
+
+size_t dequantized_bytes(const DeviceWeight &dw) { return dequant_scratch_bytes(dw); }
+
+void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream) {
+    DeviceScope scope(dw.device);
+    const int rc = gpu::dequant_int4_fp16(dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(),
+                                          dst, dw.n, dw.k, dw.group_size, static_cast<cudaStream_t>(stream));
+    if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + dw.name + "' to FP16");
+    if (rc < 0) fail(TL_ERR_INTERNAL, "the dequantizer refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
 }
 
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream_ptr, void *workspace,
-                size_t workspace_bytes, void *cublas_handle) {
+                size_t workspace_bytes, void *cublas_handle, const uint16_t *dequantized) {
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
     if (y == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "y is NULL");
@@ -461,13 +487,27 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     if (workspace != nullptr) check_device_range(workspace, workspace_bytes, dw.device, "workspace");
 
     auto stream = static_cast<cudaStream_t>(stream_ptr);
-    // The scratch after the Marlin-class region (see quant_gemm_workspace_size); a path whose share does not fit
-    // refuses the call.
-    char *scratch = workspace_bytes > dw.marlin_workspace ? static_cast<char *>(workspace) + dw.marlin_workspace
-                                                          : nullptr;
-    const size_t scratch_bytes = scratch != nullptr ? workspace_bytes - dw.marlin_workspace : 0;
     const auto *xh = static_cast<const uint16_t *>(x);
     auto *yh = static_cast<uint16_t *>(y);
+    // After the Marlin-class region: a k_perm's permuted x, which every path needs, then the scratch of the paths (see
+    // quant_gemm_workspace_size); a path whose share does not fit refuses the call.
+    size_t used = dw.marlin_workspace;
+    if (dw.k_perm) {
+        const size_t needed = dw.marlin_workspace + permuted_x_bytes(dw, m);
+        if (workspace_bytes < needed) {
+            fail(TL_ERR_INVALID_ARGUMENT, "workspace_bytes is " + std::to_string(workspace_bytes) + ", but '" +
+                                              dw.name + "' permutes its input (act-order) and needs at least " +
+                                              std::to_string(needed) + " bytes at m = " + std::to_string(m));
+        }
+        auto *permuted = reinterpret_cast<uint16_t *>(static_cast<char *>(workspace) + used);
+        const int rc = gpu::permute_columns(xh, dw.k_perm.get<int32_t>(), permuted, mi, dw.k, stream);
+        if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "permuting the input of '" + dw.name + "'");
+        if (rc < 0) fail(TL_ERR_INTERNAL, "permuting the input of '" + dw.name + "' refused (rc " + std::to_string(rc) + ")");
+        xh = permuted;
+        used = needed;
+    }
+    char *scratch = workspace_bytes > used ? static_cast<char *>(workspace) + used : nullptr;
+    const size_t scratch_bytes = scratch != nullptr ? workspace_bytes - used : 0;
     bool fell_back = false;
     // A path's non-zero rc: the next path runs instead. A positive rc is a CUDA error: clear it if it is not sticky.
     auto refused = [&](int rc, const char *path) {
@@ -488,11 +528,19 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         auto lease = cublas_pool().borrow(dw.device);
         return gemm(lease.handle);
     };
-    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
-        const int rc = scratch_bytes < dw.cublas_workspace ? gpu::kRcWorkspace : with_cublas([&](cublasHandle_t h) {
-            return gpu::cublas_gemm_fp16(h, xh, dw.fp16_body.get<uint16_t>(), yh, mi, dw.n, dw.k, stream, scratch,
-                                         dw.cublas_workspace);
+    // cuBLAS on an FP16 form of the weight, with cuBLAS's workspace from the scratch.
+    auto fp16_gemm = [&](const uint16_t *w) {
+        return scratch_bytes < dw.cublas_workspace ? gpu::kRcWorkspace : with_cublas([&](cublasHandle_t h) {
+            return gpu::cublas_gemm_fp16(h, xh, w, yh, mi, dw.n, dw.k, stream, scratch, dw.cublas_workspace);
         });
+    };
+    if (dequantized != nullptr) {
+        const int rc = fp16_gemm(dequantized);
+        if (rc == 0) return done(dw.n_cublas);
+        refused(rc, "cuBLAS on the caller's dequantized weight");
+    }
+    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
+        const int rc = fp16_gemm(dw.fp16_body.get<uint16_t>());
         if (rc == 0) return done(dw.n_fp16);
         refused(rc, "FP16 body");
     }

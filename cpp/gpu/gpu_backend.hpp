@@ -46,8 +46,16 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
 // for one borrowed from the library's pool for this call. Callers that capture CUDA graphs pass their own: a
 // captured cuBLAS GEMM keeps using its handle's workspace at every replay, so that handle must not serve anyone
 // else concurrently.
+// dequantized: dw's FP16 form [N][K] (dequantize_weight) that the caller keeps for several calls, or nullptr; with it
+// the call runs cuBLAS on it instead of any other path (falling through to them only if cuBLAS refuses).
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream, void *workspace,
-                size_t workspace_bytes, void *cublas_handle = nullptr);
+                size_t workspace_bytes, void *cublas_handle = nullptr, const uint16_t *dequantized = nullptr);
+// Whether quant_gemm, for m rows under the current settings, would dequantize dw to FP16 and call cuBLAS: then a
+// caller running dw many times at that M can dequantize it once (dequantize_weight) and pass the result.
+bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m);
+// dw as FP16 [N][K] (its stored K order) into dst (device memory of dequantized_bytes(dw)), enqueued on `stream`.
+size_t dequantized_bytes(const DeviceWeight &dw);
+void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream);
 DispatchCounts dispatch_counts(const DeviceWeight &dw);
 
 // Device memory and streams for the C API's callers (throw TL_ERR_NO_DEVICE / TL_ERR_CUDA / TL_ERR_INVALID_ARGUMENT).

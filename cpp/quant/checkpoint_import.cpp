@@ -238,10 +238,7 @@ Quantization read_quantization(const json &object, const std::string &path) {
     q.group_size = group == -1 ? 0 : static_cast<int32_t>(group);
     f.boolean("sym", true);  // type-checked only: both forms store their zero points, and import the same way
     if (q.layout == Int4Layout::Gptq) {
-        if (f.boolean("desc_act", false)) {
-            f.bad(TL_ERR_UNSUPPORTED, "desc_act",
-                  "is true: act-order checkpoints need a permutation of K that this library does not apply yet");
-        }
+        f.boolean("desc_act", false);  // type-checked only: each linear's g_idx says how its K is ordered
         const std::string format = lower(f.text("checkpoint_format", std::string("gptq")));
         if (format != "gptq") {
             f.bad(TL_ERR_UNSUPPORTED, "checkpoint_format",
@@ -649,8 +646,8 @@ private:
         try {
             return import_int4(c);
         } catch (const Error &e) {
-            // A bad value is an invalid argument to import_int4; here it is a malformed file. Act-order stays
-            // unsupported.
+            // A bad value is an invalid argument to import_int4; here it is a malformed file. A g_idx with groups of
+            // unequal size stays unsupported.
             fail(e.code() == TL_ERR_UNSUPPORTED ? TL_ERR_UNSUPPORTED : TL_ERR_FORMAT,
                  squote(checkpoint_.source()) + ": " + e.what());
         }
@@ -700,7 +697,17 @@ private:
         if (q.quantized()) {
             // Codes [N][K/2] and scales/zeros [N][G] are row-major in N, so concatenating along N appends rows.
             // q, k and v share K = hidden_size and the checkpoint's group size, hence G.
+            // One linear reads its input in one order: act-order checkpoints give q, k and v the same g_idx, since
+            // they share their input (and so GPTQ's Hessian).
+            for (const HfLinear *s : {&k, &v}) {
+                if (s->int4->k_perm != q.int4->k_perm) {
+                    fail(TL_ERR_UNSUPPORTED, squote(checkpoint_.source()) + ": " + squote(s->name + ".g_idx") +
+                                                 " orders K differently from " + squote(q.name + ".g_idx") +
+                                                 ": q, k and v become one linear, which reads its input in one order");
+                }
+            }
             QuantizedMatrix out;
+            out.k_perm = q.int4->k_perm;
             out.k = static_cast<int32_t>(kk);
             out.n = static_cast<int32_t>(n);
             out.group_size = q.int4->group_size;

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "util/error.hpp"
 #include "util/half.hpp"
@@ -58,22 +59,39 @@ QuantizedMatrix import_int4(const Int4Checkpoint &c) {
     const size_t k = static_cast<size_t>(c.k), n = static_cast<size_t>(c.n);
     const size_t groups = k / static_cast<size_t>(gs);
 
-    // g_idx: every value in range first (a malformed tensor), then whether it is the trivial k / group_size.
+    // g_idx: every value in range first (a malformed tensor), then whether it is the trivial k / group_size. Any
+    // other (act-order, desc_act) becomes a K permutation: the rows of each group are stored together, in their
+    // order in K, and the layer reads its input through k_perm.
+    std::vector<int32_t> perm;   // stored row -> input row; empty when every group is contiguous already
+    std::vector<int32_t> stored; // input row -> stored row
     if (c.g_idx != nullptr) {
+        std::vector<size_t> count(groups, 0);
+        bool trivial = true;
         for (size_t kk = 0; kk < k; ++kk) {
             const int32_t g = c.g_idx[kk];
             require(g >= 0 && static_cast<size_t>(g) < groups,
                     p + "g_idx[" + std::to_string(kk) + "] = " + std::to_string(g) + " is out of range [0, " +
                         std::to_string(groups) + ")");
+            ++count[static_cast<size_t>(g)];
+            trivial = trivial && static_cast<size_t>(g) == kk / static_cast<size_t>(gs);
         }
-        for (size_t kk = 0; kk < k; ++kk) {
-            const size_t g = static_cast<size_t>(c.g_idx[kk]);
-            if (g != kk / static_cast<size_t>(gs)) {
-                fail(TL_ERR_UNSUPPORTED,
-                     p + "g_idx[" + std::to_string(kk) + "] = " + std::to_string(g) + ", not k / group_size = " +
-                         std::to_string(kk / static_cast<size_t>(gs)) +
-                         ": act-order (desc_act) checkpoints need a K permutation that this function does not apply "
-                         "yet; only g_idx[k] == k / group_size is supported");
+        if (!trivial) {
+            for (size_t g = 0; g < groups; ++g) {
+                if (count[g] != static_cast<size_t>(gs)) {
+                    fail(TL_ERR_UNSUPPORTED,
+                         p + "g_idx puts " + std::to_string(count[g]) + " rows of K in group " + std::to_string(g) +
+                             ", not group_size = " + std::to_string(gs) +
+                             ": groups of unequal size cannot be stored as contiguous groups");
+                }
+            }
+            perm.resize(k);
+            stored.resize(k);
+            std::vector<size_t> next(groups);
+            for (size_t g = 0; g < groups; ++g) next[g] = g * static_cast<size_t>(gs);
+            for (size_t kk = 0; kk < k; ++kk) {
+                const size_t row = next[static_cast<size_t>(c.g_idx[kk])]++;
+                perm[row] = static_cast<int32_t>(kk);
+                stored[kk] = static_cast<int32_t>(row);
             }
         }
     }
@@ -87,8 +105,10 @@ QuantizedMatrix import_int4(const Int4Checkpoint &c) {
     m.scales.assign(n * groups, 0);
     m.zeros.assign(n * groups, 0);
 
+    m.k_perm = std::move(perm);
     auto put_code = [&](size_t kk, size_t nn, uint8_t q) {
-        m.codes[nn * (k / 2) + kk / 2] |= static_cast<uint8_t>((kk & 1) ? (q << 4) : q);
+        const size_t row = stored.empty() ? kk : static_cast<size_t>(stored[kk]);
+        m.codes[nn * (k / 2) + row / 2] |= static_cast<uint8_t>((row & 1) ? (q << 4) : q);
     };
     if (gptq) {  // qweight [k/8][n]: nibble i of word [r][nn] is row 8r + i
         for (size_t r = 0; r < k / 8; ++r) {

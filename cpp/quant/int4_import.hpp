@@ -33,8 +33,9 @@ struct Int4Checkpoint {
 
 // Validates the shapes, pointers and g_idx (TL_ERR_INVALID_ARGUMENT naming the field) and converts: codes copied as
 // they are, scales kept, zeros z' = -z * s computed in FP32 and rounded once to FP16, so W = q * s + z' equals the
-// checkpoint's (q - z) * s up to that rounding. A g_idx that is not k / group_size for every row (act-order,
-// desc_act) is TL_ERR_UNSUPPORTED: it needs a K permutation that this function does not apply.
+// checkpoint's (q - z) * s up to that rounding. A g_idx that is not k / group_size (act-order, desc_act) stores each
+// group's rows together, in K order, and sets k_perm; it must give every group group_size rows (as GPTQ's does),
+// else TL_ERR_UNSUPPORTED.
 QuantizedMatrix import_int4(const Int4Checkpoint &checkpoint);
 
 }  // namespace tl

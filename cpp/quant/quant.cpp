@@ -105,6 +105,7 @@ Linear make_quantized_linear(std::string name, QuantizedMatrix m) {
     lin.zeros = owned->zeros.data();
     lin.frac4 = owned->frac4.empty() ? nullptr : owned->frac4.data();
     lin.sign_bit = owned->sign_bit.empty() ? nullptr : owned->sign_bit.data();
+    lin.k_perm = owned->k_perm.empty() ? nullptr : owned->k_perm.data();
     lin.keepalive = std::move(owned);
     return lin;
 }
@@ -151,7 +152,7 @@ void dequantize_rows(const Linear &w, int32_t n0, int32_t n1, float *out) {
             float value[16];
             for (int q = 0; q < 16; ++q) value[q] = static_cast<float>(q) * s + z;
             for (int32_t kk = g * gs; kk < (g + 1) * gs; ++kk) {
-                row[kk] = value[(codes[kk / 2] >> ((kk & 1) * 4)) & 0x0F];
+                row[w.k_perm ? w.k_perm[kk] : kk] = value[(codes[kk / 2] >> ((kk & 1) * 4)) & 0x0F];
             }
         }
     }

@@ -22,6 +22,7 @@ struct QuantizedMatrix {
     std::vector<uint16_t> zeros;   // [n][k/group_size] FP16 bits
     std::vector<uint8_t> frac4;    // empty or [n][k/2]
     std::vector<uint8_t> sign_bit; // empty or [n][k/8]
+    std::vector<int32_t> k_perm;   // empty or [k] (see Linear::k_perm)
 };
 
 // Min-max quantization of w[n][k] (row n = output column n). group_size 0 means per row.
@@ -44,7 +45,7 @@ inline uint8_t code_at(const Linear &w, int32_t kk, int32_t nn) {
 }
 
 // Dequantizes (or converts, for dense) rows [n0, n1) of W into out[(nn - n0) * k + kk] = W[kk, nn], exactly:
-// q*s + z computed in FP32 from the FP16 s and z.
+// q*s + z computed in FP32 from the FP16 s and z. kk is the input column: a k_perm is undone.
 void dequantize_rows(const Linear &w, int32_t n0, int32_t n1, float *out);
 
 }  // namespace tl

@@ -239,6 +239,10 @@ std::vector<CorpusCase> corpus() {
          header_edit([](auto &r) { r.header["embed.weight"]["shape"] = {24, 50}; })},
         {"frac4_wrong_shape", F, {"'loop.mlp_gate.frac4'", "expected [40, 12]"},
          header_edit([](auto &r) { append_tensor(r, "loop.mlp_gate.frac4", "U8", {40, 6}, 240); })},
+        {"k_perm_wrong_shape", F, {"'loop.mlp_gate.k_perm'", "expected [24]"},
+         header_edit([](auto &r) { append_tensor(r, "loop.mlp_gate.k_perm", "I32", {23}, 92); })},
+        {"k_perm_not_a_permutation", F, {"'loop.mlp_gate.k_perm'", "k_perm[1] = 0 repeats k_perm[0]", "permutation"},
+         header_edit([](auto &r) { append_tensor(r, "loop.mlp_gate.k_perm", "I32", {24}, 96); })},
         // ---- values ----
         {"nan_scale", F, {"'pre.1.mlp_up.scales'", "index 5"},
          data_edit<uint16_t>("pre.1.mlp_up.scales", 5, 0x7E00)},

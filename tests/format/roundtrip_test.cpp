@@ -6,12 +6,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <filesystem>
 #include <limits>
 
 #include "util/error.hpp"
 #include "format_test_util.hpp"
 #include "quant/synthetic.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "quant/quant.hpp"
 
 namespace {
 
@@ -357,6 +361,68 @@ TEST(SaveModel, SyntheticModelsSurviveARoundTrip) {
         EXPECT_EQ(loaded->loop.mlp_norm, original->loop.mlp_norm);
         EXPECT_EQ(loaded->final_norm, original->final_norm);
     }
+}
+
+// A linear stored in another K order with the k_perm that undoes it: row i of the storage holds input
+// perm[i], with perm moving whole groups and shuffling rows inside each, so the groups' scales move with them.
+tl::Linear stored_permuted(const tl::Linear &w, std::mt19937_64 &rng) {
+    const int32_t gs = w.group_size, groups = w.n_groups();
+    std::vector<int32_t> group_order(groups), perm(w.k);
+    std::iota(group_order.begin(), group_order.end(), 0);
+    std::shuffle(group_order.begin(), group_order.end(), rng);
+    for (int32_t g = 0; g < groups; ++g) {
+        std::iota(perm.begin() + g * gs, perm.begin() + (g + 1) * gs, group_order[g] * gs);
+        std::shuffle(perm.begin() + g * gs, perm.begin() + (g + 1) * gs, rng);
+    }
+    tl::QuantizedMatrix m;
+    m.k = w.k, m.n = w.n, m.group_size = gs, m.bits = w.bits;
+    m.codes.assign(static_cast<size_t>(w.n) * w.k / 2, 0);
+    for (int32_t nn = 0; nn < w.n; ++nn) {
+        for (int32_t i = 0; i < w.k; ++i) {
+            const uint8_t q = tl::code_at(w, perm[i], nn);
+            m.codes[static_cast<size_t>(nn) * w.k / 2 + i / 2] |= static_cast<uint8_t>(i & 1 ? q << 4 : q);
+        }
+        for (int32_t g = 0; g < groups; ++g) {
+            m.scales.push_back(w.scales[static_cast<size_t>(nn) * groups + group_order[g]]);
+            m.zeros.push_back(w.zeros[static_cast<size_t>(nn) * groups + group_order[g]]);
+        }
+    }
+    m.k_perm = perm;
+    return tl::make_quantized_linear(w.name, std::move(m));
+}
+
+// k_perm: a model whose linears are stored in other K orders is the same model. It dequantizes to the same weights,
+// scores exactly the same on the CPU, and keeps its k_perm tensors through save_model + load_model.
+TEST(KPerm, TheSameModelStoredInAnotherKOrder) {
+    std::mt19937_64 rng(std::random_device{}());
+    tl::SyntheticOptions options;
+    options.seed = rng();
+    const auto original = tl::make_synthetic_model(tlt::small_config(8), options);
+    auto permuted = tl::make_synthetic_model(tlt::small_config(8), options);
+    for (tl::Block *b : {&permuted->pre[0], &permuted->pre[1], &permuted->loop}) {
+        for (int i = 0; i < 5; ++i) *b->linear(i) = stored_permuted(*b->linear(i), rng);
+    }
+    const auto want = original->linears(), got = permuted->linears();
+    for (size_t i = 0; i < want.size(); ++i) {
+        std::vector<float> a(static_cast<size_t>(want[i]->k) * want[i]->n), b(a.size());
+        tl::dequantize_rows(*want[i], 0, want[i]->n, a.data());
+        tl::dequantize_rows(*got[i], 0, got[i]->n, b.data());
+        EXPECT_EQ(a, b) << want[i]->name;
+    }
+    const std::string path = tlt::temp_dir() + "/k_perm.tinyloop";
+    tl::save_model(path, *permuted);
+    const auto loaded = tl::load_model(path, tl::LoadOptions{});
+    for (const tl::Linear *l : loaded->linears()) {
+        if (l->name == "head") continue;
+        ASSERT_NE(l->k_perm, nullptr) << l->name;
+    }
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(rng() % 50);
+    tl::ScoreOptions o;
+    o.n_threads = 2;
+    const double reference = tl::score_cpu(*original, tokens.data(), tokens.size(), o).nll_sum;
+    EXPECT_EQ(tl::score_cpu(*permuted, tokens.data(), tokens.size(), o).nll_sum, reference);
+    EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum, reference);
 }
 
 TEST(ConfigJson, RoundTripsEveryFieldExactly) {

@@ -59,26 +59,32 @@ struct Problem {
     std::vector<double> ref;  // [m][n], FP64 from the FP16 x and the exactly dequantized W
 };
 
+// Random FP16 x [m][k] and the FP64 reference x W for W given as wt[n][k].
+inline Problem make_problem(const std::vector<double> &wt, int k, int n, int m) {
+    Problem pr{m, k, n, {}, {}};
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    pr.x.resize(static_cast<size_t>(m) * k);
+    for (uint16_t &v : pr.x) v = tl::float_to_half(normal(rng()));
+    pr.ref.assign(static_cast<size_t>(m) * n, 0.0);
+    for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int kk = 0; kk < k; ++kk)
+                acc += static_cast<double>(tl::half_to_float(pr.x[static_cast<size_t>(i) * k + kk])) *
+                       wt[static_cast<size_t>(j) * k + kk];
+            pr.ref[static_cast<size_t>(i) * n + j] = acc;
+        }
+    return pr;
+}
+
+// ... with W the weight exactly dequantized (tl_weight_dequantize).
 inline Problem make_problem(const tl_weight *w, int m) {
     tl_weight_properties p;
     p.struct_size = sizeof p;
     EXPECT_EQ(tl_weight_info(w, &p), TL_OK);
-    Problem pr{m, p.k, p.n, {}, {}};
     std::vector<float> wt(static_cast<size_t>(p.k) * p.n);  // [n][k]
     EXPECT_EQ(tl_weight_dequantize(w, wt.data(), wt.size()), TL_OK);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    pr.x.resize(static_cast<size_t>(m) * p.k);
-    for (uint16_t &v : pr.x) v = tl::float_to_half(normal(rng()));
-    pr.ref.assign(static_cast<size_t>(m) * p.n, 0.0);
-    for (int i = 0; i < m; ++i)
-        for (int j = 0; j < p.n; ++j) {
-            double acc = 0;
-            for (int kk = 0; kk < p.k; ++kk)
-                acc += static_cast<double>(tl::half_to_float(pr.x[static_cast<size_t>(i) * p.k + kk])) *
-                       wt[static_cast<size_t>(j) * p.k + kk];
-            pr.ref[static_cast<size_t>(i) * p.n + j] = acc;
-        }
-    return pr;
+    return make_problem(std::vector<double>(wt.begin(), wt.end()), p.k, p.n, m);
 }
 
 inline tl_dispatch_counts counts_of(const tl_weight *w) {

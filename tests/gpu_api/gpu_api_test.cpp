@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -201,6 +202,82 @@ TEST(GpuApi, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
     WeightPtr unpacked = random_weight(256, 128, 64);
     EXPECT_EQ(tl_quant_gemm(unpacked.get(), x.ptr, y.ptr, 4, nullptr, ws.ptr, ws_bytes), TL_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(tl_last_error_message()).find("tl_weight_pack_marlin"), std::string::npos);
+}
+
+// A GPTQ act-order checkpoint layer (desc_act: g_idx scatters each group over K), written here: random codes, zero
+// points and scales, and g_idx[k] = perm[k] / group_size for a random permutation. Every path gives x W with W the
+// checkpoint's own (q - z[g_idx[k]]) * s[g_idx[k]] and x in the checkpoint's K order; the weight needs its workspace
+// (the permuted x), and says so when it is too small.
+TEST(GpuApi, ActOrderWeightOnEveryPath) {
+    struct Shape {
+        int k, n, group_size;
+    };
+    for (const Shape &s : {Shape{1024, 512, 128}, Shape{512, 256, 32}}) {
+        SCOPED_TRACE("k=" + std::to_string(s.k) + " n=" + std::to_string(s.n) + " gs=" + std::to_string(s.group_size));
+        const int groups = s.k / s.group_size;
+        std::uniform_int_distribution<int> code(0, 15), zero(1, 16);
+        std::uniform_real_distribution<float> scale(0.01f, 0.03f);
+        std::vector<int> q(static_cast<size_t>(s.k) * s.n), z(static_cast<size_t>(groups) * s.n);  // [k][n], [g][n]
+        std::vector<uint16_t> scales(z.size());
+        for (int &v : q) v = code(rng());
+        for (int &v : z) v = zero(rng());
+        for (uint16_t &v : scales) v = tl::float_to_half(scale(rng()));
+        std::vector<int32_t> perm(s.k), g_idx(s.k);
+        for (int i = 0; i < s.k; ++i) perm[i] = i;
+        std::shuffle(perm.begin(), perm.end(), rng());
+        for (int i = 0; i < s.k; ++i) g_idx[i] = perm[i] / s.group_size;
+        std::vector<int32_t> qweight(static_cast<size_t>(s.k / 8) * s.n, 0), qzeros(static_cast<size_t>(groups) * s.n / 8, 0);
+        for (int r = 0; r < s.k / 8; ++r)
+            for (int c = 0; c < s.n; ++c)
+                for (int i = 0; i < 8; ++i)
+                    qweight[static_cast<size_t>(r) * s.n + c] |= q[static_cast<size_t>(8 * r + i) * s.n + c] << (4 * i);
+        for (int g = 0; g < groups; ++g)
+            for (int c = 0; c < s.n / 8; ++c)
+                for (int i = 0; i < 8; ++i)
+                    qzeros[static_cast<size_t>(g) * s.n / 8 + c] |= (z[static_cast<size_t>(g) * s.n + 8 * c + i] - 1) << (4 * i);
+        std::vector<double> wt(static_cast<size_t>(s.n) * s.k);  // [n][k]
+        for (int kk = 0; kk < s.k; ++kk)
+            for (int c = 0; c < s.n; ++c) {
+                const size_t g = static_cast<size_t>(g_idx[kk]) * s.n + c;
+                wt[static_cast<size_t>(c) * s.k + kk] =
+                    (q[static_cast<size_t>(kk) * s.n + c] - z[g]) * static_cast<double>(tl::half_to_float(scales[g]));
+            }
+
+        tl_int4_import_desc d;
+        TL_OK_(tl_int4_import_desc_init(&d, sizeof d));
+        d.k = s.k;
+        d.n = s.n;
+        d.group_size = s.group_size;
+        d.qweight = qweight.data();
+        d.qzeros = qzeros.data();
+        d.scales = scales.data();
+        d.g_idx = g_idx.data();
+        tl_weight *raw = nullptr;
+        TL_OK_(tl_weight_import_int4(&d, &raw));
+        WeightPtr w(raw);
+        tl_pack_report report;
+        pack(w.get(), kAllForms, &report);
+        ASSERT_EQ(report.weights_packed, 1u);
+        for (int m : {1, 16, 40, 300}) {
+            const Problem pr = make_problem(wt, s.k, s.n, m);
+            for (Path path : {Path::Native, Path::Fused, Path::Correction, Path::Cublas, Path::Fp16Body}) {
+                select(path);
+                const tl_dispatch_counts before = counts_of(w.get());
+                SCOPED_TRACE(std::string("m=") + std::to_string(m) + " path=" + path_name(path));
+                EXPECT_LE(run_gemm(w.get(), pr), 2e-3);  // NaN fails too
+                EXPECT_EQ(counter(counts_of(w.get()), path) - counter(before, path), 1u);
+            }
+        }
+        // The permuted x is part of the workspace: without room for it the call is refused, naming the reason.
+        select(Path::Native);
+        size_t needed = 0;
+        TL_OK_(tl_quant_gemm_workspace_size(w.get(), 16, &needed));
+        EXPECT_GE(needed, static_cast<size_t>(16) * s.k * 2);
+        DeviceMemory x(static_cast<size_t>(16) * s.k * 2), y(static_cast<size_t>(16) * s.n * 2), ws(needed);
+        EXPECT_EQ(tl_quant_gemm(w.get(), x.ptr, y.ptr, 16, nullptr, ws.ptr, needed / 2), TL_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(tl_last_error_message()).find("act-order"), std::string::npos) << tl_last_error_message();
+        EXPECT_EQ(tl_quant_gemm(w.get(), x.ptr, y.ptr, 16, nullptr, nullptr, 0), TL_ERR_INVALID_ARGUMENT);
+    }
 }
 
 int main(int argc, char **argv) { return run_gpu_tests(argc, argv, "GPU API tests"); }

@@ -208,13 +208,15 @@ Prepared &prepared(const ModelCase &mc) {
     return *slot;
 }
 
-enum class Path { Native, Fused, Correction, Fp16Body };
+// Cublas: dequantize + cuBLAS at every M, the looped block's weights dequantized once per pass.
+enum class Path { Native, Fused, Correction, Fp16Body, Cublas };
 
 const char *path_name(Path p) {
     switch (p) {
         case Path::Native: return "native";
         case Path::Fused: return "fused";
         case Path::Correction: return "correction";
+        case Path::Cublas: return "cublas";
         default: return "fp16body";
     }
 }
@@ -223,7 +225,7 @@ void select_path(Path p) {
     tl::set_dispatch(TL_DISPATCH_USE_MARLIN, p == Path::Native ? 0 : 1);
     tl::set_dispatch(TL_DISPATCH_FP16_BODY, p == Path::Fp16Body ? 1 : 0);
     tl::set_dispatch(TL_DISPATCH_MARLIN_MODE, p == Path::Correction ? 2 : 1);
-    tl::set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0);
+    tl::set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, p == Path::Cublas ? 1 : 0);
 }
 
 uint64_t path_count(const tl::DispatchCounts &c, Path p) {
@@ -231,6 +233,7 @@ uint64_t path_count(const tl::DispatchCounts &c, Path p) {
         case Path::Native: return c.native;
         case Path::Fused: return c.marlin_fused;
         case Path::Correction: return c.marlin_correction;
+        case Path::Cublas: return c.dequant_cublas;
         default: return c.fp16_body;
     }
 }
@@ -416,7 +419,7 @@ TEST_P(ScoreParity, Matches) {
 INSTANTIATE_TEST_SUITE_P(Models, ScoreParity,
                          ::testing::Combine(::testing::Range<size_t>(0, model_cases().size()),
                                             ::testing::Values(Path::Native, Path::Fused, Path::Correction,
-                                                              Path::Fp16Body)),
+                                                              Path::Fp16Body, Path::Cublas)),
                          [](const ::testing::TestParamInfo<std::tuple<size_t, Path>> &info) {
                              return model_cases()[std::get<0>(info.param)].name + "_" +
                                     path_name(std::get<1>(info.param));

@@ -103,7 +103,7 @@ void expect_dense_equal(const Tensor &got, const std::string &dtype, const Tenso
 }
 
 // An INT4 linear of the file (codes [N][K/2], scales and offsets [N][G]) dequantized here, W = q * s + z', against
-// the script's (q - z) * s in [N][K].
+// the script's (q - z) * s in [N][K]. With a k_perm (act-order), stored row kk is input k_perm[kk].
 void expect_int4_close(const std::map<std::string, Tensor> &file, const std::string &name, const Tensor &want,
                        const Tensor &offset) {
     ASSERT_EQ(file.count(name + ".qweight"), 1u) << name << " is not INT4 in the file";
@@ -115,6 +115,12 @@ void expect_int4_close(const std::map<std::string, Tensor> &file, const std::str
     ASSERT_EQ(scales.shape, offset.shape) << name;
     ASSERT_EQ(zeros.shape, offset.shape) << name;
     const uint8_t *q = codes.as<uint8_t>("U8");
+    const int32_t *k_perm = nullptr;
+    if (file.count(name + ".k_perm")) {
+        const Tensor &t = file.at(name + ".k_perm");
+        ASSERT_EQ(t.shape, (std::vector<int64_t>{static_cast<int64_t>(k)})) << name;
+        k_perm = t.as<int32_t>("I32");
+    }
     size_t mismatches = 0;
     for (size_t nn = 0; nn < n; ++nn) {
         for (size_t kk = 0; kk < k; ++kk) {
@@ -123,7 +129,9 @@ void expect_int4_close(const std::map<std::string, Tensor> &file, const std::str
             const int code = (kk & 1) ? byte >> 4 : byte & 15;
             const float s = value_at(scales, nn * groups + g), z = value_at(zeros, nn * groups + g);
             const double got = static_cast<float>(code) * s + z;
-            const double e = value_at(want, nn * k + kk), off = value_at(offset, nn * groups + g);
+            const size_t input = k_perm != nullptr ? static_cast<size_t>(k_perm[kk]) : kk;
+            ASSERT_LT(input, k) << name;
+            const double e = value_at(want, nn * k + input), off = value_at(offset, nn * groups + g);
             if (!(std::fabs(got - e) <= int4_tolerance(e, off)) && mismatches++ == 0) {
                 ADD_FAILURE() << name << " W[" << kk << ", " << nn << "] = " << got << ", expected " << e;
             }
@@ -172,7 +180,7 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
         const std::string name = kv.key(), storage = kv.value();
         if (storage == "INT4") {
             expect_int4_close(file, name, expected.at(name), expected.at(name + ".offset"));
-            tensors += 3;
+            tensors += 3 + file.count(name + ".k_perm");
             ++n_int4;
         } else {
             ASSERT_EQ(file.count(name + ".weight"), 1u) << name << " is not dense in the file";
@@ -219,6 +227,48 @@ TEST(CheckpointImport, GptqMisalignedWithDenseLinear) { check_round_trip("gptq")
 TEST(CheckpointImport, GptqPerRowWithoutGIdx) { check_round_trip("gptq_per_row"); }
 TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
 
+// Act-order: every INT4 linear is stored with its groups contiguous and a k_perm, and the model scores as its dense
+// twin (the same weights in F32) does, on the CPU and, where there is one, on the GPU. A k_perm ignored or applied the
+// wrong way round scrambles the inputs of every linear, which the scores would show many times over.
+TEST(CheckpointImport, GptqActOrderScoresAsItsDenseTwin) {
+    check_round_trip("gptq_act_order");
+    const std::string act = scratch("act.tinyloop"), dense = scratch("dense.tinyloop");
+    ASSERT_EQ(convert(kData + "/gptq_act_order", act).status, TL_OK);
+    const Result r = convert(kData + "/gptq_act_order_dense", dense);
+    ASSERT_EQ(r.status, TL_OK) << r.message;
+    size_t permuted = 0;
+    for (const auto &kv : read_safetensors(act)) {
+        const std::string &name = kv.first;
+        permuted += name.size() > 7 && name.compare(name.size() - 7, 7, ".k_perm") == 0;
+    }
+    EXPECT_EQ(permuted, 3u * 5u);  // every linear of the three blocks (q|k|v is one)
+
+    std::vector<int32_t> tokens(64);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 11 + 5) % 72);
+    auto score = [&](const std::string &path, int32_t backend) {
+        tl_model *model = nullptr;
+        EXPECT_EQ(tl_model_load(path.c_str(), nullptr, &model), TL_OK) << tl_last_error_message();
+        tl_score_options so;
+        EXPECT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
+        so.backend = backend;
+        so.n_threads = 2;
+        tl_score_result result;
+        EXPECT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
+        EXPECT_EQ(tl_score(model, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+        tl_model_free(model);
+        return result.nll_sum / static_cast<double>(result.tokens_scored);
+    };
+    const double reference = score(dense, TL_BACKEND_CPU);
+    ASSERT_TRUE(std::isfinite(reference));
+    // The one difference is the FP16 rounding of each offset z' = -z * s (at most 2^-11 of |z * s|).
+    EXPECT_NEAR(score(act, TL_BACKEND_CPU), reference, 2e-3 * std::fabs(reference));
+    int32_t devices = 0;
+    ASSERT_EQ(tl_device_count(&devices), TL_OK);
+    if (devices > 0) {
+        EXPECT_NEAR(score(act, TL_BACKEND_CUDA), reference, 5e-3 * std::fabs(reference));
+    }
+}
+
 TEST(CheckpointImport, ReadWithoutMmap) {
     tl_import_options o;
     ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
@@ -262,9 +312,10 @@ TEST(CheckpointImportRefuses, UnexpectedLayer) {
                    "unexpected tensor 'model.layers.3.mlp.up_proj.weight'", "num_pre_layers = 2");
 }
 
-TEST(CheckpointImportRefuses, ActOrderGIdx) {
-    EXPECT_REFUSED(convert(kData + "/bad/act_order", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
-                   "model.layers.2.self_attn.k_proj.g_idx[1]", "act-order");
+TEST(CheckpointImportRefuses, ActOrderQkvInDifferentOrders) {
+    EXPECT_REFUSED(convert(kData + "/bad/act_order_kv_apart", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
+                   "'model.layers.2.self_attn.k_proj.g_idx' orders K differently from "
+                   "'model.layers.2.self_attn.q_proj.g_idx'");
 }
 
 TEST(CheckpointImportRefuses, NonFiniteScale) {
@@ -323,8 +374,8 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          TL_ERR_FORMAT, {"tensor 'lm_head.weight'", "differs from model.embed_tokens.weight"}},
         {"bits 8", "gptq", [](json &c) { c["quantization_config"]["bits"] = 8; }, TL_ERR_UNSUPPORTED,
          {"field 'quantization_config.bits' = 8", "only 4-bit"}},
-        {"desc_act", "gptq", [](json &c) { c["quantization_config"]["desc_act"] = true; }, TL_ERR_UNSUPPORTED,
-         {"field 'quantization_config.desc_act' is true", "act-order"}},
+        {"desc_act not a boolean", "gptq", [](json &c) { c["quantization_config"]["desc_act"] = "yes"; },
+         TL_ERR_FORMAT, {"field 'quantization_config.desc_act' must be true or false"}},
         {"gptq v2", "gptq", [](json &c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; },
          TL_ERR_UNSUPPORTED, {"quantization_config.checkpoint_format", "gptq_v2"}},
         {"another method", "gptq", [](json &c) { c["quantization_config"]["quant_method"] = "bitsandbytes"; },

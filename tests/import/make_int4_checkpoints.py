@@ -10,7 +10,8 @@ Each file holds, for each layer L (named after its shape, e.g. "k128_n64_g32"):
                     AWQ:  [K, N/8] (8 columns per int32, nibble i holding column 8c + AWQ_ORDER[i])
   L.qzeros    I32   [G, N/8] (GPTQ: columns in order, each nibble = zero - 1; AWQ: AWQ_ORDER, the zero itself)
   L.scales    F16   [G, N]
-  L.g_idx     I32   [K] (GPTQ only): k // group_size, what GPTQ writes without act-order
+  L.g_idx     I32   [K] (GPTQ only): k // group_size, what GPTQ writes without act-order; for the act-order layer
+                    (GPTQ, named "..._actorder") the group of each row after its rows were shuffled (make_act_order)
   L.expected  F32   [K, N] W[k, n] = (q[k, n] - z[g, n]) * s[g, n], computed here from the unpacked integers
   L.zero      I32   [G, N] the zero points z as the checkpoint's own dequantization reads them
 G = K / group_size (1 for per row). The expected values come from this script's own plain loops: the codes and
@@ -122,6 +123,26 @@ def make_layer(rng, layout, k, n, group_size):
     return tensors
 
 
+def make_act_order(tensors, name, perm, group_size):
+    """Reorders the K rows of a GPTQ layer made by make_layer as act-order (desc_act) leaves them: row k of the result
+    is row perm[k] of the original, codes, g_idx and expected values alike (so every group still has group_size rows,
+    now scattered over K). The tensors are renamed to name + "_actorder"."""
+    dtype, shape, words = tensors[f"{name}.qweight"]
+    k, n = shape[0] * 8, shape[1]
+    q = [[nibble(words[(kk // 8) * n + c], kk % 8) for c in range(n)] for kk in range(k)]
+    shuffled = [q[perm[kk]] for kk in range(k)]
+    qweight = [pack8([shuffled[8 * r + i][c] for i in range(8)]) for r in range(k // 8) for c in range(n)]
+    expected = tensors[f"{name}.expected"][2]
+    out = {}
+    for key, value in tensors.items():
+        out[key.replace(name + ".", name + "_actorder.")] = value
+    out[f"{name}_actorder.qweight"] = (dtype, shape, qweight)
+    out[f"{name}_actorder.g_idx"] = ("I32", [k], [perm[kk] // group_size for kk in range(k)])
+    out[f"{name}_actorder.expected"] = ("F32", [k, n],
+                                        [x for kk in range(k) for x in expected[perm[kk] * n:(perm[kk] + 1) * n]])
+    return out
+
+
 def write_safetensors(path, tensors, metadata=None, misalign=False):
     """tensors: name -> (dtype, shape, values); F16 and BF16 values are bit patterns. Tensors in name order, back to
     back. misalign=True pads the header to an odd length instead of a multiple of 8, so that the data section and
@@ -159,6 +180,12 @@ def main():
         tensors = {}
         for k, n, group_size in SHAPES:
             tensors.update(make_layer(rng, layout, k, n, group_size))
+        if layout == "gptq":
+            k, n, group_size = SHAPES[0]
+            layer = make_layer(rng, layout, k, n, group_size)
+            perm = list(range(k))
+            rng.shuffle(perm)
+            tensors.update(make_act_order(layer, f"k{k}_n{n}_g{group_size}", perm, group_size))
         write_safetensors(os.path.join(out, f"{layout}.safetensors"), tensors)
     return 0
 

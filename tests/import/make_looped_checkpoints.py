@@ -19,7 +19,9 @@ docs give: attn_qkv is q_proj's rows, then for each query head h the rows of K h
 V (grouped-query attention repeated). INT4 layers come from make_int4_checkpoints.make_layer, whose expected
 (q - z) * s is computed from its own independent unpacking.
 
-OUT_DIR/bad/* are checkpoints the converter must refuse (the test names each one's status and message).
+OUT_DIR/gptq_act_order_dense/ is gptq_act_order's model with every INT4 linear written dense (F32 [N, K], the
+expected values): both must score alike. OUT_DIR/bad/* are checkpoints the converter must refuse (the test names each
+one's status and message).
 """
 import json
 import os
@@ -53,7 +55,7 @@ def encode(dtype, x):
 
 class Variant:
     def __init__(self, name, dtype="F16", tied=True, head_dim=None, kv_heads=None, quant=None, group=GROUP,
-                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False):
+                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False):
         self.name = name
         self.rng = random.Random(f"{SEED}-{name}")
         self.dtype = dtype
@@ -65,6 +67,9 @@ class Variant:
         self.dense_linears = set(dense_linears)  # HF linear names kept dense in a quantized checkpoint
         self.dtype_of = dtype_of or {}  # HF proj key ("k", ...) -> dtype, overriding `dtype` for dense linears
         self.head_dtype = head_dtype
+        self.act_order = act_order  # GPTQ: every INT4 linear's K rows reordered as desc_act leaves them
+        self.perms = {}  # input name -> the row order of the linears that read it
+        self.dense_twin = {}  # HF linear name -> its weight [N, K] as F32: the same model, written dense
         self.tensors = {}  # the checkpoint: name -> (dtype, shape, items)
         self.expected = {}  # .tinyloop name -> ("F32", shape, values)
         self.linears = {}
@@ -111,6 +116,15 @@ class Variant:
         storage dtype or "INT4")."""
         if self.quant and hf not in self.dense_linears:
             layer = int4.make_layer(self.rng, self.quant, k, n, self.group)
+            if self.act_order:
+                # q, k and v share their input, and so do gate and up: GPTQ orders them alike.
+                shared = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "gate": "mlp_in", "up": "mlp_in"}
+                key = hf.rsplit(".", 2)[0] + "." + shared.get(proj, proj)
+                if key not in self.perms:
+                    self.perms[key] = list(range(k))
+                    self.rng.shuffle(self.perms[key])
+                name = next(key for key in layer if key.endswith(".qweight"))[:-len(".qweight")]
+                layer = int4.make_act_order(layer, name, self.perms[key], self.group)
             by_suffix = {key.rsplit(".", 1)[1]: value for key, value in layer.items()}
             for suffix in ("qweight", "qzeros", "scales", "g_idx"):
                 if suffix in by_suffix:
@@ -122,6 +136,7 @@ class Variant:
             rows = [[expected[kk * n + nn] for kk in range(k)] for nn in range(n)]
             offsets = [[abs(zero[g * n + nn] * struct.unpack("<e", struct.pack("<H", scale_bits[g * n + nn]))[0])
                         for g in range(groups)] for nn in range(n)]
+            self.dense_twin[hf] = ("F32", [n, k], [x for row in rows for x in row])
             return rows, offsets, "INT4"
         rows, dtype = self.dense(f"{hf}.weight", n, k, 1.0 / k ** 0.5, dtype=self.dtype_of.get(proj))
         return rows, None, dtype
@@ -221,6 +236,16 @@ def main():
     for name in [n for n in v.tensors if n.endswith(".g_idx")]:
         del v.tensors[name]
     v.write(out)
+    # GPTQ with act-order: every linear's K rows in a shuffled order (shared by q, k, v and by gate, up), and the same
+    # model with those weights dense in F32, which must score the same.
+    act = Variant("gptq_act_order", quant="gptq", act_order=True).build()
+    act.config["quantization_config"]["desc_act"] = True
+    act.write(out)
+    twin = Variant("gptq_act_order_dense")
+    twin.config = {key: value for key, value in act.config.items() if key != "quantization_config"}
+    twin.tensors = {name: value for name, value in act.tensors.items() if name.rsplit(".", 1)[0] not in act.dense_twin}
+    twin.tensors.update({hf + ".weight": value for hf, value in act.dense_twin.items()})
+    twin.write(out, checkpoint_only=True)
     # AWQ GEMM, group 32, grouped-query attention (the INT4 K/V rows repeated), a BF16 head.
     Variant("awq", tied=False, quant="awq", kv_heads=2, head_dtype="BF16").build().write(out)
 
@@ -246,10 +271,15 @@ def main():
         v.tensors["model.layers.3.mlp.up_proj.weight"] = v.tensors["model.layers.2.mlp.up_proj.weight"]
     variant_from(base, "unexpected_layer", extra_layer)
 
-    def act_order(v):  # an in-range g_idx that is not k // group_size: act-order
-        groups = D // GROUP
-        v.tensors["model.layers.2.self_attn.k_proj.g_idx"] = ("I32", [D], [kk % groups for kk in range(D)])
-    variant_from(gptq, "act_order", act_order)
+    def act_order_kv_apart(v):  # k_proj's K in an order of its own: q, k and v become one linear, read in one order
+        name = "model.layers.2.self_attn.k_proj"
+        perm = list(range(D))
+        random.Random(SEED).shuffle(perm)
+        layer = int4.make_act_order({f"{name}.{s}": v.tensors[f"{name}.{s}"] for s in ("qweight", "qzeros", "scales")} |
+                                    {f"{name}.expected": ("F32", [D, D], [0.0] * (D * D))}, name, perm, GROUP)
+        for suffix in ("qweight", "g_idx"):
+            v.tensors[f"{name}.{suffix}"] = layer[f"{name}_actorder.{suffix}"]
+    variant_from(gptq, "act_order_kv_apart", act_order_kv_apart)
 
     def bad_scales(v):  # a scale of +inf
         dtype, shape, items = v.tensors["model.layers.1.mlp.gate_proj.scales"]

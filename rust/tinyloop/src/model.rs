@@ -264,8 +264,8 @@ impl Default for ImportOptions {
 /// conversion succeeds.
 ///
 /// Errors: [`Error::Io`] for a folder or file that cannot be read or written, [`Error::Format`] for a malformed
-/// config or tensor, [`Error::Unsupported`] for what the library does not import (act-order GPTQ, 8-bit weights,
-/// biases, ...); each message names the file and the field or tensor.
+/// config or tensor, [`Error::Unsupported`] for what the library does not import (8-bit weights, biases,
+/// act-order q, k and v in different K orders, ...); each message names the file and the field or tensor.
 pub fn import_checkpoint(dir: impl AsRef<Path>, out: impl AsRef<Path>, options: &ImportOptions) -> Result<()> {
     let (dir, out) = (path_to_c(dir.as_ref())?, path_to_c(out.as_ref())?);
     let max_seq = match options.max_seq {

@@ -1,6 +1,7 @@
 //! `import_checkpoint` on Hugging Face-style folders that tests/import/make_looped_checkpoints.py writes (Python 3,
-//! standard library only): a dense and a GPTQ checkpoint become models that load, score, and have the script's
-//! configuration; a missing folder and an act-order checkpoint are refused with errors naming them.
+//! standard library only): a dense, a GPTQ and an act-order GPTQ checkpoint become models that load, score, and have
+//! the script's configuration; a missing folder and an act-order checkpoint whose q, k and v order K differently are
+//! refused with errors naming them.
 
 mod common;
 
@@ -25,7 +26,11 @@ fn checkpoints() -> PathBuf {
 
 #[test]
 fn dense_and_gptq_checkpoints_become_models_that_score() {
-    for (name, head, quantized) in [("dense_f16_tied", HeadKind::Tied, false), ("gptq", HeadKind::Dense, true)] {
+    for (name, head, quantized) in [
+        ("dense_f16_tied", HeadKind::Tied, false),
+        ("gptq", HeadKind::Dense, true),
+        ("gptq_act_order", HeadKind::Tied, true),
+    ] {
         let out = ScratchFile::new(name);
         import_checkpoint(checkpoints().join(name), &out.0, &ImportOptions::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -63,9 +68,9 @@ fn refusals_name_what_is_wrong() {
         Err(Error::Io(m)) => assert!(m.contains("no-such-folder"), "{m}"),
         other => panic!("a missing folder: {other:?}"),
     }
-    match import_checkpoint(checkpoints().join("bad/act_order"), &out.0, &ImportOptions::default()) {
-        Err(Error::Unsupported(m)) => assert!(m.contains("act-order"), "{m}"),
-        other => panic!("an act-order checkpoint: {other:?}"),
+    match import_checkpoint(checkpoints().join("bad/act_order_kv_apart"), &out.0, &ImportOptions::default()) {
+        Err(Error::Unsupported(m)) => assert!(m.contains("k_proj.g_idx' orders K differently"), "{m}"),
+        other => panic!("q, k and v in different K orders: {other:?}"),
     }
     assert!(!out.0.exists(), "a failed import must not leave an output");
 }
