@@ -646,9 +646,6 @@ int main(int argc, char **argv) {
     auto *text_opt = score->add_option("--text", text, "a text file read as bytes, one token per byte (1 GiB at most)");
     auto *tokens_opt = score->add_option("--tokens", token_file, "a file of whitespace-separated token ids");
     text_opt->excludes(tokens_opt);
-    score->add_option("--backend", backend, "auto | cpu | cuda")
-        ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
-    score->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
     score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
     const CLI::Validator non_negative(
         [](std::string &value) {
@@ -660,8 +657,12 @@ int main(int argc, char **argv) {
         ->check(non_negative);
     score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
     score->add_flag("--json", json, "print one JSON object instead of the report");
+    // What score and score-batch share: where they run and how often they report progress.
     double progress_interval = 5;
-    const auto add_progress_interval = [&progress_interval](CLI::App *sub, const std::string &zero_means) {
+    const auto add_run_options = [&](CLI::App *sub, const std::string &zero_means) {
+        sub->add_option("--backend", backend, "auto | cpu | cuda")
+            ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+        sub->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
         sub->add_option("--progress-interval", progress_interval,
                         "seconds between progress lines when stderr is not a terminal (0 = " + zero_means + ")")
             ->check(CLI::Validator(
@@ -674,7 +675,7 @@ int main(int argc, char **argv) {
                 "S >= 0"))
             ->envname("TINYLOOP_PROGRESS_INTERVAL")->capture_default_str();
     };
-    add_progress_interval(score, "after every window");
+    add_run_options(score, "after every window");
 
     std::string input = "-", output = "-";
     int device = 0;
@@ -697,12 +698,9 @@ int main(int argc, char **argv) {
     score_batch->add_option("model", model_path, "the .tinyloop file")->required();
     score_batch->add_option("--input", input, "the requests, a JSON-lines file or - for stdin")->capture_default_str();
     score_batch->add_option("--output", output, "where the results go, a file or - for stdout")->capture_default_str();
-    score_batch->add_option("--backend", backend, "auto | cpu | cuda")
-        ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
     score_batch->add_option("--device", device, "the CUDA device")->check(CLI::Range(0, INT32_MAX))
         ->capture_default_str();
-    score_batch->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
-    add_progress_interval(score_batch, "after every forward pass");
+    add_run_options(score_batch, "after every forward pass");
 
     try {
         app.parse(argc, argv);

@@ -140,6 +140,18 @@ void expect_int4_close(const std::map<std::string, Tensor> &file, const std::str
     EXPECT_EQ(mismatches, 0u) << name;
 }
 
+// One tl_score call over `tokens` on `backend` (two threads on the CPU).
+tl_score_result score_tokens(const tl_model *model, const std::vector<int32_t> &tokens, int32_t backend) {
+    tl_score_options so;
+    EXPECT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
+    so.backend = backend;
+    so.n_threads = 2;
+    tl_score_result result;
+    EXPECT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
+    EXPECT_EQ(tl_score(model, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+    return result;
+}
+
 void check_round_trip(const std::string &variant, const tl_import_options *options = nullptr) {
     SCOPED_TRACE(variant);
     const std::string out = scratch(variant + ".tinyloop");
@@ -208,13 +220,7 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
     for (size_t i = 0; i < tokens.size(); ++i) {
         tokens[i] = static_cast<int32_t>((i * 7 + 3) % static_cast<size_t>(p.vocab));
     }
-    tl_score_options so;
-    ASSERT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
-    so.backend = TL_BACKEND_CPU;
-    so.n_threads = 2;
-    tl_score_result result;
-    ASSERT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
-    EXPECT_EQ(tl_score(model, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+    const tl_score_result result = score_tokens(model, tokens, TL_BACKEND_CPU);
     EXPECT_TRUE(std::isfinite(result.nll_sum));
     EXPECT_EQ(result.tokens_scored, tokens.size() - 1);
     tl_model_free(model);
@@ -248,13 +254,7 @@ TEST(CheckpointImport, GptqActOrderScoresAsItsDenseTwin) {
     auto score = [&](const std::string &path, int32_t backend) {
         tl_model *model = nullptr;
         EXPECT_EQ(tl_model_load(path.c_str(), nullptr, &model), TL_OK) << tl_last_error_message();
-        tl_score_options so;
-        EXPECT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
-        so.backend = backend;
-        so.n_threads = 2;
-        tl_score_result result;
-        EXPECT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
-        EXPECT_EQ(tl_score(model, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+        const tl_score_result result = score_tokens(model, tokens, backend);
         tl_model_free(model);
         return result.nll_sum / static_cast<double>(result.tokens_scored);
     };
