@@ -11,14 +11,15 @@
 // the public C API instead of calling the kernels: owned weights made from host arrays (random codes; scales and zeros
 // like a min-max quantization) and packed with every form, the path picked with tl_set_dispatch, tl_quant_gemm from a
 // host loop (implies --stream-loop): what an application, or the Rust crate's Criterion bench, measures.
-// --stream-slices N: at least N 128-deep slices per warp in the M <= 16 stream kernel for the whole run
-// (marlin_set_stream_slices_per_warp: 0 = every warp slot, the default; -1 = the skinny kernel instead).
-// --blocks-per-sm 1|2: resident blocks per SM for M <= 16 (marlin_set_max_blocks_per_sm; default 2).
-// --stream-stages S: the stream kernel's ring depth per warp (marlin_set_stream_stages; default: as deep as fits).
+// The Marlin-class tuning (tl::MarlinTuning, cpp/gpu/gemm_policy.hpp) for the whole run:
+// --stream-slices N: at least N 128-deep slices per warp in the M <= 16 stream kernel (stream_slices_per_warp: 0 =
+// every warp slot, the default; -1 = the skinny kernel instead).
+// --blocks-per-sm 1|2: resident blocks per SM for M <= 16 (max_blocks_per_sm; default 2).
+// --stream-stages S: the stream kernel's ring depth per warp (stream_stages; default: as deep as fits).
 // --wgmma-split-max-kn KN: up to M = 64, weights of at most KN elements on two warpgroups per tile
-// (marlin_set_wgmma_split_max_kn; default 2^26; 0 = never).
+// (wgmma_split_max_kn; default 2^26; 0 = never).
 // --wgmma-producer 0|1: above 64 rows, the wgmma kernel with a copying warpgroup (1, the default) or without
-// (marlin_set_wgmma_producer).
+// (wgmma_warp_specialized).
 //
 // Method: random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
@@ -294,7 +295,7 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
 // Same-run A/B columns of the fused kernel choices: marlin_fused_skinny, the skinny kernel (block barrier per slice)
 // where the stream kernel is the default (M <= 16, group 128); marlin_fused_wide, the first-generation M > 16 kernel
 // (16 < M <= 256); marlin_fused_medium, the medium kernel where the wgmma kernel is the default (its bound for the
-// weight, marlin_wgmma_min_m_for, <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound (16 < M <
+// weight, wgmma_min_m_for, <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound (16 < M <
 // the bound; from the bound marlin_fused is the wgmma kernel where it runs).
 const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native",            "deq_cublas", "cublas_fp16",
                           "marlin_fused_skinny", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
@@ -346,7 +347,7 @@ int main(int argc, char **argv) {
     std::string only_group, only_kernels;
     std::vector<std::string> only_layers;
     std::vector<int> only_ms;
-    int stream_slices = 0;
+    tl::MarlinTuning run_tuning;  // the defaults, changed by the options below
     for (int i = 3; i < argc; ++i) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
@@ -364,20 +365,19 @@ int main(int argc, char **argv) {
             }
         }
         else if (arg == "--group" && has_value) only_group = argv[++i];
-        else if (arg == "--stream-slices" && has_value) stream_slices = std::atoi(argv[++i]);
-        else if (arg == "--stream-stages" && has_value) tl::gpu::marlin_set_stream_stages(std::atoi(argv[++i]));
-        else if (arg == "--wgmma-split-max-kn" && has_value) {
-            tl::gpu::marlin_set_wgmma_split_max_kn(std::atoll(argv[++i]));
-        }
-        else if (arg == "--wgmma-producer" && has_value) tl::gpu::marlin_set_wgmma_producer(std::atoi(argv[++i]) != 0);
-        else if (arg == "--blocks-per-sm" && has_value) tl::gpu::marlin_set_max_blocks_per_sm(std::atoi(argv[++i]));
+        else if (arg == "--stream-slices" && has_value) run_tuning.stream_slices_per_warp = std::atoi(argv[++i]);
+        else if (arg == "--stream-stages" && has_value) run_tuning.stream_stages = std::atoi(argv[++i]);
+        else if (arg == "--wgmma-split-max-kn" && has_value) run_tuning.wgmma_split_max_kn = std::atoll(argv[++i]);
+        else if (arg == "--wgmma-producer" && has_value) run_tuning.wgmma_warp_specialized = std::atoi(argv[++i]) != 0;
+        else if (arg == "--blocks-per-sm" && has_value) run_tuning.max_blocks_per_sm = std::atoi(argv[++i]);
         else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
         else {
             std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
             return 2;
         }
     }
-    tl::gpu::marlin_set_stream_slices_per_warp(stream_slices);
+    tl::gpu::set_marlin_tuning(run_tuning);
+    run_tuning = tl::gpu::marlin_tuning();  // clamped
     auto wanted = [&](int kernel) {
         return only_kernels.empty() || only_kernels.find("," + std::string(kKernels[kernel]) + ",") != std::string::npos;
     };
@@ -495,28 +495,31 @@ int main(int argc, char **argv) {
                                                 d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream);
                 };
                 if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
-                if (wanted(5) && group == 128 && m <= 16) {
-                    tl::gpu::marlin_set_stream_slices_per_warp(-1);
-                    r.t[5] = time_calls(stream, rot, fused);
-                    tl::gpu::marlin_set_stream_slices_per_warp(stream_slices);
-                }
-                // The fused call with the kernel-choice knobs set (read when the graph is captured), then reset.
-                auto fused_with = [&](int medium_max_m, int wgmma_min_m) {
-                    tl::gpu::marlin_set_medium_max_m(medium_max_m);
-                    tl::gpu::marlin_set_wgmma_min_m(wgmma_min_m);
-                    const Timing t = time_calls(stream, rot, fused);
-                    tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
-                    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
-                    return t;
+                // The fused call under the run's tuning changed by `edit` (read at capture), then the run's again.
+                auto fused_with = [&](auto edit) {
+                    tl::MarlinTuning t = run_tuning;
+                    edit(t);
+                    tl::gpu::set_marlin_tuning(t);
+                    const Timing timing = time_calls(stream, rot, fused);
+                    tl::gpu::set_marlin_tuning(run_tuning);
+                    return timing;
                 };
-                const bool wgmma = tl::gpu::marlin_wgmma_built();
-                if (wanted(6) && m > 16 && m <= 256) r.t[6] = fused_with(16, INT32_MAX);
-                const int wgmma_from = tl::gpu::marlin_wgmma_min_m_for(k, n);
-                if (wanted(7) && wgmma && m > 16 && m < wgmma_from) {
-                    r.t[7] = fused_with(tl::gpu::kMarlinMediumMaxM, 17);
+                if (wanted(5) && group == 128 && m <= 16) {
+                    r.t[5] = fused_with([](tl::MarlinTuning &t) { t.stream_slices_per_warp = -1; });
                 }
-                if (wanted(8) && wgmma && m >= wgmma_from && m <= tl::gpu::kMarlinMediumMaxM) {  // wgmma_from >= 17
-                    r.t[8] = fused_with(tl::gpu::kMarlinMediumMaxM, INT32_MAX);
+                const bool wgmma = tl::gpu::marlin_wgmma_built();
+                if (wanted(6) && m > 16 && m <= 256) {
+                    r.t[6] = fused_with([](tl::MarlinTuning &t) {
+                        t.medium_max_m = 16;
+                        t.wgmma_min_m = INT32_MAX;
+                    });
+                }
+                const int wgmma_from = tl::wgmma_min_m_for(k, n, run_tuning);
+                if (wanted(7) && wgmma && m > 16 && m < wgmma_from) {
+                    r.t[7] = fused_with([](tl::MarlinTuning &t) { t.wgmma_min_m = 17; });
+                }
+                if (wanted(8) && wgmma && m >= wgmma_from && m <= run_tuning.medium_max_m) {  // wgmma_from >= 17
+                    r.t[8] = fused_with([](tl::MarlinTuning &t) { t.wgmma_min_m = INT32_MAX; });
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;

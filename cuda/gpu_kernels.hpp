@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpu/gemm_policy.hpp"
+
 typedef struct cublasContext *cublasHandle_t;
 
 namespace tl::gpu {
@@ -41,52 +43,15 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 // The workspace (marlin_workspace_bytes) must be zeroed once (cudaMemsetAsync) before first use; every call leaves
 // it zeroed again. One workspace must not be used by two launches that can run at the same time.
 size_t marlin_workspace_bytes(int sm_count);
-// Tuning knob (benchmarks, A/B tests): resident blocks per SM for M <= 16, 2 (default) or 1 (then a deeper ring);
-// the stream kernel honours it for M <= 8 and runs 9 <= M <= 16 at one block per SM. Process-wide; results do not
-// depend on it.
-void marlin_set_max_blocks_per_sm(int blocks);
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
                 int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
-// Which kernel marlin_gemm runs for M rows: Skinny (M <= 16), Medium (16 < M <= the medium bound, default
-// kMarlinMediumMaxM), Wide (above: 32/64-row tiles, the first-generation mainloop). Wgmma (M >= the wgmma bound of
-// the weight, marlin_wgmma_min_m_for, at least 17) takes precedence where it runs: a library built for sm_90a on a
-// device of compute capability 9.0; elsewhere it refuses and the kernel for M above runs.
-// Stream (M <= 16, K % 128 == 0, group size 32, 64 or a multiple of 128 / per column) takes precedence over Skinny
-// unless turned off with marlin_set_stream_slices_per_warp(-1).
-enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3, Stream = 4 };
-constexpr int kMarlinMediumMaxM = 64;
-constexpr int kMarlinWgmmaMinM = 33;
-// Weights of at most this many elements (K * N: Llama-8B qkv and every layer of the 2B model) take the wgmma kernel
-// from 17 rows: there (its 64-row tile on two warpgroups) it beat the medium kernel by 7-19% at M = 17-32 on four of
-// those five layers and lost 4-5% on the fifth at 17-24 rows, while on larger weights the medium kernel wins below
-// 33 rows (measured on the H200).
-constexpr long long kMarlinWgmmaSmallKN = 1LL << 25;
-MarlinKernel marlin_kernel_for(int m);
-// The smallest M that tries the wgmma kernel for a K x N weight: the bound of marlin_set_wgmma_min_m, lowered to 17
-// for a weight of at most kMarlinWgmmaSmallKN elements unless the bound is 2^31 - 1 (never).
-int marlin_wgmma_min_m_for(int k, int n);
-// Tuning knob (benchmarks, A/B tests): the largest M that runs the medium kernel, clamped to [16, 64] (16: never).
-// Process-wide; results do not depend on it beyond FP32 summation order.
-void marlin_set_medium_max_m(int m);
-// Tuning knob: the smallest M that tries the wgmma kernel, clamped to [17, 2^31 - 1] (the largest value: never).
-// Process-wide; results do not depend on it beyond FP32 summation order and FP16 rounding of the weights.
-void marlin_set_wgmma_min_m(int m);
-// Tuning knob: up to M = 64 the wgmma kernel runs a weight of at most this many elements (K * N) on two warpgroups
-// per 64-row tile (one block per SM), larger ones on one warpgroup (two blocks per SM); 0 = never split. Process-wide;
-// results do not depend on it beyond FP32 summation order.
-void marlin_set_wgmma_split_max_kn(long long kn);
-constexpr long long kMarlinWgmmaSplitMaxKN = 1LL << 26;  // the default: up to the Llama-8B down layer (58.7M)
-// Tuning knob: above 64 rows the wgmma kernel runs warp-specialized (a third warpgroup copies, the tile's two only
-// compute; default), or with every warp copying and computing (false: the A/B form). Process-wide; results do not
-// depend on it.
-void marlin_set_wgmma_producer(bool on);
-// Tuning knob: how the M <= 16 stream kernel spreads its 128-deep slices: 0 = over every warp slot of the GPU
-// (default), n >= 1 = at least n slices per warp (fewer warps), -1 = never use the stream kernel (the skinny kernel
-// runs). Process-wide; results do not depend on it beyond FP32 summation order.
-void marlin_set_stream_slices_per_warp(int slices);
-// Tuning knob: the stream kernel's ring depth per warp (stages of 128 k in flight + 1): 0 = as deep as shared memory
-// allows (default), n >= 2 = at most n. Process-wide; results do not depend on it.
-void marlin_set_stream_stages(int stages);
+// marlin_gemm runs the kernel and tile of plan_marlin (cpp/gpu/gemm_policy.hpp) under the process-wide tuning below,
+// with the plan's fallbacks: the wgmma kernel where it runs (a library built for sm_90a on a device of compute
+// capability 9.0), else the kernel for M.
+// The tuning (defaults: the policy). Benchmarks and tests set it for A/B runs; process-wide, and results do not depend
+// on it beyond FP32 summation order and FP16 rounding of the weights. Fields are clamped into their ranges.
+MarlinTuning marlin_tuning();
+void set_marlin_tuning(const MarlinTuning &tuning);
 // Whether the library holds the wgmma kernel (built for sm_90a); it runs only on compute capability 9.0.
 bool marlin_wgmma_built();
 // Successful marlin_gemm launches per kernel since the process started (tests: which kernel a path reached).

@@ -33,11 +33,12 @@ import statistics
 import sys
 
 OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
-# cuda/gpu_kernels.hpp's kMarlinWgmmaMinM: from here marlin_fused is the wgmma kernel on the H200; from 17 rows for a
-# weight of at most kMarlinWgmmaSmallKN elements (marlin_wgmma_min_m_for).
+# cpp/gpu/gemm_policy.hpp's kMarlinWgmmaMinM: from here marlin_fused is the wgmma kernel on the H200; from 17 rows for
+# a weight of at most kWgmmaSmallKN elements (wgmma_min_m_for).
 WGMMA_MIN_M = 33
 WGMMA_SMALL_KN = 1 << 25
-# cpp/gpu/gpu_backend.cpp: a weight of at most this many elements switches to dequantize + cuBLAS from min(setting, 128).
+# cpp/gpu/gemm_policy.hpp (cublas_min_m_for): a weight of at most this many elements switches to dequantize + cuBLAS
+# from min(setting, 128).
 CUBLAS_SMALL_KN = 1 << 25
 # ... and a weight of at least this many at twice the setting.
 CUBLAS_LARGE_KN = 1 << 27
@@ -73,7 +74,7 @@ def group128_cells(path):
 
 
 def dispatcher_choice(c, m, cublas_min_m):
-    """What tl_quant_gemm runs (cpp/gpu/gpu_backend.cpp, cublas_path_wanted): dequantize + cuBLAS from cublas_min_m rows,
+    """What tl_quant_gemm runs (cpp/gpu/gemm_policy.hpp, cublas_min_m_for): dequantize + cuBLAS from cublas_min_m rows,
     or from min(cublas_min_m, 128) for a weight with K·N <= 2^25, from 2 * cublas_min_m for one with K·N >= 2^27; the
     fused Marlin-class kernel below."""
     threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= CUBLAS_SMALL_KN else cublas_min_m
@@ -83,7 +84,7 @@ def dispatcher_choice(c, m, cublas_min_m):
 
 
 def wgmma_from(c):
-    """The wgmma kernel's bound for the cell's weight (cuda/gpu_kernels.hpp, marlin_wgmma_min_m_for)."""
+    """The wgmma kernel's bound for the cell's weight (cpp/gpu/gemm_policy.hpp, wgmma_min_m_for)."""
     return 17 if c["kn"] <= WGMMA_SMALL_KN else WGMMA_MIN_M
 
 

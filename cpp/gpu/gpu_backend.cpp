@@ -1,4 +1,5 @@
 #include "gpu/gpu_backend.hpp"
+#include "gpu/gemm_policy.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -39,12 +40,6 @@ int32_t env_setting(const char *name, int32_t fallback) {
     }
     return static_cast<int32_t>(v);
 }
-
-// Where dequantize + cuBLAS starts to beat the Marlin-class kernel (0 = never; small weights: cublas_path_wanted).
-// Measured on the H200 (docs/benchmarks.md, 2026-12-01), with the wgmma kernel taking M >= 33: it beats dequantize +
-// cuBLAS at M <= 256 on the Llama 8B gate+up/down and 70B layers and, at M = 1024, loses on every layer but 8B
-// gate+up, so one threshold between the two. (Before the wgmma kernel the crossover was 128; on a GPU without it, set 128.)
-constexpr int32_t kDefaultCublasMinM = 512;
 
 struct Settings {
     std::atomic<int32_t> values[5];
@@ -424,21 +419,8 @@ size_t correction_scratch_bytes(const DeviceWeight &dw, int64_t m) {
     return align_up(gpu::correction_scratch_bytes(static_cast<int>(m), dw.k, dw.kernel_group_size), 256);
 }
 
-// A small weight (K·N ≤ 2^25: the 2B TinyLoop shape's layers, Llama-8B qkv) gives the Marlin-class kernels too few
-// 256-column tiles to fill the GPU at M >= 128, where dequantize + cuBLAS already beats them on every such layer
-// measured (H200, 2026-12-01); larger weights cross over near 512 rows.
-constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
-constexpr int32_t kSmallWeightCublasMinM = 128;
-// A large weight (K·N >= 2^27: the Llama-70B layers) still runs faster on the wgmma kernel than dequantized through
-// cuBLAS at 512 rows (70B gate+up 831-902 vs 1032-1042 us, 70B down 465-471 vs 501-511 in the two full runs of
-// 2026-12-01, measured on the H200): it switches at twice the setting.
-constexpr int64_t kLargeWeightElements = int64_t{1} << 27;
-
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
-    int64_t min_m = get_dispatch(TL_DISPATCH_CUBLAS_MIN_M);
-    const int64_t elements = static_cast<int64_t>(dw.k) * dw.n;
-    if (min_m > 0 && elements <= kSmallWeightElements) min_m = std::min<int64_t>(min_m, kSmallWeightCublasMinM);
-    if (elements >= kLargeWeightElements) min_m *= 2;
+    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, get_dispatch(TL_DISPATCH_CUBLAS_MIN_M));
     return dw.marlin_ok && min_m > 0 && m >= min_m;
 }
 

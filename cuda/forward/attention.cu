@@ -19,6 +19,7 @@
 
 #include "../gpu_common.cuh"
 #include "forward_kernels.hpp"
+#include "segments.cuh"
 #include "reduce.cuh"
 
 namespace tl::gpu {
@@ -71,12 +72,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, 
     const int head = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueryTile;  // the longest (latest) query tiles start first
     const size_t attn_dim = static_cast<size_t>(n_heads) * head_dim, row_stride = 3 * attn_dim;
-    if (seg_offsets != nullptr) {
-        const int first = seg_offsets[blockIdx.z];
-        t_count = seg_offsets[blockIdx.z + 1] - first;
-        qkv += static_cast<size_t>(first) * row_stride;
-        out += static_cast<size_t>(first) * attn_dim;
-    }
+    const forward::SegmentRows rows = forward::segment_rows(seg_offsets, t_count);
+    t_count = rows.count;
+    qkv += rows.first * row_stride;
+    out += rows.first * attn_dim;
     if (q0 >= t_count) return;  // the whole block: before any barrier
     const __half *q_base = qkv + static_cast<size_t>(head) * head_dim;
     const __half *k_base = q_base + attn_dim;

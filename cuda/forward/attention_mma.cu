@@ -28,6 +28,7 @@
 
 #include "../gpu_common.cuh"
 #include "forward_kernels.hpp"
+#include "segments.cuh"
 
 namespace tl::gpu {
 
@@ -132,12 +133,10 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
     const int q_tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles start first
     const int q0 = q_tile * kQueryTile;
     const size_t attn_dim = static_cast<size_t>(n_heads) * HD, row_stride = 3 * attn_dim;
-    if (seg_offsets != nullptr) {
-        const int first = seg_offsets[blockIdx.z];
-        t_count = seg_offsets[blockIdx.z + 1] - first;
-        qkv += static_cast<size_t>(first) * row_stride;
-        out += static_cast<size_t>(first) * attn_dim;
-    }
+    const forward::SegmentRows rows = forward::segment_rows(seg_offsets, t_count);
+    t_count = rows.count;
+    qkv += rows.first * row_stride;
+    out += rows.first * attn_dim;
     if (q0 >= t_count) return;  // the whole block: before any barrier
     const __half *q_base = qkv + static_cast<size_t>(head) * HD;
     const __half *k_base = q_base + attn_dim;

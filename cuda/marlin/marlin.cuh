@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpu/gemm_policy.hpp"
+
 namespace tl::gpu::marlin {
 
 constexpr int kThreads = 256;
@@ -61,11 +63,9 @@ struct LaunchEnv {
     int sm_count;
     int max_smem_optin;
     int smem_per_sm;
-    int max_blocks_per_sm;  // 1 or 2: residency wanted for M <= 16 (marlin_set_max_blocks_per_sm)
+    int max_blocks_per_sm;  // 1 or 2: residency wanted for M <= 16 (MarlinTuning)
     int stream_slices_per_warp;  // stream kernel: 0 = every warp slot, n = at least n slices per warp
     int stream_stages;           // stream kernel: ring depth per warp, 0 = as deep as fits
-    long long wgmma_split_max_kn;  // wgmma kernel, M <= 64: the largest K * N on two warpgroups per 64-row tile
-    bool wgmma_producer;           // wgmma kernel, M > 64: the warp-specialized form (a copying warpgroup)
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;
@@ -94,8 +94,9 @@ int launch_medium(Params p, const LaunchEnv &env);
 
 // M > 16 on compute capability 9.0 (marlin_wgmma.cu, built for sm_90a): wgmma with the weights dequantized in
 // registers; tiles of 256 columns x 64 rows (M <= 64, two blocks per SM) or 128 rows (one block of two warpgroups).
-// Sets p.m_slices, k_tiles and total_iters itself (its pipeline depth is a compile-time constant). kRcUnsupported
-// where the library was built without sm_90a or the device is not 9.0.
-int launch_wgmma(Params p, const LaunchEnv &env, bool fused, int gpt);
+// Sets p.m_slices, k_tiles and total_iters itself (its pipeline depth is a compile-time constant). The tile form is
+// the plan's (wgmma_rows, wgmma_warpgroups, wgmma_warp_specialized). kRcUnsupported where the library was built
+// without sm_90a or the device is not 9.0.
+int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt);
 
 }  // namespace tl::gpu::marlin

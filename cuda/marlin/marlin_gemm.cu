@@ -1,13 +1,10 @@
-// The public launcher of the Marlin-class GEMM: argument and shape checks, kernel and tile-height choice, dispatch
-// to the instantiation. The kernels: marlin_stream.cuh (M <= 16, where it applies; else marlin_skinny.cuh),
-// marlin_medium.cuh (16 < M <= 64, see marlin_set_medium_max_m), marlin_kernel.cuh (above); on compute capability
-// 9.0, marlin_wgmma.cu from marlin_wgmma_min_m_for(K, N) rows.
-#include <climits>
-#include <cstdlib>
-#include <cstring>
-
+// The public launcher of the Marlin-class GEMM: argument and shape checks, then the kernel and tile that
+// plan_marlin (cpp/gpu/gemm_policy.hpp) chooses, with its fallbacks, dispatched to the instantiation. The kernels:
+// marlin_stream.cuh and marlin_skinny.cuh (M <= 16), marlin_medium.cuh (16 < M <= 64), marlin_kernel.cuh (any M);
+// on compute capability 9.0, marlin_wgmma.cu.
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
+#include "gpu/gemm_policy.hpp"
 #include "gpu/marlin_pack.hpp"
 
 namespace tl::gpu::marlin {
@@ -21,13 +18,16 @@ namespace tl::gpu {
 
 namespace {
 
+// The tuning, field by field: a launch reads it without a lock (a concurrent set_marlin_tuning may mix old and new
+// fields, which changes only which kernel runs, never the result).
 std::atomic<int> g_max_blocks_per_sm{2};
 std::atomic<int> g_medium_max_m{kMarlinMediumMaxM};
 std::atomic<int> g_wgmma_min_m{kMarlinWgmmaMinM};
 std::atomic<int> g_stream_slices_per_warp{0};
 std::atomic<int> g_stream_stages{0};
-std::atomic<long long> g_wgmma_split_max_kn{kMarlinWgmmaSplitMaxKN};
-std::atomic<bool> g_wgmma_producer{true};
+std::atomic<long long> g_wgmma_split_max_kn{kWgmmaSplitMaxKN};
+std::atomic<bool> g_wgmma_warp_specialized{true};
+std::atomic<int> g_medium_variant{static_cast<int>(MediumVariant::Auto)};
 std::atomic<uint64_t> g_launches[5];  // by MarlinKernel
 
 template <int MB, bool FUSED>
@@ -68,21 +68,6 @@ int pick_medium_wide_rows(int rows_per_tile, int gpt, const marlin::Params &p, c
     }
 }
 
-// Which medium mainloop runs. Measured on the H200 (same-run A/B): the split kernel's 24-row
-// tile (NB = 3, no spills) wins at M <= 24, the wide-warp kernel from 25 rows (the split kernel's NB = 4 spills).
-// TINYLOOP_MEDIUM_VARIANT=split or =wide (read once) forces one of them everywhere, for A/B timing.
-enum class MediumVariant { Auto, Split, Wide };
-MediumVariant medium_variant() {
-    static const MediumVariant variant = [] {
-        const char *v = std::getenv("TINYLOOP_MEDIUM_VARIANT");
-        if (v != nullptr && std::strcmp(v, "split") == 0) return MediumVariant::Split;
-        if (v != nullptr && std::strcmp(v, "wide") == 0) return MediumVariant::Wide;
-        return MediumVariant::Auto;
-    }();
-    return variant;
-}
-constexpr int kMediumSplitMaxM = 24;
-
 // The stream kernel for M <= 16 (NB = 1: M <= 8, 2: M <= 16); GPS from the group size (0: not one it takes).
 template <bool FUSED>
 int pick_stream(int m, int group_size, const marlin::Params &p, const marlin::LaunchEnv &env) {
@@ -113,39 +98,29 @@ int pick_rows(int rows_per_tile, int slice_k, int gpt, const marlin::Params &p, 
 
 }  // namespace
 
-void marlin_set_max_blocks_per_sm(int blocks) {
-    g_max_blocks_per_sm.store(blocks >= 2 ? 2 : 1, std::memory_order_relaxed);
+MarlinTuning marlin_tuning() {
+    MarlinTuning t;
+    t.max_blocks_per_sm = g_max_blocks_per_sm.load(std::memory_order_relaxed);
+    t.medium_max_m = g_medium_max_m.load(std::memory_order_relaxed);
+    t.wgmma_min_m = g_wgmma_min_m.load(std::memory_order_relaxed);
+    t.stream_slices_per_warp = g_stream_slices_per_warp.load(std::memory_order_relaxed);
+    t.stream_stages = g_stream_stages.load(std::memory_order_relaxed);
+    t.wgmma_split_max_kn = g_wgmma_split_max_kn.load(std::memory_order_relaxed);
+    t.wgmma_warp_specialized = g_wgmma_warp_specialized.load(std::memory_order_relaxed);
+    t.medium_variant = static_cast<MediumVariant>(g_medium_variant.load(std::memory_order_relaxed));
+    return t;
 }
 
-void marlin_set_medium_max_m(int m) {
-    g_medium_max_m.store(std::min(64, std::max(16, m)), std::memory_order_relaxed);
-}
-
-void marlin_set_stream_stages(int stages) {
-    g_stream_stages.store(stages <= 0 ? 0 : std::max(2, stages), std::memory_order_relaxed);
-}
-
-void marlin_set_stream_slices_per_warp(int slices) {
-    g_stream_slices_per_warp.store(std::max(-1, slices), std::memory_order_relaxed);
-}
-
-void marlin_set_wgmma_split_max_kn(long long kn) {
-    g_wgmma_split_max_kn.store(std::max(0LL, kn), std::memory_order_relaxed);
-}
-
-void marlin_set_wgmma_producer(bool on) { g_wgmma_producer.store(on, std::memory_order_relaxed); }
-
-void marlin_set_wgmma_min_m(int m) { g_wgmma_min_m.store(std::max(17, m), std::memory_order_relaxed); }
-
-int marlin_wgmma_min_m_for(int k, int n) {
-    const int bound = g_wgmma_min_m.load(std::memory_order_relaxed);
-    const bool small = static_cast<long long>(k) * n <= kMarlinWgmmaSmallKN;
-    return small && bound != INT_MAX ? std::min(bound, 17) : bound;
-}
-
-MarlinKernel marlin_kernel_for(int m) {
-    if (m <= 16) return MarlinKernel::Skinny;
-    return m <= g_medium_max_m.load(std::memory_order_relaxed) ? MarlinKernel::Medium : MarlinKernel::Wide;
+void set_marlin_tuning(const MarlinTuning &tuning) {
+    const MarlinTuning t = clamped(tuning);
+    g_max_blocks_per_sm.store(t.max_blocks_per_sm, std::memory_order_relaxed);
+    g_medium_max_m.store(t.medium_max_m, std::memory_order_relaxed);
+    g_wgmma_min_m.store(t.wgmma_min_m, std::memory_order_relaxed);
+    g_stream_slices_per_warp.store(t.stream_slices_per_warp, std::memory_order_relaxed);
+    g_stream_stages.store(t.stream_stages, std::memory_order_relaxed);
+    g_wgmma_split_max_kn.store(t.wgmma_split_max_kn, std::memory_order_relaxed);
+    g_wgmma_warp_specialized.store(t.wgmma_warp_specialized, std::memory_order_relaxed);
+    g_medium_variant.store(static_cast<int>(t.medium_variant), std::memory_order_relaxed);
 }
 
 uint64_t marlin_launch_count(MarlinKernel kernel) {
@@ -179,18 +154,17 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     DeviceInfo dev;
     if (const int rc = current_device_info(dev)) return rc;
     const int gpt = group_size == 32 ? 2 : 1;
-    MarlinKernel kernel = marlin_kernel_for(m);
+    const MarlinTuning tuning = marlin_tuning();
+    const MarlinPlan plan = plan_marlin(m, k, n, group_size, tuning);
     marlin::LaunchEnv env{};
     env.device = dev.device;
     env.compute_capability = dev.compute_capability;
     env.sm_count = dev.sm_count;
     env.max_smem_optin = dev.max_smem_optin;
     env.smem_per_sm = dev.smem_per_sm;
-    env.max_blocks_per_sm = g_max_blocks_per_sm.load(std::memory_order_relaxed);
-    env.stream_slices_per_warp = g_stream_slices_per_warp.load(std::memory_order_relaxed);
-    env.stream_stages = g_stream_stages.load(std::memory_order_relaxed);
-    env.wgmma_split_max_kn = g_wgmma_split_max_kn.load(std::memory_order_relaxed);
-    env.wgmma_producer = g_wgmma_producer.load(std::memory_order_relaxed);
+    env.max_blocks_per_sm = tuning.max_blocks_per_sm;
+    env.stream_slices_per_warp = tuning.stream_slices_per_warp;
+    env.stream_stages = tuning.stream_stages;
     env.workspace = workspace;
     env.workspace_bytes = workspace_bytes;
     env.stream = stream;
@@ -204,45 +178,39 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.n = n;
     p.k = k;
     p.group_size = group_size;
-    if (m >= marlin_wgmma_min_m_for(k, n)) {  // the bound is at least 17
-        const int rc = marlin::launch_wgmma(p, env, fused, gpt);
-        if (rc == 0) g_launches[static_cast<int>(MarlinKernel::Wgmma)].fetch_add(1, std::memory_order_relaxed);
-        if (rc >= 0) return rc;  // refused (not sm_90a, shared memory, workspace): the kernel for M below runs
+    auto counted = [](int rc, MarlinKernel kernel) {
+        if (rc == 0) g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
+        return rc;
+    };
+    if (plan.wgmma) {
+        const int rc = marlin::launch_wgmma(p, env, plan, fused, gpt);
+        if (rc >= 0) return counted(rc, MarlinKernel::Wgmma);  // refused: the kernel for M below runs
     }
     const int n_tiles = (n + marlin::kTileN - 1) / marlin::kTileN;
+    MarlinKernel kernel = plan.kernel;
     if (kernel == MarlinKernel::Medium) {
-        // One tile covers every row, so the weights are read once: the smallest tile that covers M. Wide-warp
-        // kernel: 32 / 48 / 64 rows (NB = 4, 6, 8 n8 activation tiles in one warp per strip); split kernel: 24 / 32
-        // / 48 / 64 rows (NB = 3 or 4 per warp, one or two warps per strip).
-        const MediumVariant variant = medium_variant();
-        const bool split =
-            variant == MediumVariant::Split || (variant == MediumVariant::Auto && m <= kMediumSplitMaxM);
-        const int rows =
-            split ? (m <= 24 ? 24 : m <= 32 ? 32 : m <= 48 ? 48 : 64) : (m <= 32 ? 32 : m <= 48 ? 48 : 64);
-        if (marlin::kMinStages * marlin::medium_stage_bytes(rows, fused, gpt) + marlin::kStaticSmemReserve <=
+        if (marlin::kMinStages * marlin::medium_stage_bytes(plan.rows, fused, gpt) + marlin::kStaticSmemReserve <=
             dev.max_smem_optin) {
             p.m_slices = 1;
             p.k_tiles = k / marlin::kTileK;
             p.total_iters = static_cast<long long>(n_tiles) * p.k_tiles;
-            int rc;
-            if (split) {
-                rc = fused ? pick_medium_rows<true>(rows, gpt, p, env) : pick_medium_rows<false>(rows, gpt, p, env);
-            } else {
-                rc = fused ? pick_medium_wide_rows<true>(rows, gpt, p, env)
-                           : pick_medium_wide_rows<false>(rows, gpt, p, env);
-            }
-            if (rc == 0) g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
-            if (rc >= 0) return rc;
+            const int rc = plan.medium_split
+                               ? (fused ? pick_medium_rows<true>(plan.rows, gpt, p, env)
+                                        : pick_medium_rows<false>(plan.rows, gpt, p, env))
+                               : (fused ? pick_medium_wide_rows<true>(plan.rows, gpt, p, env)
+                                        : pick_medium_wide_rows<false>(plan.rows, gpt, p, env));
+            if (rc >= 0) return counted(rc, kernel);
         }
-        kernel = MarlinKernel::Wide;  // refused (shared memory): the M > 16 kernel takes any M
+        kernel = MarlinKernel::Wide;  // refused (shared memory): the wide kernel takes any M
     }
-    if (kernel == MarlinKernel::Skinny && env.stream_slices_per_warp >= 0) {
+    if (kernel == MarlinKernel::Stream) {
         const int rc = fused ? pick_stream<true>(m, group_size, p, env) : pick_stream<false>(m, group_size, p, env);
-        if (rc == 0) g_launches[static_cast<int>(MarlinKernel::Stream)].fetch_add(1, std::memory_order_relaxed);
-        if (rc >= 0) return rc;  // refused (K, group size, shared memory, workspace): the skinny kernel runs
+        if (rc >= 0) return counted(rc, kernel);  // refused (K, group size, shared memory, workspace): skinny
+        kernel = MarlinKernel::Skinny;
     }
-    // Tile height: the smallest that covers M (8, 16, 32, 64 rows), lowered if even a 3-stage pipeline would not fit.
-    int rows = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
+    // The plan's tile height (the wide kernel's for a medium call that fell through), halved while even a 3-stage
+    // pipeline would not fit (not below 32 rows).
+    int rows = kernel == MarlinKernel::Wide ? wide_rows(m) : plan.rows;
     auto fits = [&](int r) {
         const int stage =
             r <= 16 ? marlin::skinny_stage_bytes(r / 8, fused, gpt, 4) : marlin::stage_bytes(r / 16, fused, gpt);
@@ -250,16 +218,13 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     };
     while (rows > 32 && !fits(rows)) rows /= 2;
     if (!fits(rows)) return kRcUnsupported;
-    // 128-deep slices halve the per-slice overhead of the M <= 8 kernel; two 16-row blocks of three such stages
-    // would not fit an SM's shared memory, so M <= 16 keeps 64.
-    const int slice_k = rows == 8 && k % 128 == 0 && group_size % 128 == 0 ? 128 : marlin::kTileK;
+    const int slice_k = rows == plan.rows ? plan.slice_k : marlin::kTileK;
 
     p.m_slices = (m + rows - 1) / rows;
     p.k_tiles = k / slice_k;
     p.total_iters = static_cast<long long>(p.m_slices) * n_tiles * p.k_tiles;
-    const int rc = fused ? pick_rows<true>(rows, slice_k, gpt, p, env) : pick_rows<false>(rows, slice_k, gpt, p, env);
-    if (rc == 0) g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
-    return rc;
+    return counted(fused ? pick_rows<true>(rows, slice_k, gpt, p, env) : pick_rows<false>(rows, slice_k, gpt, p, env),
+                   kernel);
 }
 
 }  // namespace tl::gpu

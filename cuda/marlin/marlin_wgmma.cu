@@ -1,6 +1,7 @@
 // The Marlin-class INT4 x FP16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
-// kernels (cpp/gpu/marlin_pack.hpp); used on the H200 from 33 rows, or 17 for small weights (marlin_wgmma_min_m_for).
+// kernels (cpp/gpu/marlin_pack.hpp); used on the H200 from 33 rows, or 17 for small weights (wgmma_min_m_for in
+// cpp/gpu/gemm_policy.hpp).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
 // per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on two). Per
@@ -621,32 +622,25 @@ int launch_for_groups(int gpt, const Params &p, const LaunchEnv &env) {
 }
 
 template <bool FUSED>
-int pick_wgmma(const Params &p, const LaunchEnv &env, int gpt) {
-    if (p.m <= 64) {
-        // Up to 64 rows: one warpgroup per block, two blocks per SM; or, for a weight of at most
-        // env.wgmma_split_max_kn elements, two warpgroups per block splitting the tile's words (each weight still
-        // dequantized once), one block per SM. Measured on the H200 at M = 33-64: the
-        // split is 6-22% faster on weights up to 8B down (K.N = 58.7M: 4096 or fewer 64-deep slices in all), 3-17%
-        // slower on 8B gate+up and the 70B layers, where two independent blocks per SM keep more in flight.
-        const bool split = static_cast<long long>(p.k) * p.n <= env.wgmma_split_max_kn;
-        return split ? launch_for_groups<2, 64, FUSED>(gpt, p, env) : launch_for_groups<1, 64, FUSED>(gpt, p, env);
+int pick_wgmma(const Params &p, const LaunchEnv &env, const MarlinPlan &plan, int gpt) {
+    if (plan.wgmma_rows == 64) {
+        return plan.wgmma_warpgroups == 2 ? launch_for_groups<2, 64, FUSED>(gpt, p, env)
+                                          : launch_for_groups<1, 64, FUSED>(gpt, p, env);
     }
-    // Above 64 rows: the warp-specialized kernel, or every warp copying and computing
-    // (env.wgmma_producer = false, the A/B form).
-    return env.wgmma_producer ? launch_for_groups<2, 128, FUSED, true>(gpt, p, env)
-                              : launch_for_groups<2, 128, FUSED>(gpt, p, env);
+    return plan.wgmma_warp_specialized ? launch_for_groups<2, 128, FUSED, true>(gpt, p, env)
+                                       : launch_for_groups<2, 128, FUSED>(gpt, p, env);
 }
 
 }  // namespace
 
-int launch_wgmma(Params p, const LaunchEnv &env, bool fused, int gpt) {
+int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt) {
     if (env.compute_capability != 90) return kRcUnsupported;  // sm_90a code runs on 9.0 alone
-    return fused ? pick_wgmma<true>(p, env, gpt) : pick_wgmma<false>(p, env, gpt);
+    return fused ? pick_wgmma<true>(p, env, plan, gpt) : pick_wgmma<false>(p, env, plan, gpt);
 }
 
 #else  // built without sm_90a: the dispatcher falls through to the other kernels
 
-int launch_wgmma(Params, const LaunchEnv &, bool, int) { return kRcUnsupported; }
+int launch_wgmma(Params, const LaunchEnv &, const MarlinPlan &, bool, int) { return kRcUnsupported; }
 
 #endif
 

@@ -25,6 +25,23 @@ namespace {
 
 using tlt::DeviceBuffer;
 
+// The Marlin-class tuning as `edit` leaves it, for the scope; the previous tuning comes back at its end.
+class Tuned {
+public:
+    template <class Edit>
+    explicit Tuned(Edit edit) : saved_(tl::gpu::marlin_tuning()) {
+        tl::MarlinTuning t = saved_;
+        edit(t);
+        tl::gpu::set_marlin_tuning(t);
+    }
+    ~Tuned() { tl::gpu::set_marlin_tuning(saved_); }
+    Tuned(const Tuned &) = delete;
+    Tuned &operator=(const Tuned &) = delete;
+
+private:
+    tl::MarlinTuning saved_;
+};
+
 // Which packings a FusedCase uploads: the fused one (W = q*s + z) only, or also the symmetric one with its
 // correction (W = (q - 8)*s + delta, marlin_gemm_corrected).
 enum class Modes { Fused, Both };
@@ -205,12 +222,12 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
                                                             sh.group_size == 64);
     for (const int stream_knob : m <= 16 ? std::vector<int>{0, -1} : std::vector<int>{0}) {
         SCOPED_TRACE(stream_knob == 0 ? "default kernel" : "skinny kernel");
-        tl::gpu::marlin_set_stream_slices_per_warp(stream_knob);
+        const Tuned tuned([&](tl::MarlinTuning &t) { t.stream_slices_per_warp = stream_knob; });
         for (const bool fused_mode : {true, false}) {
             SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
-            const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
+            const uint64_t streams = tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream);
             ASSERT_EQ(0, c.run(fused_mode));
-            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream),
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream),
                       streams + (stream_applies && stream_knob == 0 ? 1 : 0));
             CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
@@ -219,7 +236,6 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
             }
         }
     }
-    tl::gpu::marlin_set_stream_slices_per_warp(0);
 
     // Every call leaves the stream-K workspace (counters and partial sums) zeroed for the next one.
     EXPECT_TRUE(c.workspace_clean());
@@ -242,12 +258,14 @@ TEST(MarlinStream, EverySpreadMatchesReference) {
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         for (const int per_warp : {1, 2, 3, 7, c.n / 64 * (c.k / 128)}) {
-            tl::gpu::marlin_set_stream_slices_per_warp(per_warp);
-            const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
-            const int rc = c.run();
-            tl::gpu::marlin_set_stream_slices_per_warp(0);
+            const uint64_t streams = tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream);
+            int rc = 0;
+            {
+                const Tuned tuned([&](tl::MarlinTuning &t) { t.stream_slices_per_warp = per_warp; });
+                rc = c.run();
+            }
             ASSERT_EQ(0, rc);
-            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream), streams + 1) << per_warp << " per warp";
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream), streams + 1) << per_warp << " per warp";
             std::vector<uint16_t> y;
             CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << per_warp << " per warp";
@@ -277,7 +295,7 @@ TEST(MarlinStream, GraphReplaysMatchReference) {
             }
         } g;
         CUDA_OK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
-        const uint64_t streams = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream);
+        const uint64_t streams = tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream);
         CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
         int rc = 0;
         for (int call = 0; call < 3 && rc == 0; ++call) {
@@ -287,7 +305,7 @@ TEST(MarlinStream, GraphReplaysMatchReference) {
         const cudaError_t captured = cudaStreamEndCapture(g.stream, &g.graph);
         ASSERT_EQ(0, rc);
         CUDA_OK(captured);
-        EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Stream), streams + 3);
+        EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream), streams + 3);
         CUDA_OK(cudaGraphInstantiate(&g.exec, g.graph, 0));
         for (int replay = 0; replay < 2; ++replay) {
             CUDA_OK(c.dy.poison());
@@ -325,9 +343,11 @@ TEST(MarlinGemmResidency, OneAndTwoBlocksPerSmMatchReference) {
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         for (const int blocks : {1, 2}) {
-            tl::gpu::marlin_set_max_blocks_per_sm(blocks);
-            const int rc = c.run();
-            tl::gpu::marlin_set_max_blocks_per_sm(2);
+            int rc = 0;
+            {
+                const Tuned tuned([&](tl::MarlinTuning &t) { t.max_blocks_per_sm = blocks; });
+                rc = c.run();
+            }
             ASSERT_EQ(0, rc);
             std::vector<uint16_t> y;
             CUDA_OK(c.result(y));
@@ -419,22 +439,23 @@ TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
         std::vector<uint16_t> y[2];
-        tl::gpu::marlin_set_wgmma_min_m(INT32_MAX);  // this test is about the two kernels below it
-        for (const int bound : {tl::gpu::kMarlinMediumMaxM, 16}) {
-            tl::gpu::marlin_set_medium_max_m(bound);
-            const tl::gpu::MarlinKernel expected =
-                bound == 16 ? tl::gpu::MarlinKernel::Wide : tl::gpu::MarlinKernel::Medium;
+        for (const int bound : {tl::kMarlinMediumMaxM, 16}) {
+            const tl::MarlinKernel expected = bound == 16 ? tl::MarlinKernel::Wide : tl::MarlinKernel::Medium;
             const uint64_t before = tl::gpu::marlin_launch_count(expected);
-            const int rc = c.run();
-            tl::gpu::marlin_set_medium_max_m(tl::gpu::kMarlinMediumMaxM);
-            if (rc != 0) tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
+            int rc = 0;
+            {
+                const Tuned tuned([&](tl::MarlinTuning &t) {
+                    t.wgmma_min_m = INT32_MAX;  // this test is about the two kernels below it
+                    t.medium_max_m = bound;
+                });
+                rc = c.run();
+            }
             ASSERT_EQ(0, rc);
             EXPECT_EQ(tl::gpu::marlin_launch_count(expected), before + 1) << "bound " << bound;
             std::vector<uint16_t> &out = y[bound == 16 ? 1 : 0];
             CUDA_OK(c.result(out));
             EXPECT_TRUE(tlt::matches(out, c.m, c.n, ref, {}, 2e-3)) << "bound " << bound;
         }
-        tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
         EXPECT_TRUE(tlt::matches_half(y[0], y[1], c.m, c.n, 2e-3)) << "medium vs M > 16 kernel";
     }
 }
@@ -462,7 +483,7 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
                           {300, 1024, 832, 128}, {517, 256, 2112, 32},  {96, 8192, 256, 128},  {200, 64, 448, 64},
                           // 576 tiles of 128 rows: whole-tile scheduling (>= 4 tiles per resident block)
                           {1100, 64, 16384, 64}};
-    tl::gpu::marlin_set_wgmma_min_m(17);
+    const Tuned from17([](tl::MarlinTuning &t) { t.wgmma_min_m = 17; });
     for (const Case sh : cases) {
         FusedCase c(sh.m, sh.k, sh.n, sh.group_size, Modes::Both);
         SCOPED_TRACE(c.name());
@@ -474,30 +495,29 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
             SCOPED_TRACE(sh.m <= 64 ? (second_form ? "64-row tiles on two warpgroups" : "64-row tiles on one warpgroup")
                                     : (second_form ? "128-row tiles, every warp copying"
                                                    : "128-row tiles, a copying warpgroup"));
-            if (sh.m <= 64) {
-                tl::gpu::marlin_set_wgmma_split_max_kn(second_form ? LLONG_MAX : 0LL);
-            } else {
-                tl::gpu::marlin_set_wgmma_producer(!second_form);
-            }
+            const Tuned form([&](tl::MarlinTuning &t) {
+                if (sh.m <= 64) {
+                    t.wgmma_split_max_kn = second_form ? LLONG_MAX : 0LL;
+                } else {
+                    t.wgmma_warp_specialized = !second_form;
+                }
+            });
             for (const bool fused_mode : {true, false}) {
                 SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
-                const uint64_t before = tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma);
+                const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma);
                 EXPECT_EQ(0, c.run(fused_mode));
-                EXPECT_EQ(tl::gpu::marlin_launch_count(tl::gpu::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
+                EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
                 std::vector<uint16_t> y;
                 CUDA_OK(c.result(y));
                 EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
             }
         }
-        tl::gpu::marlin_set_wgmma_split_max_kn(tl::gpu::kMarlinWgmmaSplitMaxKN);
-        tl::gpu::marlin_set_wgmma_producer(true);
         // Every call leaves the workspace zeroed.
         EXPECT_TRUE(c.workspace_clean());
     }
-    tl::gpu::marlin_set_wgmma_min_m(tl::gpu::kMarlinWgmmaMinM);
 }
 
-// The C API's dispatcher (tl_quant_gemm) sends 16 < M < marlin_wgmma_min_m_for(K, N) (17 for a small weight, else
+// The C API's dispatcher (tl_quant_gemm) sends 16 < M < wgmma_min_m_for(K, N) (17 for a small weight, else
 // kMarlinWgmmaMinM) to the medium kernel and larger M to the wgmma kernel where it runs (else: the medium kernel up to
 // 64 rows, the M > 16 kernel above), for a small and a larger weight, on both Marlin-class
 // paths (fused and symmetric + correction): the weight's path counter and the kernel's launch counter each move by
@@ -510,7 +530,7 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
         int k, n;
         std::vector<int> ms;
     };
-    // A small weight (wgmma from 17 rows where it runs) and one just above kMarlinWgmmaSmallKN (medium below 33).
+    // A small weight (wgmma from 17 rows where it runs) and one just above kWgmmaSmallKN (medium below 33).
     for (const WeightCase &wc : {WeightCase{1024, 1536, {17, 32, 33, 64, 100}}, WeightCase{2048, 16448, {17, 32}}}) {
         const int k = wc.k, n = wc.n;
         SCOPED_TRACE("K = " + std::to_string(k) + ", N = " + std::to_string(n));
@@ -560,8 +580,8 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
         const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
         auto kernel_for = [&](int m) {
-            if (m < tl::gpu::marlin_wgmma_min_m_for(k, n) || !wgmma_runs) return tl::gpu::marlin_kernel_for(m);
-            return tl::gpu::MarlinKernel::Wgmma;
+            const tl::MarlinPlan plan = tl::plan_marlin(m, k, n, group_size, tl::gpu::marlin_tuning());
+            return plan.wgmma && wgmma_runs ? tl::MarlinKernel::Wgmma : plan.kernel;
         };
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
@@ -593,7 +613,7 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
                 SCOPED_TRACE(mode == 1 ? "fused" : "correction");
                 ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, mode));
                 const tl_dispatch_counts before = counts();
-                const tl::gpu::MarlinKernel expected = kernel_for(m);
+                const tl::MarlinKernel expected = kernel_for(m);
                 const uint64_t launches = tl::gpu::marlin_launch_count(expected);
                 std::vector<uint16_t> y;
                 run(dx, dy, m, y);
