@@ -437,7 +437,8 @@ typedef struct tl_pack_report {
     uint32_t weights_uploaded;
     /** Weights that received a Marlin-class form. */
     uint32_t weights_packed;
-    /** Weights whose shape the Marlin-class kernel does not take (they run on the native kernel). */
+    /** Weights whose shape the Marlin-class kernel does not take even with N padded to a multiple of 64 (K not a
+     *  multiple of 64, or the group size): they run on the native kernel. */
     uint32_t weights_not_packable;
     /** Device memory held by all forms of these weights, in bytes. */
     uint64_t device_bytes;

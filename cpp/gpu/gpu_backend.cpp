@@ -12,6 +12,7 @@
 
 #include "util/error.hpp"
 #include "util/log.hpp"
+#include "quant/quant.hpp"
 
 #if defined(TL_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -274,6 +275,10 @@ void check_device_range(const void *p, size_t bytes, int device, const char *nam
 struct DeviceWeight {
     int device = 0;
     int32_t k = 0, n = 0, group_size = 0;
+    // The rows every device form holds: n, or n rounded up to 64 with zero rows where only that keeps the shape off
+    // the Marlin-class kernels (a vocabulary of 50257). Every path but the native kernel then computes n_padded
+    // columns into the workspace, and the first n are copied to y.
+    int32_t n_padded = 0;
     int32_t kernel_group_size = 0;  // -1 for per-column scales (one group spanning K)
     std::string name;
 
@@ -337,25 +342,31 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     dw->n = w.n;
     dw->group_size = w.group_size;
     dw->name = w.name;
-    const size_t groups = static_cast<size_t>(w.n) * static_cast<size_t>(w.n_groups());
-    dw->codes = DeviceBuffer::upload(device, w.codes, static_cast<size_t>(w.n) * (w.k / 2), stream);
-    dw->scales = DeviceBuffer::upload(device, w.scales, groups * sizeof(uint16_t), stream);
-    dw->zeros = DeviceBuffer::upload(device, w.zeros, groups * sizeof(uint16_t), stream);
+    constexpr int32_t kPadN = 64;  // the Marlin-class kernels' column strip
+    const int32_t n_up = (w.n + kPadN - 1) / kPadN * kPadN;
+    const bool pad = n_up != w.n && marlin_shape_error(w.k, n_up, w.group_size) == nullptr;
+    const Linear padded = pad ? pad_linear_rows(w, kPadN) : Linear{};
+    const Linear &src = pad ? padded : w;  // what the device forms are made from
+    dw->n_padded = src.n;
+    const size_t groups = static_cast<size_t>(src.n) * static_cast<size_t>(src.n_groups());
+    dw->codes = DeviceBuffer::upload(device, src.codes, static_cast<size_t>(src.n) * (w.k / 2), stream);
+    dw->scales = DeviceBuffer::upload(device, src.scales, groups * sizeof(uint16_t), stream);
+    dw->zeros = DeviceBuffer::upload(device, src.zeros, groups * sizeof(uint16_t), stream);
     if (w.k_perm != nullptr) dw->k_perm = DeviceBuffer::upload(device, w.k_perm, static_cast<size_t>(w.k) * 4, stream);
     const uint64_t native_bytes = dw->codes.bytes() + dw->scales.bytes() + dw->zeros.bytes() + dw->k_perm.bytes();
 
-    const bool packable = props.marlin_supported && marlin_shape_error(w.k, w.n, w.group_size) == nullptr;
+    const bool packable = props.marlin_supported && marlin_shape_error(w.k, src.n, w.group_size) == nullptr;
     dw->kernel_group_size = marlin_kernel_group_size(w.k, w.group_size);
     MarlinPacked fused;  // kept until the correction form has compared its tiles with it
     if (packable && (forms & TL_FORM_MARLIN_FUSED)) {
-        fused = marlin_pack(w, MarlinMode::Fused);
+        fused = marlin_pack(src, MarlinMode::Fused);
         dw->words = DeviceBuffer::upload(device, fused.words, stream);
         dw->fused_scales = DeviceBuffer::upload(device, fused.scales, stream);
         dw->fused_zeros = DeviceBuffer::upload(device, fused.zeros, stream);
         dw->has_fused = true;
     }
     if (packable && (forms & TL_FORM_MARLIN_CORRECTION)) {
-        const MarlinPacked p = marlin_pack(w, MarlinMode::Symmetric);
+        const MarlinPacked p = marlin_pack(src, MarlinMode::Symmetric);
         // The symmetric codes are q itself, so both forms share the tiles when both are packed.
         if (!dw->has_fused) {
             dw->words = DeviceBuffer::upload(device, p.words, stream);
@@ -372,9 +383,9 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB on earlier GPUs.
     dw->cublas_workspace = static_cast<size_t>(props.sm_major >= 9 ? 32 : 4) << 20;
     if (forms & TL_FORM_FP16_BODY) {
-        dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(w.n) * w.k * sizeof(uint16_t));
+        dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(src.n) * w.k * sizeof(uint16_t));
         const int rc = gpu::dequant_int4_fp16(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
-                                              dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), w.n, w.k,
+                                              dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), src.n, w.k,
                                               w.group_size, stream);
         if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + w.name + "' to FP16");
         if (rc < 0) {
@@ -410,7 +421,10 @@ namespace {
 //   FP16 body: cuBLAS's workspace.
 // Scratch per call (never per stream or per process) is what lets any number of calls run at once on one weight.
 size_t dequant_scratch_bytes(const DeviceWeight &dw) {
-    return align_up(static_cast<size_t>(dw.n) * dw.k * sizeof(uint16_t), 256);
+    return align_up(static_cast<size_t>(dw.n_padded) * dw.k * sizeof(uint16_t), 256);
+}
+size_t padded_y_bytes(const DeviceWeight &dw, int64_t m) {
+    return dw.n_padded != dw.n ? align_up(static_cast<size_t>(m) * dw.n_padded * sizeof(uint16_t), 256) : 0;
 }
 size_t permuted_x_bytes(const DeviceWeight &dw, int64_t m) {
     return dw.k_perm ? align_up(static_cast<size_t>(m) * dw.k * sizeof(uint16_t), 256) : 0;
@@ -435,7 +449,7 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
         if (cublas_path_wanted(dw, m)) scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
         if (dw.has_correction) scratch = std::max(scratch, correction_scratch_bytes(dw, m));
     }
-    return dw.marlin_workspace + permuted_x_bytes(dw, m) + scratch;
+    return dw.marlin_workspace + permuted_x_bytes(dw, m) + padded_y_bytes(dw, m) + scratch;
 }
 
 bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m) {
@@ -448,7 +462,7 @@ size_t dequantized_bytes(const DeviceWeight &dw) { return dequant_scratch_bytes(
 void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream) {
     DeviceScope scope(dw.device);
     const int rc = gpu::dequant_int4_fp16(dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(),
-                                          dst, dw.n, dw.k, dw.group_size, static_cast<cudaStream_t>(stream));
+                                          dst, dw.n_padded, dw.k, dw.group_size, static_cast<cudaStream_t>(stream));
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + dw.name + "' to FP16");
     if (rc < 0) fail(TL_ERR_INTERNAL, "the dequantizer refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
 }
@@ -488,6 +502,16 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         xh = permuted;
         used = needed;
     }
+    // A padded weight's paths other than the native kernel write its n_padded columns here, and the first n are copied
+    // to y; without room for them, only the native kernel runs.
+    const int np = dw.n_padded;
+    uint16_t *yp = yh;
+    if (np != dw.n) {
+        const size_t bytes = padded_y_bytes(dw, m);
+        yp = workspace_bytes >= used + bytes ? reinterpret_cast<uint16_t *>(static_cast<char *>(workspace) + used)
+                                             : nullptr;
+        if (yp != nullptr) used += bytes;
+    }
     char *scratch = workspace_bytes > used ? static_cast<char *>(workspace) + used : nullptr;
     const size_t scratch_bytes = scratch != nullptr ? workspace_bytes - used : 0;
     bool fell_back = false;
@@ -502,6 +526,17 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         counter.fetch_add(1, std::memory_order_relaxed);
         if (fell_back) dw.n_fallbacks.fetch_add(1, std::memory_order_relaxed);
     };
+    // A path that wrote yp succeeded: y gets its first n columns.
+    auto done_padded = [&](std::atomic<uint64_t> &counter) {
+        if (yp != yh) {
+            check_cuda(cudaMemcpy2DAsync(yh, static_cast<size_t>(dw.n) * sizeof(uint16_t), yp,
+                                         static_cast<size_t>(np) * sizeof(uint16_t),
+                                         static_cast<size_t>(dw.n) * sizeof(uint16_t), static_cast<size_t>(m),
+                                         cudaMemcpyDeviceToDevice, stream),
+                       "copying the columns of '" + dw.name + "' out of its padded result");
+        }
+        done(counter);
+    };
 
     // The caller's cuBLAS handle, else one borrowed from the pool for this call.
     auto with_cublas = [&](auto &&gemm) {
@@ -512,31 +547,32 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     };
     // cuBLAS on an FP16 form of the weight, with cuBLAS's workspace from the scratch.
     auto fp16_gemm = [&](const uint16_t *w) {
-        return scratch_bytes < dw.cublas_workspace ? gpu::kRcWorkspace : with_cublas([&](cublasHandle_t h) {
-            return gpu::cublas_gemm_fp16(h, xh, w, yh, mi, dw.n, dw.k, stream, scratch, dw.cublas_workspace);
+        if (yp == nullptr || scratch_bytes < dw.cublas_workspace) return gpu::kRcWorkspace;
+        return with_cublas([&](cublasHandle_t h) {
+            return gpu::cublas_gemm_fp16(h, xh, w, yp, mi, np, dw.k, stream, scratch, dw.cublas_workspace);
         });
     };
     if (dequantized != nullptr) {
         const int rc = fp16_gemm(dequantized);
-        if (rc == 0) return done(dw.n_cublas);
+        if (rc == 0) return done_padded(dw.n_cublas);
         refused(rc, "cuBLAS on the caller's dequantized weight");
     }
     if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
         const int rc = fp16_gemm(dw.fp16_body.get<uint16_t>());
-        if (rc == 0) return done(dw.n_fp16);
+        if (rc == 0) return done_padded(dw.n_fp16);
         refused(rc, "FP16 body");
     }
 
     if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
-        const bool workspace_ok = workspace_bytes >= dw.marlin_workspace;
+        const bool workspace_ok = workspace_bytes >= dw.marlin_workspace && yp != nullptr;
         const size_t dequant_bytes = dequant_scratch_bytes(dw);
-        if (cublas_path_wanted(dw, m) && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
+        if (cublas_path_wanted(dw, m) && yp != nullptr && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
             const int rc = with_cublas([&](cublasHandle_t h) {
                 return gpu::dequant_cublas_gemm(h, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
-                                                dw.zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.group_size, scratch,
+                                                dw.zeros.get<uint16_t>(), yp, mi, np, dw.k, dw.group_size, scratch,
                                                 dequant_bytes, stream, scratch + dequant_bytes, dw.cublas_workspace);
             });
-            if (rc == 0) return done(dw.n_cublas);
+            if (rc == 0) return done_padded(dw.n_cublas);
             refused(rc, "dequantize + cuBLAS");
         }
         const int32_t mode = get_dispatch(TL_DISPATCH_MARLIN_MODE);
@@ -546,12 +582,12 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
             refused(gpu::kRcWorkspace, "Marlin-class kernel (workspace too small)");
         } else if (dw.has_fused && mode != 2) {
             rc = gpu::marlin_gemm(xh, dw.words.get<uint32_t>(), dw.fused_scales.get<uint16_t>(),
-                                  dw.fused_zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.kernel_group_size, true,
+                                  dw.fused_zeros.get<uint16_t>(), yp, mi, np, dw.k, dw.kernel_group_size, true,
                                   workspace, dw.marlin_workspace, stream);
             counter = &dw.n_fused;
         } else if (dw.has_correction && mode != 1) {
             rc = gpu::marlin_gemm_corrected(xh, dw.correction_words(), dw.correction_scales(), dw.delta.get<float>(),
-                                            yh, mi, dw.n, dw.k, dw.kernel_group_size, workspace, dw.marlin_workspace,
+                                            yp, mi, np, dw.k, dw.kernel_group_size, workspace, dw.marlin_workspace,
                                             reinterpret_cast<float *>(scratch), scratch_bytes, stream);
             counter = &dw.n_correction;
         }
@@ -561,7 +597,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
                     log(TL_LOG_INFO, "[marlin] first dispatch ok: BT=" + std::to_string(m) + " N=" + std::to_string(dw.n) +
                                          " K=" + std::to_string(dw.k) + " gs=" + std::to_string(dw.kernel_group_size));
                 });
-                return done(*counter);
+                return done_padded(*counter);
             }
             refused(rc, counter == &dw.n_fused ? "Marlin-class fused" : "Marlin-class correction");
         }

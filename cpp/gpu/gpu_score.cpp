@@ -35,61 +35,6 @@ namespace tl {
 
 // ---- Host-side pieces (every build) -------------------------------------------------------------------------
 
-namespace {
-
-void require_int4(const Linear &w, const char *what) {
-    if (!w.quantized || w.bits != 4 || w.codes == nullptr || w.scales == nullptr || w.zeros == nullptr ||
-        w.group_size <= 0 || w.k % 2 != 0 || w.k % w.group_size != 0) {
-        fail(TL_ERR_INVALID_ARGUMENT, std::string(what) + ": '" + w.name + "' is not a complete INT4 weight");
-    }
-}
-
-// A copy of w's rows [0, n) into out rows [row0, row0 + n) of a QuantizedMatrix with the same K and groups.
-void copy_rows(const Linear &w, QuantizedMatrix &out, int32_t row0) {
-    const size_t row_bytes = static_cast<size_t>(w.k) / 2, groups = static_cast<size_t>(w.n_groups());
-    const size_t n = static_cast<size_t>(w.n);
-    std::memcpy(out.codes.data() + row0 * row_bytes, w.codes, n * row_bytes);
-    std::memcpy(out.scales.data() + row0 * groups, w.scales, n * groups * sizeof(uint16_t));
-    std::memcpy(out.zeros.data() + row0 * groups, w.zeros, n * groups * sizeof(uint16_t));
-}
-
-// An empty (zero-filled) QuantizedMatrix shaped like w but with n rows, reading its input in w's K order.
-QuantizedMatrix zero_matrix(const Linear &w, int32_t n) {
-    QuantizedMatrix m;
-    m.k = w.k;
-    m.n = n;
-    m.group_size = w.group_size;
-    m.bits = w.bits;
-    m.codes.assign(static_cast<size_t>(n) * (w.k / 2), 0);
-    m.scales.assign(static_cast<size_t>(n) * w.n_groups(), 0);
-    m.zeros.assign(m.scales.size(), 0);
-    if (w.k_perm != nullptr) m.k_perm.assign(w.k_perm, w.k_perm + w.k);
-    return m;
-}
-
-}  // namespace
-
-Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name) {
-    require_int4(a, "concat_linear_rows");
-    require_int4(b, "concat_linear_rows");
-    if (a.k != b.k || a.group_size != b.group_size || !same_k_perm(a, b)) {
-        fail(TL_ERR_INVALID_ARGUMENT, "concat_linear_rows: '" + a.name + "' and '" + b.name +
-                                          "' differ in K, group size or K order");
-    }
-    QuantizedMatrix m = zero_matrix(a, a.n + b.n);
-    copy_rows(a, m, 0);
-    copy_rows(b, m, a.n);
-    return make_quantized_linear(std::move(name), std::move(m));
-}
-
-Linear pad_linear_rows(const Linear &w, int32_t multiple) {
-    require_int4(w, "pad_linear_rows");
-    if (multiple < 1) fail(TL_ERR_INVALID_ARGUMENT, "pad_linear_rows: multiple must be >= 1");
-    QuantizedMatrix m = zero_matrix(w, (w.n + multiple - 1) / multiple * multiple);
-    copy_rows(w, m, 0);
-    return make_quantized_linear(w.name, std::move(m));
-}
-
 void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,
                  std::vector<float> &sin_table) {
     const int32_t half = head_dim / 2;
@@ -360,7 +305,7 @@ namespace {
 // What the GPU backend needs of a linear's storage: a complete INT4 weight, or dense values.
 void check_gpu_storage(const Linear &w, const std::string &name) {
     if (w.quantized) {
-        require_int4(w, ("model: " + name).c_str());
+        require_complete_int4(w, ("model: " + name).c_str());
     } else if (w.dense == nullptr) {
         fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has no values");
     }

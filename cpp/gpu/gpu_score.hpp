@@ -100,12 +100,6 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
 
 // ---- Host-side pieces, exposed for the unit tests ----
 
-// One quantized Linear whose rows (output columns) are a's then b's: N = a.n + b.n. The storage is out-major, so
-// codes, scales and zeros are concatenations. a and b must agree on K, bits, group size and k_perm.
-Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name);
-// A quantized Linear with N rounded up to a multiple of `multiple`; the padding rows have zero codes, scales and
-// zeros (W = 0), and w's k_perm. Returns a copy when N already is a multiple.
-Linear pad_linear_rows(const Linear &w, int32_t multiple);
 // cos and sin of position * theta^(-2i/head_dim), positions [0, T), i < head_dim/2, computed in double and rounded
 // to float (the CPU reference's table): [T][head_dim/2] each.
 void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,

@@ -44,6 +44,16 @@ inline uint8_t code_at(const Linear &w, int32_t kk, int32_t nn) {
     return (kk & 1) ? (byte >> 4) : (byte & 0x0F);
 }
 
+// Throws TL_ERR_INVALID_ARGUMENT "<what>: '<name>' is not a complete INT4 weight" unless w is 4-bit with codes,
+// scales and zeros, an even K and whole groups.
+void require_complete_int4(const Linear &w, const char *what);
+// One quantized Linear whose rows (output columns) are a's then b's: N = a.n + b.n. The storage is out-major, so
+// codes, scales and zeros are concatenations. a and b must agree on K, bits, group size and k_perm.
+Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name);
+// A quantized Linear with N rounded up to a multiple of `multiple`; the padding rows have zero codes, scales and
+// zeros (W = 0), and w's k_perm. Returns a copy when N already is a multiple.
+Linear pad_linear_rows(const Linear &w, int32_t multiple);
+
 // Dequantizes (or converts, for dense) rows [n0, n1) of W into out[(nn - n0) * k + kk] = W[kk, nn], exactly:
 // q*s + z computed in FP32 from the FP16 s and z. kk is the input column: a k_perm is undone.
 void dequantize_rows(const Linear &w, int32_t n0, int32_t n1, float *out);

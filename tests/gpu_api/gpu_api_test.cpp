@@ -111,8 +111,9 @@ TEST(GpuApi, ModelPackAndFirstDispatchLog) {
     tl_model_free(model);
 }
 
-// Every path on packable shapes (M from 1, per group and per row) gives the reference within 2e-3 and
-// counts itself; a shape the Marlin-class kernel does not take runs on the native kernel whatever is selected.
+// Every path on packable shapes (M from 1, per group and per row; N padded at pack time where it is not a multiple of
+// 64) gives the reference within 2e-3 and counts itself; a shape the Marlin-class kernel does not take (K not a
+// multiple of 64) runs on the native kernel whatever is selected.
 TEST(GpuApi, EveryPathMatchesTheReference) {
     struct Shape {
         int m, k, n, group_size;
@@ -120,7 +121,10 @@ TEST(GpuApi, EveryPathMatchesTheReference) {
     };
     const Shape shapes[] = {{1, 256, 256, 128, true},    {7, 512, 384, 64, true},    {16, 1024, 512, 32, true},
                             {33, 2048, 1024, 0, true},   {64, 4096, 512, 128, true}, {255, 1024, 768, 128, true},
-                            {1024, 2048, 1024, 128, true}, {5, 96, 100, 32, false},  {16, 200, 136, 0, false}};
+                            {1024, 2048, 1024, 128, true}, {5, 96, 100, 32, false},  {16, 200, 136, 0, false},
+                            // N not a multiple of 64: packed with zero rows up to the next multiple, every path but
+                            // the native kernel computing the padded columns and copying out the first N.
+                            {7, 512, 1000, 128, true},    {300, 1024, 200, 0, true},  {1, 256, 50, 32, true}};
     for (const Shape &s : shapes) {
         WeightPtr w = random_weight(s.k, s.n, s.group_size);
         ASSERT_TRUE(w);

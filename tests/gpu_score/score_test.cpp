@@ -1,5 +1,5 @@
 // score_cuda against score_cpu on synthetic models, for every dispatcher path, with CUDA graphs off and on; the
-// host-side packing pieces; the entry point's checks, windows, progress, streams and buffer reuse.
+// RoPE tables; the entry point's checks, windows, progress, streams and buffer reuse.
 //
 // Tolerances: the GPU path rounds every GEMM input and output to FP16 (the CPU reference keeps FP32), which moves a
 // position's NLL by a few 1e-3 nats on these models (a host emulation of those roundings measured at most 0.0064 nats
@@ -37,52 +37,6 @@ constexpr double kMaxRerunDiff = 0.01;
 constexpr int32_t kChunkRows = 48;  // head chunks: 127 predicted positions -> 3 chunks
 
 // ---- Host pieces (no device) -----------------------------------------------------------------------------------
-
-tl::Linear random_int4(const std::string &name, int32_t k, int32_t n, int32_t group_size) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> w(static_cast<size_t>(k) * n);
-    for (float &v : w) v = normal(rng());
-    return tl::make_quantized_linear(name, tl::quantize_minmax(w.data(), k, n, group_size, tl::QuantMethod::Asymmetric));
-}
-
-std::vector<float> dequantized(const tl::Linear &w) {
-    std::vector<float> out(static_cast<size_t>(w.n) * w.k);
-    tl::dequantize_rows(w, 0, w.n, out.data());
-    return out;
-}
-
-TEST(HostPacking, ConcatRows) {
-    const tl::Linear gate = random_int4("gate", 128, 64, 32), up = random_int4("up", 128, 96, 32);
-    const tl::Linear both = tl::concat_linear_rows(gate, up, "gate_up");
-    ASSERT_EQ(both.n, 160);
-    ASSERT_EQ(both.k, 128);
-    ASSERT_EQ(both.group_size, 32);
-    std::vector<float> expected = dequantized(gate);
-    const std::vector<float> up_values = dequantized(up);
-    expected.insert(expected.end(), up_values.begin(), up_values.end());
-    EXPECT_EQ(dequantized(both), expected);
-
-    const tl::Linear other_groups = random_int4("up", 128, 96, 64);
-    try {
-        tl::concat_linear_rows(gate, other_groups, "bad");
-        FAIL() << "mismatched group sizes were accepted";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_INVALID_ARGUMENT);
-    }
-}
-
-TEST(HostPacking, PadRows) {
-    const tl::Linear head = random_int4("head", 64, 100, 0 /* per row */);
-    const tl::Linear padded = tl::pad_linear_rows(head, 64);
-    ASSERT_EQ(padded.n, 128);
-    ASSERT_EQ(padded.k, 64);
-    const std::vector<float> original = dequantized(head), values = dequantized(padded);
-    EXPECT_TRUE(std::equal(original.begin(), original.end(), values.begin()));
-    EXPECT_TRUE(std::all_of(values.begin() + original.size(), values.end(), [](float v) { return v == 0.0f; }));
-    const tl::Linear again = tl::pad_linear_rows(padded, 64);
-    EXPECT_EQ(again.n, 128);
-    EXPECT_EQ(dequantized(again), values);
-}
 
 TEST(HostPacking, RopeTables) {
     const int32_t T = 300, hd = 12;
