@@ -506,8 +506,9 @@ TL_API tl_status tl_stream_synchronize(void *stream);
 
 /** Device workspace tl_quant_gemm needs for this weight at this M under the current dispatcher settings (0 is
  *  possible): the Marlin-class kernels' counters, x with its columns permuted for a weight imported from an
- *  act-order checkpoint, and the scratch of the path that may run (the correction form's group sums, dequantize +
- *  cuBLAS's FP16 weight, cuBLAS's own workspace). Thread-safe. */
+ *  act-order checkpoint, the padded output of a weight whose N was padded to a multiple of 64 at packing, and the
+ *  scratch of the path that may run (the correction form's group sums, dequantize + cuBLAS's FP16 weight, cuBLAS's
+ *  own workspace). Thread-safe. */
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes);
 
 /** Y = X · W on the GPU: x is FP16 [m][k] row-major, y FP16 [m][n] row-major, both device pointers on the

@@ -414,8 +414,8 @@ namespace {
 
 // The workspace of a call: [0, marlin_workspace) holds the Marlin-class kernels' counters, zero-filled by the caller
 // before first use and zero again when every call's work is done; then, for a weight with a k_perm, x with its columns
-// permuted [M][K]; then the scratch of whichever path runs. The contents after the counters are unspecified after a
-// call. Path scratch:
+// permuted [M][K]; for a weight whose N was padded, the padded output [M][n_padded]; then the scratch of whichever
+// path runs. The contents after the counters are unspecified after a call. Path scratch:
 //   Marlin-class correction form: the FP32 group sums [M][groups];
 //   dequantize + cuBLAS: the FP16 weight [N][K], then cuBLAS's workspace;
 //   FP16 body: cuBLAS's workspace.
@@ -485,8 +485,8 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     const auto *xh = static_cast<const uint16_t *>(x);
     auto *yh = static_cast<uint16_t *>(y);
-    // After the Marlin-class region: a k_perm's permuted x, which every path needs, then the scratch of the paths (see
-    // quant_gemm_workspace_size); a path whose share does not fit refuses the call.
+    // After the Marlin-class region: a k_perm's permuted x, which every path needs, then the padded output and the
+    // scratch of the paths (see quant_gemm_workspace_size); a path whose share does not fit refuses the call.
     size_t used = dw.marlin_workspace;
     if (dw.k_perm) {
         const size_t needed = dw.marlin_workspace + permuted_x_bytes(dw, m);
