@@ -327,7 +327,7 @@ c_structs! {
         pub qzeros: *const i32,
         /// `[k/group_size][n]` FP16 bit patterns.
         pub scales: *const u16,
-        /// Optional `[k]` (GPTQ only); only `g_idx[k] == k / group_size` is supported.
+        /// Optional `[k]` (GPTQ only): each input row's group; act-order ones are stored with a K permutation.
         pub g_idx: *const i32,
         /// Optional NUL-terminated name.
         pub name: *const c_char,
