@@ -58,6 +58,12 @@ def edit_data(base, tensor, index, raw):
     return join(header, data)
 
 
+def add_tensor(base, name, dtype, shape, raw):
+    header, data = split(base)
+    header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+    return join(header, data + raw)
+
+
 def last_tensor(header):
     return max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
 
@@ -103,6 +109,11 @@ def malformed(base):
         "bad_dtype_wrong": edit_header(base, lambda h: h[last].update(dtype="F16")),
         "bad_missing_tensor": edit_header(base, lambda h: h.pop(last)),
         "bad_unknown_tensor": edit_header(base, lambda h: h.update({"extra.weight": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}})),
+        # ---- act-order input permutations (k_perm; loop.mlp_gate has K = d_model = 16) ----
+        "kperm_reversed": add_tensor(base, "loop.mlp_gate.k_perm", "I32", [16], struct.pack("<16i", *range(15, -1, -1))),
+        "bad_kperm_repeat": add_tensor(base, "loop.mlp_gate.k_perm", "I32", [16], struct.pack("<16i", *([3] * 16))),
+        "bad_kperm_out_of_range": add_tensor(base, "loop.mlp_gate.k_perm", "I32", [16],
+                                             struct.pack("<16i", *range(1, 17))),
         # ---- values ----
         "bad_nan_scale": edit_data(base, "loop.mlp_up.scales", 2, nan_f16),
         "bad_inf_norm": edit_data(base, "final_norm.weight", 4, inf_f32),
