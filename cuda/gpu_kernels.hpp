@@ -73,10 +73,12 @@ int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16
                           uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
                           float *a_sum, size_t a_sum_bytes, cudaStream_t stream);
 
-// ---- Act-order inputs -----------------------------------------------------------------------------------------------
-// out[r][j] = x[r][perm[j]] for r < m, j < k: X [m][k] FP16 with its columns in a weight's stored K order. perm is a
-// permutation of [0, k) (not checked here); out must not overlap x.
-int permute_columns(const uint16_t *x, const int32_t *perm, uint16_t *out, int m, int k, cudaStream_t stream);
+// ---- Inputs as a weight reads them -----------------------------------------------------------------------------------
+// out[r][j] = c < k_in ? x[r][c] : 0 with c = index[j] (index NULL: c = j), for r < m, j < k_out: X [m][k_in] FP16 with
+// its columns in a weight's stored K order (act-order) and zero from k_in on (a padded K). index (when given) holds
+// k_out entries in [0, k_out), not checked here; k_out >= k_in; out must not overlap x.
+int gather_columns(const uint16_t *x, int k_in, const int32_t *index, uint16_t *out, int k_out, int m,
+                   cudaStream_t stream);
 
 // ---- Large-M path: dequantize to FP16, then cuBLAS ---------------------------------------------------------------
 // w_fp16 [N][K] = q*s + z rounded once to FP16; the file layout as in native_int4_gemm (K even).

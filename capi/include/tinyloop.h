@@ -437,8 +437,9 @@ typedef struct tl_pack_report {
     uint32_t weights_uploaded;
     /** Weights that received a Marlin-class form. */
     uint32_t weights_packed;
-    /** Weights whose shape the Marlin-class kernel does not take even with N padded to a multiple of 64 (K not a
-     *  multiple of 64, or the group size): they run on the native kernel. */
+    /** Weights whose shape the Marlin-class kernel does not take even with K and N padded to multiples of 64 (a
+     *  group size that is not 32 or a multiple of 64, or that does not divide the padded K): they run on the native
+     *  kernel. */
     uint32_t weights_not_packable;
     /** Device memory held by all forms of these weights, in bytes. */
     uint64_t device_bytes;
@@ -505,10 +506,10 @@ TL_API tl_status tl_stream_destroy(void *stream);
 TL_API tl_status tl_stream_synchronize(void *stream);
 
 /** Device workspace tl_quant_gemm needs for this weight at this M under the current dispatcher settings (0 is
- *  possible): the Marlin-class kernels' counters, x with its columns permuted for a weight imported from an
- *  act-order checkpoint, the padded output of a weight whose N was padded to a multiple of 64 at packing, and the
- *  scratch of the path that may run (the correction form's group sums, dequantize + cuBLAS's FP16 weight, cuBLAS's
- *  own workspace). Thread-safe. */
+ *  possible): the Marlin-class kernels' counters, x as the weight reads it when it differs from x (columns permuted
+ *  for a weight imported from an act-order checkpoint, zero-padded for a K padded at packing), the padded output of a
+ *  weight whose N was padded, and the scratch of the path that may run (the correction form's group sums, dequantize
+ *  + cuBLAS's FP16 weight, cuBLAS's own workspace). Thread-safe. */
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes);
 
 /** Y = X · W on the GPU: x is FP16 [m][k] row-major, y FP16 [m][n] row-major, both device pointers on the
@@ -520,9 +521,10 @@ TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m
  *  workspaces may run at the same time on one weight and one stream or many; one workspace must not serve two
  *  calls that can run at the same time (calls queued on one stream never do). A workspace smaller than the size
  *  above is not an error: a path whose share does not fit is skipped, as if it refused; but a weight that permutes
- *  its input (act-order) needs at least the counters and the permuted x, else TL_ERR_INVALID_ARGUMENT. Enqueued on `stream`;
- *  returns without waiting. The dispatcher tries, in order: the FP16 body (if enabled and packed), the Marlin-class kernel
- *  (or dequantize + cuBLAS from TL_DISPATCH_CUBLAS_MIN_M on), the native INT4 kernel; a path that refuses the
+ *  its input (act-order) or whose K was padded needs at least the counters and that x, else
+ *  TL_ERR_INVALID_ARGUMENT. Enqueued on `stream`; returns without waiting. The dispatcher tries, in order: the FP16
+ *  body (if enabled and packed), the Marlin-class kernel (or dequantize + cuBLAS from TL_DISPATCH_CUBLAS_MIN_M on),
+ *  the native INT4 kernel; a path that refuses the
  *  call falls through to the next, so the result is the same whichever ran. Thread-safe on a shared weight. */
 TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, int64_t m, void *stream,
                                void *workspace, size_t workspace_bytes);

@@ -279,6 +279,9 @@ struct DeviceWeight {
     // the Marlin-class kernels (a vocabulary of 50257). Every path but the native kernel then computes n_padded
     // columns into the workspace, and the first n are copied to y.
     int32_t n_padded = 0;
+    // Likewise K: k_padded, with zero codes and zero groups; every path then reads x through the workspace, its
+    // columns zero from k on (and in the stored order of a k_perm, which then covers k_padded rows).
+    int32_t k_padded = 0;
     int32_t kernel_group_size = 0;  // -1 for per-column scales (one group spanning K)
     std::string name;
 
@@ -340,23 +343,32 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     dw->device = device;
     dw->k = w.k;
     dw->n = w.n;
-    dw->group_size = w.group_size;
     dw->name = w.name;
-    constexpr int32_t kPadN = 64;  // the Marlin-class kernels' column strip
-    const int32_t n_up = (w.n + kPadN - 1) / kPadN * kPadN;
-    const bool pad = n_up != w.n && marlin_shape_error(w.k, n_up, w.group_size) == nullptr;
-    const Linear padded = pad ? pad_linear_rows(w, kPadN) : Linear{};
-    const Linear &src = pad ? padded : w;  // what the device forms are made from
+    // K and N padded to multiples of 64 (the kernels' k tile and column strip) where only that keeps the shape off the
+    // Marlin-class kernels: K with zero codes and zero groups (the inputs get zero columns), N with zero rows.
+    constexpr int32_t kPad = 64;
+    auto up = [](int32_t v) { return (v + kPad - 1) / kPad * kPad; };
+    const int32_t k_up = up(w.k), n_up = up(w.n), group_up = w.group_size == w.k ? k_up : w.group_size;
+    const bool pad_k = k_up != w.k && marlin_shape_error(k_up, n_up, group_up) == nullptr;
+    const Linear k_padded = pad_k ? pad_linear_cols(w, kPad) : Linear{};
+    const Linear &k_src = pad_k ? k_padded : w;
+    const bool pad_n = n_up != w.n && marlin_shape_error(k_src.k, n_up, k_src.group_size) == nullptr;
+    const Linear padded = pad_n ? pad_linear_rows(k_src, kPad) : Linear{};
+    const Linear &src = pad_n ? padded : k_src;  // what every device form is made from
+    dw->k_padded = src.k;
     dw->n_padded = src.n;
+    dw->group_size = src.group_size;
     const size_t groups = static_cast<size_t>(src.n) * static_cast<size_t>(src.n_groups());
-    dw->codes = DeviceBuffer::upload(device, src.codes, static_cast<size_t>(src.n) * (w.k / 2), stream);
+    dw->codes = DeviceBuffer::upload(device, src.codes, static_cast<size_t>(src.n) * (src.k / 2), stream);
     dw->scales = DeviceBuffer::upload(device, src.scales, groups * sizeof(uint16_t), stream);
     dw->zeros = DeviceBuffer::upload(device, src.zeros, groups * sizeof(uint16_t), stream);
-    if (w.k_perm != nullptr) dw->k_perm = DeviceBuffer::upload(device, w.k_perm, static_cast<size_t>(w.k) * 4, stream);
+    if (src.k_perm != nullptr) {
+        dw->k_perm = DeviceBuffer::upload(device, src.k_perm, static_cast<size_t>(src.k) * sizeof(int32_t), stream);
+    }
     const uint64_t native_bytes = dw->codes.bytes() + dw->scales.bytes() + dw->zeros.bytes() + dw->k_perm.bytes();
 
-    const bool packable = props.marlin_supported && marlin_shape_error(w.k, src.n, w.group_size) == nullptr;
-    dw->kernel_group_size = marlin_kernel_group_size(w.k, w.group_size);
+    const bool packable = props.marlin_supported && marlin_shape_error(src.k, src.n, src.group_size) == nullptr;
+    dw->kernel_group_size = marlin_kernel_group_size(src.k, src.group_size);
     MarlinPacked fused;  // kept until the correction form has compared its tiles with it
     if (packable && (forms & TL_FORM_MARLIN_FUSED)) {
         fused = marlin_pack(src, MarlinMode::Fused);
@@ -383,10 +395,10 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB on earlier GPUs.
     dw->cublas_workspace = static_cast<size_t>(props.sm_major >= 9 ? 32 : 4) << 20;
     if (forms & TL_FORM_FP16_BODY) {
-        dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(src.n) * w.k * sizeof(uint16_t));
+        dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(src.n) * src.k * sizeof(uint16_t));
         const int rc = gpu::dequant_int4_fp16(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
-                                              dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), src.n, w.k,
-                                              w.group_size, stream);
+                                              dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), src.n, src.k,
+                                              src.group_size, stream);
         if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + w.name + "' to FP16");
         if (rc < 0) {
             // A shape the dequantizer does not take (K % 8 != 0): the weight simply goes without a body.
@@ -413,24 +425,26 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
 namespace {
 
 // The workspace of a call: [0, marlin_workspace) holds the Marlin-class kernels' counters, zero-filled by the caller
-// before first use and zero again when every call's work is done; then, for a weight with a k_perm, x with its columns
-// permuted [M][K]; for a weight whose N was padded, the padded output [M][n_padded]; then the scratch of whichever
-// path runs. The contents after the counters are unspecified after a call. Path scratch:
+// before first use and zero again when every call's work is done; then, for a weight with a k_perm or a padded K, x
+// as the weight reads it [M][k_padded]; for a weight whose N was padded, the padded output [M][n_padded]; then the
+// scratch of whichever path runs. The contents after the counters are unspecified after a call. Path scratch:
 //   Marlin-class correction form: the FP32 group sums [M][groups];
 //   dequantize + cuBLAS: the FP16 weight [N][K], then cuBLAS's workspace;
 //   FP16 body: cuBLAS's workspace.
 // Scratch per call (never per stream or per process) is what lets any number of calls run at once on one weight.
 size_t dequant_scratch_bytes(const DeviceWeight &dw) {
-    return align_up(static_cast<size_t>(dw.n_padded) * dw.k * sizeof(uint16_t), 256);
+    return align_up(static_cast<size_t>(dw.n_padded) * dw.k_padded * sizeof(uint16_t), 256);
 }
 size_t padded_y_bytes(const DeviceWeight &dw, int64_t m) {
     return dw.n_padded != dw.n ? align_up(static_cast<size_t>(m) * dw.n_padded * sizeof(uint16_t), 256) : 0;
 }
-size_t permuted_x_bytes(const DeviceWeight &dw, int64_t m) {
-    return dw.k_perm ? align_up(static_cast<size_t>(m) * dw.k * sizeof(uint16_t), 256) : 0;
+// x as the weight reads it: permuted (act-order) and zero-padded to k_padded, or x itself (0 bytes).
+bool reads_x_through_workspace(const DeviceWeight &dw) { return dw.k_perm || dw.k_padded != dw.k; }
+size_t gathered_x_bytes(const DeviceWeight &dw, int64_t m) {
+    return reads_x_through_workspace(dw) ? align_up(static_cast<size_t>(m) * dw.k_padded * sizeof(uint16_t), 256) : 0;
 }
 size_t correction_scratch_bytes(const DeviceWeight &dw, int64_t m) {
-    return align_up(gpu::correction_scratch_bytes(static_cast<int>(m), dw.k, dw.kernel_group_size), 256);
+    return align_up(gpu::correction_scratch_bytes(static_cast<int>(m), dw.k_padded, dw.kernel_group_size), 256);
 }
 
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
@@ -449,7 +463,7 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
         if (cublas_path_wanted(dw, m)) scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
         if (dw.has_correction) scratch = std::max(scratch, correction_scratch_bytes(dw, m));
     }
-    return dw.marlin_workspace + permuted_x_bytes(dw, m) + padded_y_bytes(dw, m) + scratch;
+    return dw.marlin_workspace + gathered_x_bytes(dw, m) + padded_y_bytes(dw, m) + scratch;
 }
 
 bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m) {
@@ -462,7 +476,7 @@ size_t dequantized_bytes(const DeviceWeight &dw) { return dequant_scratch_bytes(
 void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream) {
     DeviceScope scope(dw.device);
     const int rc = gpu::dequant_int4_fp16(dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(),
-                                          dst, dw.n_padded, dw.k, dw.group_size, static_cast<cudaStream_t>(stream));
+                                          dst, dw.n_padded, dw.k_padded, dw.group_size, static_cast<cudaStream_t>(stream));
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + dw.name + "' to FP16");
     if (rc < 0) fail(TL_ERR_INTERNAL, "the dequantizer refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
 }
@@ -485,23 +499,30 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     const auto *xh = static_cast<const uint16_t *>(x);
     auto *yh = static_cast<uint16_t *>(y);
-    // After the Marlin-class region: a k_perm's permuted x, which every path needs, then the padded output and the
-    // scratch of the paths (see quant_gemm_workspace_size); a path whose share does not fit refuses the call.
+    // After the Marlin-class region: x permuted or padded as the weight reads it (every path needs it), then the
+    // padded output and the scratch of the paths (see quant_gemm_workspace_size); a path whose share does not fit
+    // refuses the call.
     size_t used = dw.marlin_workspace;
-    if (dw.k_perm) {
-        const size_t needed = dw.marlin_workspace + permuted_x_bytes(dw, m);
+    if (reads_x_through_workspace(dw)) {
+        const size_t needed = dw.marlin_workspace + gathered_x_bytes(dw, m);
         if (workspace_bytes < needed) {
-            fail(TL_ERR_INVALID_ARGUMENT, "workspace_bytes is " + std::to_string(workspace_bytes) + ", but '" +
-                                              dw.name + "' permutes its input (act-order) and needs at least " +
-                                              std::to_string(needed) + " bytes at m = " + std::to_string(m));
+            fail(TL_ERR_INVALID_ARGUMENT,
+                 "workspace_bytes is " + std::to_string(workspace_bytes) + ", but '" + dw.name + "' reads its input " +
+                     (dw.k_perm ? "permuted (act-order)" : "padded to K = " + std::to_string(dw.k_padded)) +
+                     " from the workspace and needs at least " + std::to_string(needed) + " bytes at m = " +
+                     std::to_string(m));
         }
-        auto *permuted = reinterpret_cast<uint16_t *>(static_cast<char *>(workspace) + used);
-        const int rc = gpu::permute_columns(xh, dw.k_perm.get<int32_t>(), permuted, mi, dw.k, stream);
-        if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "permuting the input of '" + dw.name + "'");
-        if (rc < 0) fail(TL_ERR_INTERNAL, "permuting the input of '" + dw.name + "' refused (rc " + std::to_string(rc) + ")");
-        xh = permuted;
+        auto *gathered = reinterpret_cast<uint16_t *>(static_cast<char *>(workspace) + used);
+        const int rc = gpu::gather_columns(xh, dw.k, dw.k_perm ? dw.k_perm.get<int32_t>() : nullptr, gathered,
+                                           dw.k_padded, mi, stream);
+        if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "gathering the input of '" + dw.name + "'");
+        if (rc < 0) {
+            fail(TL_ERR_INTERNAL, "gathering the input of '" + dw.name + "' refused (rc " + std::to_string(rc) + ")");
+        }
+        xh = gathered;
         used = needed;
     }
+    const int kp = dw.k_padded;  // the GEMMs' inner dimension
     // A padded weight's paths other than the native kernel write its n_padded columns here, and the first n are copied
     // to y; without room for them, only the native kernel runs.
     const int np = dw.n_padded;
@@ -549,7 +570,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     auto fp16_gemm = [&](const uint16_t *w) {
         if (yp == nullptr || scratch_bytes < dw.cublas_workspace) return gpu::kRcWorkspace;
         return with_cublas([&](cublasHandle_t h) {
-            return gpu::cublas_gemm_fp16(h, xh, w, yp, mi, np, dw.k, stream, scratch, dw.cublas_workspace);
+            return gpu::cublas_gemm_fp16(h, xh, w, yp, mi, np, kp, stream, scratch, dw.cublas_workspace);
         });
     };
     if (dequantized != nullptr) {
@@ -569,7 +590,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         if (cublas_path_wanted(dw, m) && yp != nullptr && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
             const int rc = with_cublas([&](cublasHandle_t h) {
                 return gpu::dequant_cublas_gemm(h, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
-                                                dw.zeros.get<uint16_t>(), yp, mi, np, dw.k, dw.group_size, scratch,
+                                                dw.zeros.get<uint16_t>(), yp, mi, np, kp, dw.group_size, scratch,
                                                 dequant_bytes, stream, scratch + dequant_bytes, dw.cublas_workspace);
             });
             if (rc == 0) return done_padded(dw.n_cublas);
@@ -582,12 +603,12 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
             refused(gpu::kRcWorkspace, "Marlin-class kernel (workspace too small)");
         } else if (dw.has_fused && mode != 2) {
             rc = gpu::marlin_gemm(xh, dw.words.get<uint32_t>(), dw.fused_scales.get<uint16_t>(),
-                                  dw.fused_zeros.get<uint16_t>(), yp, mi, np, dw.k, dw.kernel_group_size, true,
+                                  dw.fused_zeros.get<uint16_t>(), yp, mi, np, kp, dw.kernel_group_size, true,
                                   workspace, dw.marlin_workspace, stream);
             counter = &dw.n_fused;
         } else if (dw.has_correction && mode != 1) {
             rc = gpu::marlin_gemm_corrected(xh, dw.correction_words(), dw.correction_scales(), dw.delta.get<float>(),
-                                            yp, mi, np, dw.k, dw.kernel_group_size, workspace, dw.marlin_workspace,
+                                            yp, mi, np, kp, dw.kernel_group_size, workspace, dw.marlin_workspace,
                                             reinterpret_cast<float *>(scratch), scratch_bytes, stream);
             counter = &dw.n_correction;
         }
@@ -604,7 +625,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     }
 
     const int rc = gpu::native_int4_gemm(xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
-                                         dw.zeros.get<uint16_t>(), yh, mi, dw.n, dw.k, dw.group_size, stream);
+                                         dw.zeros.get<uint16_t>(), yh, mi, dw.n, kp, dw.group_size, stream);
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), ("native INT4 GEMM of '" + dw.name + "'").c_str());
     if (rc < 0) fail(TL_ERR_INTERNAL, "the native INT4 GEMM refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
     done(dw.n_native);

@@ -213,4 +213,36 @@ Linear pad_linear_rows(const Linear &w, int32_t multiple) {
     return make_quantized_linear(w.name, std::move(m));
 }
 
+Linear pad_linear_cols(const Linear &w, int32_t multiple) {
+    require_complete_int4(w, "pad_linear_cols");
+    if (multiple < 2 || multiple % 2 != 0) fail(TL_ERR_INVALID_ARGUMENT, "pad_linear_cols: multiple must be even");
+    const int32_t k = (w.k + multiple - 1) / multiple * multiple;
+    const bool per_row = w.group_size == w.k;
+    if (!per_row && k % w.group_size != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "pad_linear_cols: '" + w.name + "': the group size " +
+                                          std::to_string(w.group_size) + " does not divide the padded K = " +
+                                          std::to_string(k));
+    }
+    QuantizedMatrix m;
+    m.k = k;
+    m.n = w.n;
+    m.group_size = per_row ? k : w.group_size;
+    m.bits = w.bits;
+    const size_t groups = static_cast<size_t>(w.n_groups()), padded_groups = static_cast<size_t>(k / m.group_size);
+    const size_t row_bytes = static_cast<size_t>(w.k) / 2, padded_row_bytes = static_cast<size_t>(k) / 2;
+    m.codes.assign(static_cast<size_t>(w.n) * padded_row_bytes, 0);
+    m.scales.assign(static_cast<size_t>(w.n) * padded_groups, 0);
+    m.zeros.assign(m.scales.size(), 0);
+    for (size_t nn = 0; nn < static_cast<size_t>(w.n); ++nn) {
+        std::memcpy(m.codes.data() + nn * padded_row_bytes, w.codes + nn * row_bytes, row_bytes);
+        std::memcpy(m.scales.data() + nn * padded_groups, w.scales + nn * groups, groups * sizeof(uint16_t));
+        std::memcpy(m.zeros.data() + nn * padded_groups, w.zeros + nn * groups, groups * sizeof(uint16_t));
+    }
+    if (w.k_perm != nullptr) {
+        m.k_perm.assign(w.k_perm, w.k_perm + w.k);
+        for (int32_t i = w.k; i < k; ++i) m.k_perm.push_back(i);
+    }
+    return make_quantized_linear(w.name, std::move(m));
+}
+
 }  // namespace tl

@@ -53,6 +53,11 @@ Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name);
 // A quantized Linear with N rounded up to a multiple of `multiple`; the padding rows have zero codes, scales and
 // zeros (W = 0), and w's k_perm. Returns a copy when N already is a multiple.
 Linear pad_linear_rows(const Linear &w, int32_t multiple);
+// A quantized Linear with K rounded up to a multiple of `multiple`, for inputs padded with zero columns: each row's
+// codes end in zero codes, and a grouped weight gains whole groups of zero scales and zeros (the group size must
+// divide the padded K, else TL_ERR_INVALID_ARGUMENT); a per-row weight stays one group spanning the padded K. A
+// k_perm is extended with the identity on the new rows. Returns a copy when K already is a multiple.
+Linear pad_linear_cols(const Linear &w, int32_t multiple);
 
 // Dequantizes (or converts, for dense) rows [n0, n1) of W into out[(nn - n0) * k + kk] = W[kk, nn], exactly:
 // q*s + z computed in FP32 from the FP16 s and z. kk is the input column: a k_perm is undone.

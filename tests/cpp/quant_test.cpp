@@ -252,6 +252,52 @@ TEST(Quant, PadRows) {
     EXPECT_EQ(dequantized(again), values);
 }
 
+// Padded K: the inputs' extra columns are zero, so only the first K columns of the padded weight matter, and they
+// are the weight's own, in input order (a k_perm extended with the identity); grouped weights gain zero groups.
+TEST(Quant, PadCols) {
+    struct Case {
+        int32_t k, n, group_size;
+        bool permuted;
+    };
+    for (const Case c :
+         {Case{96, 40, 32, false}, Case{100, 24, 0, false}, Case{96, 40, 32, true}, Case{128, 8, 64, false}}) {
+        SCOPED_TRACE("K " + std::to_string(c.k) + ", group " + std::to_string(c.group_size));
+        tl::Linear w = random_int4("w", c.k, c.n, c.group_size);
+        if (c.permuted) {
+            tl::QuantizedMatrix m;
+            m.k = w.k, m.n = w.n, m.group_size = w.group_size, m.bits = 4;
+            m.codes.assign(w.codes, w.codes + static_cast<size_t>(w.n) * w.k / 2);
+            m.scales.assign(w.scales, w.scales + static_cast<size_t>(w.n) * w.n_groups());
+            m.zeros.assign(w.zeros, w.zeros + m.scales.size());
+            for (int32_t i = 0; i < w.k; ++i) m.k_perm.push_back((i * 7 + 3) % w.k);  // 7 is prime to 96
+            w = tl::make_quantized_linear("w", std::move(m));
+        }
+        const tl::Linear p = tl::pad_linear_cols(w, 64);
+        const int32_t k_pad = (c.k + 63) / 64 * 64;
+        ASSERT_EQ(p.k, k_pad);
+        ASSERT_EQ(p.n, c.n);
+        EXPECT_EQ(p.group_size, c.group_size == 0 ? k_pad : c.group_size);
+        EXPECT_EQ(p.k_perm != nullptr, c.permuted);
+        const std::vector<float> before = dequantized(w), after = dequantized(p);
+        for (int32_t nn = 0; nn < c.n; ++nn) {
+            for (int32_t kk = 0; kk < c.k; ++kk) {
+                ASSERT_EQ(after[static_cast<size_t>(nn) * k_pad + kk], before[static_cast<size_t>(nn) * c.k + kk])
+                    << "W[" << kk << ", " << nn << "]";
+            }
+            if (c.group_size != 0) {  // whole zero groups
+                for (int32_t kk = c.k; kk < k_pad; ++kk) EXPECT_EQ(after[static_cast<size_t>(nn) * k_pad + kk], 0.0f);
+            }
+        }
+    }
+    // A group size that does not divide the padded K cannot be padded.
+    try {
+        tl::pad_linear_cols(random_int4("w", 96, 8, 48), 64);
+        FAIL() << "group 48 with K padded to 128 was accepted";
+    } catch (const tl::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("does not divide the padded K = 128"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Quant, RejectsBadArguments) {
     std::vector<float> w(64 * 2, 0.5f);
     auto status = [&](int32_t k, int32_t group_size, QuantMethod method) {

@@ -111,9 +111,9 @@ TEST(GpuApi, ModelPackAndFirstDispatchLog) {
     tl_model_free(model);
 }
 
-// Every path on packable shapes (M from 1, per group and per row; N padded at pack time where it is not a multiple of
-// 64) gives the reference within 2e-3 and counts itself; a shape the Marlin-class kernel does not take (K not a
-// multiple of 64) runs on the native kernel whatever is selected.
+// Every path on packable shapes (M from 1, per group and per row; K and N padded at pack time where they are not
+// multiples of 64) gives the reference within 2e-3 and counts itself; a shape the Marlin-class kernel does not take
+// even padded (a group size that does not divide the padded K) runs on the native kernel whatever is selected.
 TEST(GpuApi, EveryPathMatchesTheReference) {
     struct Shape {
         int m, k, n, group_size;
@@ -121,10 +121,15 @@ TEST(GpuApi, EveryPathMatchesTheReference) {
     };
     const Shape shapes[] = {{1, 256, 256, 128, true},    {7, 512, 384, 64, true},    {16, 1024, 512, 32, true},
                             {33, 2048, 1024, 0, true},   {64, 4096, 512, 128, true}, {255, 1024, 768, 128, true},
-                            {1024, 2048, 1024, 128, true}, {5, 96, 100, 32, false},  {16, 200, 136, 0, false},
+                            {1024, 2048, 1024, 128, true},
                             // N not a multiple of 64: packed with zero rows up to the next multiple, every path but
                             // the native kernel computing the padded columns and copying out the first N.
-                            {7, 512, 1000, 128, true},    {300, 1024, 200, 0, true},  {1, 256, 50, 32, true}};
+                            {7, 512, 1000, 128, true},    {300, 1024, 200, 0, true},  {1, 256, 50, 32, true},
+                            // K not a multiple of 64: zero codes and zero groups up to the next multiple, x read
+                            // through the workspace with zero columns; with N padded too.
+                            {5, 96, 100, 32, true},       {16, 200, 136, 0, true},    {40, 1000, 512, 0, true},
+                            // A group size that does not divide the padded K: the native kernel only.
+                            {5, 96, 100, 48, false},      {3, 160, 64, 80, false}};
     for (const Shape &s : shapes) {
         WeightPtr w = random_weight(s.k, s.n, s.group_size);
         ASSERT_TRUE(w);
@@ -169,7 +174,7 @@ TEST(GpuApi, TooSmallWorkspaceFallsThrough) {
 // A weight whose K is not a multiple of 8 cannot get an FP16 body (the dequantizer's vector width): packing skips
 // the body instead of failing, and the FP16-body setting then runs the weight on the next path.
 TEST(GpuApi, Fp16BodySkippedWhereTheDequantizerCannotRun) {
-    WeightPtr w = random_weight(100, 72, 0);
+    WeightPtr w = random_weight(100, 72, 50);  // group 50: not packable even with K padded to 128
     ASSERT_TRUE(w);
     tl_pack_report report;
     pack(w.get(), kAllForms, &report);
@@ -230,7 +235,8 @@ TEST(GpuApi, ActOrderWeightOnEveryPath) {
         for (int i = 0; i < s.k; ++i) perm[i] = i;
         std::shuffle(perm.begin(), perm.end(), rng());
         for (int i = 0; i < s.k; ++i) g_idx[i] = perm[i] / s.group_size;
-        std::vector<int32_t> qweight(static_cast<size_t>(s.k / 8) * s.n, 0), qzeros(static_cast<size_t>(groups) * s.n / 8, 0);
+        std::vector<int32_t> qweight(static_cast<size_t>(s.k / 8) * s.n, 0);
+        std::vector<int32_t> qzeros(static_cast<size_t>(groups) * s.n / 8, 0);
         for (int r = 0; r < s.k / 8; ++r)
             for (int c = 0; c < s.n; ++c)
                 for (int i = 0; i < 8; ++i)
@@ -238,7 +244,8 @@ TEST(GpuApi, ActOrderWeightOnEveryPath) {
         for (int g = 0; g < groups; ++g)
             for (int c = 0; c < s.n / 8; ++c)
                 for (int i = 0; i < 8; ++i)
-                    qzeros[static_cast<size_t>(g) * s.n / 8 + c] |= (z[static_cast<size_t>(g) * s.n + 8 * c + i] - 1) << (4 * i);
+                    qzeros[static_cast<size_t>(g) * s.n / 8 + c] |= (z[static_cast<size_t>(g) * s.n + 8 * c + i] - 1)
+                                                                     << (4 * i);
         std::vector<double> wt(static_cast<size_t>(s.n) * s.k);  // [n][k]
         for (int kk = 0; kk < s.k; ++kk)
             for (int c = 0; c < s.n; ++c) {
