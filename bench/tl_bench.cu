@@ -1,8 +1,7 @@
 // tl_bench: the INT4 x FP16 GEMM paths side by side on the benchmark layers and M values below.
 //
-//   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|row] [--kernels a,b,...]
-//            [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S]
-//            [--wgmma-split-max-kn KN] [--wgmma-producer 0|1]
+//   tl_bench <out.csv> <out.md> [--quick] [--layer S[,S...]] [--m M[,M...]] [--group 128|64|row]
+//            [--kernels a,b,...] [--stream-loop] [--via-api]
 //
 // The filters keep a subset (for profiling one kernel under ncu, or the rows another benchmark times): a layer is
 // kept when its name contains any of the substrings; kernel names as in the CSV. --stream-loop times the same calls
@@ -11,22 +10,16 @@
 // the public C API instead of calling the kernels: owned weights made from host arrays (random codes; scales and zeros
 // like a min-max quantization) and packed with every form, the path picked with tl_set_dispatch, tl_quant_gemm from a
 // host loop (implies --stream-loop): what an application, or the Rust crate's Criterion bench, measures.
-// The Marlin-class tuning (tl::MarlinTuning, cpp/gpu/gemm_policy.hpp) for the whole run:
-// --stream-slices N: at least N 128-deep slices per warp in the M <= 16 stream kernel (stream_slices_per_warp: 0 =
-// every warp slot, the default; -1 = the skinny kernel instead).
-// --blocks-per-sm 1|2: resident blocks per SM for M <= 16 (max_blocks_per_sm; default 2).
-// --stream-stages S: the stream kernel's ring depth per warp (stream_stages; default: as deep as fits).
-// --wgmma-split-max-kn KN: up to M = 64, weights of at most KN elements on two warpgroups per tile
-// (wgmma_split_max_kn; default 2^26; 0 = never).
-// --wgmma-producer 0|1: above 64 rows, the wgmma kernel with a copying warpgroup (1, the default) or without
-// (wgmma_warp_specialized).
 //
 // Method: random data (never zeros); weights rotated through enough copies that they exceed 240 MB
 // (4x the 60 MB L2); many calls captured in one CUDA graph, replayed 7 times, the median replay time divided by
 // the calls per graph. Kernels: Marlin-class fused (q*s + z in the kernel), Marlin-class symmetric + the seed's
 // correction (memset, GEMM, a_group_sum, correction_accum), native INT4 (M <= 256 only: it reads all weights once
-// per row and takes seconds beyond that), dequantize + cuBLAS, cuBLAS FP16 on dense weights, and (M <= 16, group
-// 128) the Marlin-class fused skinny kernel where the stream kernel is the default (an A/B of that choice).
+// per row and takes seconds beyond that), dequantize + cuBLAS, cuBLAS FP16 on dense weights, and (16 < M <= 256,
+// group 128) the classic Marlin-class kernel, the mainloop of GPUs without wgmma. Group sizes 128, 64 and per row
+// (the paths other than the Marlin-class ones barely depend on the grouping: timed at 128 only).
+// CSV columns beyond the timing: `plan`, the Marlin-class kernel and tile form plan_marlin chose (fused rows), and
+// `dispatched`, 1 on the row of the path tl_quant_gemm runs by default for that call (cpp/gpu/gemm_policy.hpp).
 // SOL = max(bytes / 4.6 TB/s, 2MNK / 790 TFLOPS), bytes = K*N/2 + scales + zeros (FP16 [G][N] each) + 2MK + 2MN.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -292,21 +285,37 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
     return t;
 }
 
-// Same-run A/B columns of the fused kernel choices: marlin_fused_skinny, the skinny kernel (block barrier per slice)
-// where the stream kernel is the default (M <= 16, group 128); marlin_fused_wide, the first-generation M > 16 kernel
-// (16 < M <= 256); marlin_fused_medium, the medium kernel where the wgmma kernel is the default (its bound for the
-// weight, wgmma_min_m_for, <= M <= 64); marlin_fused_wgmma, the wgmma kernel below its bound (16 < M <
-// the bound; from the bound marlin_fused is the wgmma kernel where it runs).
-const char *kKernels[] = {"marlin_fused",      "marlin_corr",       "native",            "deq_cublas", "cublas_fp16",
-                          "marlin_fused_skinny", "marlin_fused_wide", "marlin_fused_wgmma", "marlin_fused_medium"};
-constexpr int kNumKernels = 9;
+// marlin_fused_classic: the classic kernel forced where the policy runs another (16 < M <= 256, group 128).
+const char *kKernels[] = {"marlin_fused", "marlin_corr", "native", "deq_cublas", "cublas_fp16", "marlin_fused_classic"};
+constexpr int kNumKernels = 6;
+constexpr int kClassicMaxM = 256;
+
+// The Marlin-class plan as a CSV cell: kernel/rows, plus "x1" (one warpgroup) or "+copier" for the wgmma forms.
+std::string plan_cell(const tl::MarlinPlan &p) {
+    std::string s = std::string(tl::marlin_kernel_name(p.kernel)) + "/" + std::to_string(p.rows);
+    if (p.kernel == tl::MarlinKernel::Wgmma) {
+        if (p.wgmma_warpgroups == 1) s += "x1";
+        if (p.wgmma_warp_specialized) s += "+copier";
+    }
+    return s;
+}
 
 struct Row {
     std::string layer;
     int k, n, m, group;  // group: the actual group size (k = per row)
     double sol_us;
     Timing t[kNumKernels];
+    std::string plan;  // the Marlin-class plan (plan_cell)
 };
+
+const char *group_name(int group, int k) { return group == k ? "row" : group == 64 ? "64" : "128"; }
+
+// The path tl_quant_gemm runs by default for an M x K x N call (FP16 bodies off): dequantize + cuBLAS from
+// cublas_min_m_for's row count, else the fused Marlin-class kernel.
+int dispatched_kernel(int m, int k, int n) {
+    const int64_t from = tl::cublas_min_m_for(k, n, tl::kDefaultCublasMinM);
+    return from > 0 && m >= from ? 3 : 0;
+}
 
 double sol_us(int m, int k, int n, int groups) {
     const double bytes = static_cast<double>(k) * n / 2 + 2.0 * groups * n * 2 + 2.0 * m * k + 2.0 * m * n;
@@ -337,9 +346,8 @@ std::vector<std::string> split_list(const std::string &text) {
 int main(int argc, char **argv) {
     if (argc < 3) {
         std::fprintf(stderr,
-                     "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|row] "
-                     "[--kernels a,b] [--stream-loop] [--via-api] [--stream-slices N] [--blocks-per-sm B] [--stream-stages S] "
-                     "[--wgmma-split-max-kn KN] [--wgmma-producer 0|1]\n",
+                     "usage: %s <out.csv> <out.md> [--quick] [--layer S[,S]] [--m M[,M]] [--group 128|64|row] "
+                     "[--kernels a,b] [--stream-loop] [--via-api]\n",
                      argv[0]);
         return 2;
     }
@@ -347,7 +355,6 @@ int main(int argc, char **argv) {
     std::string only_group, only_kernels;
     std::vector<std::string> only_layers;
     std::vector<int> only_ms;
-    tl::MarlinTuning run_tuning;  // the defaults, changed by the options below
     for (int i = 3; i < argc; ++i) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
@@ -365,19 +372,12 @@ int main(int argc, char **argv) {
             }
         }
         else if (arg == "--group" && has_value) only_group = argv[++i];
-        else if (arg == "--stream-slices" && has_value) run_tuning.stream_slices_per_warp = std::atoi(argv[++i]);
-        else if (arg == "--stream-stages" && has_value) run_tuning.stream_stages = std::atoi(argv[++i]);
-        else if (arg == "--wgmma-split-max-kn" && has_value) run_tuning.wgmma_split_max_kn = std::atoll(argv[++i]);
-        else if (arg == "--wgmma-producer" && has_value) run_tuning.wgmma_warp_specialized = std::atoi(argv[++i]) != 0;
-        else if (arg == "--blocks-per-sm" && has_value) run_tuning.max_blocks_per_sm = std::atoi(argv[++i]);
         else if (arg == "--kernels" && has_value) only_kernels = "," + std::string(argv[++i]) + ",";
         else {
             std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
             return 2;
         }
     }
-    tl::gpu::set_marlin_tuning(run_tuning);
-    run_tuning = tl::gpu::marlin_tuning();  // clamped
     auto wanted = [&](int kernel) {
         return only_kernels.empty() || only_kernels.find("," + std::string(kKernels[kernel]) + ",") != std::string::npos;
     };
@@ -397,6 +397,7 @@ int main(int argc, char **argv) {
     cublasSetStream(handle, stream);
 
     const size_t ws_bytes = tl::gpu::marlin_workspace_bytes(prop.multiProcessorCount);
+    const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && prop.major == 9 && prop.minor == 0;
     void *workspace = device_alloc<uint8_t>(ws_bytes);
     CHECK_CUDA(cudaMemset(workspace, 0, ws_bytes));
 
@@ -404,9 +405,12 @@ int main(int argc, char **argv) {
         {"TinyLoop qkv", 2048, 6144},      {"TinyLoop out", 2048, 2048},   {"TinyLoop gate+up", 2048, 16384},
         {"TinyLoop down", 8192, 2048},     {"TinyLoop head", 2048, 50257}, {"Llama-8B qkv", 4096, 6144},
         {"Llama-8B gate+up", 4096, 28672}, {"Llama-8B down", 14336, 4096}, {"Llama-70B gate+up", 8192, 57344},
-        {"Llama-70B down", 28672, 8192},
+        {"Llama-70B down", 28672, 8192},   {"Llama-70B qkv", 8192, 10240}, {"Llama-2-7B qkv", 4096, 12288},
+        {"Llama-2-7B gate+up", 4096, 22016}, {"Llama-2-7B down", 11008, 4096}, {"Llama-2-13B qkv", 5120, 15360},
+        {"Llama-2-13B gate+up", 5120, 27648}, {"Llama-2-13B down", 13824, 5120}, {"Qwen2-7B qkv", 3584, 4608},
+        {"Qwen2-7B gate+up", 3584, 37888}, {"Qwen2-7B down", 18944, 3584},
     };
-    std::vector<int> ms = {1, 16, 64, 256, 1024, 4096};
+    std::vector<int> ms = {1, 16, 17, 32, 64, 128, 256, 1024, 4096};
     if (quick) {
         layers = {{"TinyLoop qkv", 2048, 6144}, {"Llama-8B gate+up", 4096, 28672}};
         ms = {1, 16, 64};
@@ -439,14 +443,15 @@ int main(int argc, char **argv) {
         uint16_t *w_scratch = device_alloc<uint16_t>(static_cast<size_t>(k) * n);
         const size_t a_sum_bytes = tl::gpu::correction_scratch_bytes(max_m, k, 1);  // enough for any grouping
         float *a_sum = device_alloc<float>(a_sum_bytes / sizeof(float));
-        for (const int group : {128, k}) {
-            if (!only_group.empty() && only_group != (group == k ? "row" : "128")) continue;
+        for (const int group : {128, 64, k}) {
+            if (!only_group.empty() && only_group != group_name(group, k)) continue;
             if (g_via_api) {
                 ApiWeights api;
                 make_api_weights(k, n, group, wanted(4) && group == 128, api);
                 const int rot = static_cast<int>(api.copies.size());
                 for (const int m : ms) {
                     Row r{layer.name, k, n, m, group, sol_us(m, k, n, k / group), {}};
+                    r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs));
                     for (const ApiPath &p : kApiPaths) {
                         if (rot == 0 || !wanted(p.kernel)) continue;
                         if (p.kernel >= 2 && group != 128) continue;  // timed once per layer, as below
@@ -476,7 +481,7 @@ int main(int argc, char **argv) {
                         }
                     }
                     std::printf("%-18s K=%5d N=%5d M=%4d %-5s SOL %8.1f us (via the C API) |", layer.name, k, n, m,
-                                group == k ? "row" : "g128", r.sol_us);
+                                group_name(group, k), r.sol_us);
                     for (int i = 0; i < kNumKernels; ++i) std::printf(" %s %s |", kKernels[i], cell(r, i).c_str());
                     std::printf("\n");
                     std::fflush(stdout);
@@ -495,31 +500,15 @@ int main(int argc, char **argv) {
                                                 d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream);
                 };
                 if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
-                // The fused call under the run's tuning changed by `edit` (read at capture), then the run's again.
-                auto fused_with = [&](auto edit) {
-                    tl::MarlinTuning t = run_tuning;
-                    edit(t);
-                    tl::gpu::set_marlin_tuning(t);
-                    const Timing timing = time_calls(stream, rot, fused);
-                    tl::gpu::set_marlin_tuning(run_tuning);
-                    return timing;
-                };
-                if (wanted(5) && group == 128 && m <= 16) {
-                    r.t[5] = fused_with([](tl::MarlinTuning &t) { t.stream_slices_per_warp = -1; });
-                }
-                const bool wgmma = tl::gpu::marlin_wgmma_built();
-                if (wanted(6) && m > 16 && m <= 256) {
-                    r.t[6] = fused_with([](tl::MarlinTuning &t) {
-                        t.medium_max_m = 16;
-                        t.wgmma_min_m = INT32_MAX;
+                r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs));
+                if (wanted(5) && group == 128 && m > 16 && m <= kClassicMaxM && r.plan.rfind("classic", 0) != 0) {
+                    const tl::MarlinPlan classic = tl::classic_plan(m);
+                    r.t[5] = time_calls(stream, rot, [&](int i) {
+                        const int c = i % d.copies;
+                        return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
+                                                    d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream,
+                                                    &classic);
                     });
-                }
-                const int wgmma_from = tl::wgmma_min_m_for(k, n, run_tuning);
-                if (wanted(7) && wgmma && m > 16 && m < wgmma_from) {
-                    r.t[7] = fused_with([](tl::MarlinTuning &t) { t.wgmma_min_m = 17; });
-                }
-                if (wanted(8) && wgmma && m >= wgmma_from && m <= run_tuning.medium_max_m) {  // wgmma_from >= 17
-                    r.t[8] = fused_with([](tl::MarlinTuning &t) { t.wgmma_min_m = INT32_MAX; });
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
@@ -547,7 +536,7 @@ int main(int argc, char **argv) {
                     });
                 }
                 std::printf("%-18s K=%5d N=%5d M=%4d %-5s SOL %8.1f us |", layer.name, k, n, m,
-                            group == k ? "row" : "g128", r.sol_us);
+                            group_name(group, k), r.sol_us);
                 for (int i = 0; i < kNumKernels; ++i) std::printf(" %s %s |", kKernels[i], cell(r, i).c_str());
                 std::printf("\n");
                 std::fflush(stdout);
@@ -569,14 +558,15 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "cannot write %s / %s\n", argv[1], argv[2]);
         return 1;
     }
-    std::fprintf(csv, "layer,K,N,M,group,kernel,us,tflops,sol_us,sol_fraction,rc,calls_per_graph\n");
+    std::fprintf(csv, "layer,K,N,M,group,kernel,us,tflops,sol_us,sol_fraction,rc,calls_per_graph,plan,dispatched\n");
     for (const Row &r : rows) {
         for (int i = 0; i < kNumKernels; ++i) {
             if (r.t[i].us < 0 && r.t[i].rc == 0) continue;
             const double tflops = r.t[i].us > 0 ? 2.0 * r.m * r.n * r.k / (r.t[i].us * 1e6) : 0.0;
-            std::fprintf(csv, "%s,%d,%d,%d,%s,%s,%.3f,%.2f,%.3f,%.4f,%d,%d\n", r.layer.c_str(), r.k, r.n, r.m,
-                         r.group == r.k ? "row" : "128", kKernels[i], r.t[i].us, tflops, r.sol_us,
-                         r.t[i].us > 0 ? r.sol_us / r.t[i].us : 0.0, r.t[i].rc, r.t[i].calls);
+            std::fprintf(csv, "%s,%d,%d,%d,%s,%s,%.3f,%.2f,%.3f,%.4f,%d,%d,%s,%d\n", r.layer.c_str(), r.k, r.n, r.m,
+                         group_name(r.group, r.k), kKernels[i], r.t[i].us, tflops, r.sol_us,
+                         r.t[i].us > 0 ? r.sol_us / r.t[i].us : 0.0, r.t[i].rc, r.t[i].calls,
+                         i == 0 ? r.plan.c_str() : "", i == dispatched_kernel(r.m, r.k, r.n) ? 1 : 0);
         }
     }
     std::fclose(csv);
@@ -595,22 +585,23 @@ int main(int argc, char **argv) {
                  : g_stream_loop ? "Host-loop launches (--stream-loop)"
                                  : "CUDA-graph timing",
                  kReplays);
-    for (const bool per_row : {false, true}) {
-        std::fprintf(md, "### %s\n\n", per_row ? "Per-row scales (gs = -1)" : "Group size 128");
-        std::fprintf(md, per_row ? "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction |\n"
-                                   "|---|---|---|---|---|\n"
-                                 : "| layer (K×N) | M | SOL µs | Marlin-class fused | Marlin-class + correction | "
-                                   "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, skinny kernel | "
-                                   "fused, M > 16 kernel | fused, wgmma kernel | fused, medium kernel |\n"
-                                   "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const char *grouping : {"128", "64", "row"}) {
+        const bool g128 = std::strcmp(grouping, "128") == 0;
+        std::fprintf(md, "### %s\n\n", g128 ? "Group size 128" : std::strcmp(grouping, "64") == 0
+                                                                    ? "Group size 64"
+                                                                    : "Per-row scales (gs = -1)");
+        std::fprintf(md, g128 ? "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction | "
+                                "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, classic kernel |\n"
+                                "|---|---|---|---|---|---|---|---|---|---|\n"
+                              : "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction |\n"
+                                "|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
-            if ((r.group == r.k) != per_row) continue;
-            std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
-                         cell(r, 0).c_str(), cell(r, 1).c_str());
-            if (!per_row) {
-                std::fprintf(md, " %s | %s | %s | %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(),
-                             cell(r, 4).c_str(), cell(r, 5).c_str(), cell(r, 6).c_str(), cell(r, 7).c_str(),
-                             cell(r, 8).c_str());
+            if (std::strcmp(group_name(r.group, r.k), grouping) != 0) continue;
+            std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
+                         cell(r, 0).c_str(), r.plan.c_str(), cell(r, 1).c_str());
+            if (g128) {
+                std::fprintf(md, " %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(), cell(r, 4).c_str(),
+                             cell(r, 5).c_str());
             }
             std::fprintf(md, "\n");
         }

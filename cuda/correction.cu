@@ -72,14 +72,14 @@ size_t correction_scratch_bytes(int m, int k, int gs) {
 
 int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const float *delta,
                           uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
-                          float *a_sum, size_t a_sum_bytes, cudaStream_t stream) {
+                          float *a_sum, size_t a_sum_bytes, cudaStream_t stream, const MarlinPlan *forced) {
     if (delta == nullptr || y == nullptr || m < 1 || n < 1) return kRcBadArgument;
     const int group_size = gs == -1 ? k : gs;
     if (group_size < 1 || k % group_size != 0) return kRcUnsupported;
     if (a_sum == nullptr || a_sum_bytes < correction_scratch_bytes(m, k, gs)) return kRcWorkspace;
     TL_GPU_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(m) * n * sizeof(uint16_t), stream));
     if (const int rc = marlin_gemm(x, words, scales, nullptr, y, m, n, k, gs, false, workspace, workspace_bytes,
-                                   stream)) {
+                                   stream, forced)) {
         return rc;
     }
     const int groups = k / group_size;

@@ -43,15 +43,13 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 // The workspace (marlin_workspace_bytes) must be zeroed once (cudaMemsetAsync) before first use; every call leaves
 // it zeroed again. One workspace must not be used by two launches that can run at the same time.
 size_t marlin_workspace_bytes(int sm_count);
+// Runs the kernel and tile of plan_marlin (cpp/gpu/gemm_policy.hpp), or of `forced` where given (tests and the
+// benchmark run each kernel and tile form that way; results do not depend on the plan beyond FP32 summation order),
+// with the fallbacks: a stream or wgmma launch that refuses the call (shape, shared memory, workspace; wgmma where the
+// library was not built for sm_90a or the device is not compute capability 9.0) hands it to the classic kernel.
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
-                int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream);
-// marlin_gemm runs the kernel and tile of plan_marlin (cpp/gpu/gemm_policy.hpp) under the process-wide tuning below,
-// with the plan's fallbacks: the wgmma kernel where it runs (a library built for sm_90a on a device of compute
-// capability 9.0), else the kernel for M.
-// The tuning (defaults: the policy). Benchmarks and tests set it for A/B runs; process-wide, and results do not depend
-// on it beyond FP32 summation order and FP16 rounding of the weights. Fields are clamped into their ranges.
-MarlinTuning marlin_tuning();
-void set_marlin_tuning(const MarlinTuning &tuning);
+                int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream,
+                const MarlinPlan *forced = nullptr);
 // Whether the library holds the wgmma kernel (built for sm_90a); it runs only on compute capability 9.0.
 bool marlin_wgmma_built();
 // Successful marlin_gemm launches per kernel since the process started (tests: which kernel a path reached).
@@ -71,7 +69,7 @@ size_t correction_scratch_bytes(int m, int k, int gs);
 // others'); kRcWorkspace when the scratch is missing or short.
 int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const float *delta,
                           uint16_t *y, int m, int n, int k, int gs, void *workspace, size_t workspace_bytes,
-                          float *a_sum, size_t a_sum_bytes, cudaStream_t stream);
+                          float *a_sum, size_t a_sum_bytes, cudaStream_t stream, const MarlinPlan *forced = nullptr);
 
 // ---- Inputs as a weight reads them -----------------------------------------------------------------------------------
 // out[r][j] = c < k_in ? x[r][c] : 0 with c = index[j] (index NULL: c = j), for r < m, j < k_out: X [m][k_in] FP16 with

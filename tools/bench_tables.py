@@ -3,18 +3,12 @@
 the benchmarks measured and nothing typed by hand. docs/benchmarks.md holds the `gemm` and `score` tables; the
 others compare kernel variants (A/B runs, two builds, the read probe).
 
-  tools/bench_tables.py gemm BENCH_CSV [--cublas-min-m 512]
-      the GEMM target table from tl_bench's CSV: per Llama/TinyLoop layer and M (group 128), SOL, what the
-      dispatcher runs by default (fused Marlin-class below --cublas-min-m rows, dequantize + cuBLAS from there; from
-      128 rows for a weight with K·N <= 2^25, from twice --cublas-min-m for one with K·N >= 2^27), the best of our
-      INT4 paths, dense cuBLAS FP16, the target and whether it is met.
-  tools/bench_tables.py ab BENCH_CSV [BENCH_CSV ...] [--cublas-min-m 512]
-      the kernel choices for 16 < M <= 1024 (group 128) from tl_bench's same-run A/B columns: the dispatcher's
-      choice, the wgmma kernel (forced below its bound), the medium kernel (forced above 32 rows), the
-      first-generation M > 16 kernel, dequantize + cuBLAS and dense cuBLAS FP16.
-  tools/bench_tables.py small BENCH_CSV
-      M <= 16 (group 128): the stream kernel (the dispatcher's M <= 16 kernel, column marlin_fused) against the skinny
-      kernel it replaced (marlin_fused_skinny, same run) and dense cuBLAS FP16.
+  tools/bench_tables.py gemm BENCH_CSV [--group 128|64|row]
+      the GEMM target table from tl_bench's CSV: per layer and M (one group size), SOL, what tl_quant_gemm runs by
+      default (the CSV's `dispatched` row, with the Marlin-class plan), the best of our INT4 paths, dense cuBLAS FP16,
+      the target and whether it is met.
+  tools/bench_tables.py targets BENCH_CSV
+      per group size and target class, how many of the Llama/Qwen2 cells meet the target, and the worst one.
   tools/bench_tables.py builds CSV NEW_BUILD OLD_BUILD
       one kernel column of tl_bench measured with two builds in one call (a CSV of tl_bench rows with `build` and
       `pass` columns): per layer, M and group, the median over the passes of each build, the speed-up and the SOL
@@ -33,130 +27,122 @@ import statistics
 import sys
 
 OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
-# cpp/gpu/gemm_policy.hpp's kMarlinWgmmaMinM: from here marlin_fused is the wgmma kernel on the H200; from 17 rows for
-# a weight of at most kWgmmaSmallKN elements (wgmma_min_m_for).
-WGMMA_MIN_M = 33
-WGMMA_SMALL_KN = 1 << 25
-# cpp/gpu/gemm_policy.hpp (cublas_min_m_for): a weight of at most this many elements switches to dequantize + cuBLAS
-# from min(setting, 128).
-CUBLAS_SMALL_KN = 1 << 25
-# ... and a weight of at least this many at twice the setting.
-CUBLAS_LARGE_KN = 1 << 27
-LAYER_ORDER = {name: i for i, name in enumerate(
-    ("TinyLoop qkv", "TinyLoop out", "TinyLoop gate+up", "TinyLoop down", "TinyLoop head", "Llama-8B qkv",
-     "Llama-8B gate+up", "Llama-8B down", "Llama-70B gate+up", "Llama-70B down"))}
+# The layers the targets are set on (issue: Llama-2-7B/13B, Llama-3-8B/70B, Qwen2-7B).
+TARGET_LAYERS = ("Llama", "Qwen")
+GROUPS = ("128", "64", "row")
 
 
-def target_for(layer, m):
-    if not layer.startswith("Llama"):
-        return None
-    if m <= 16:
-        return 0.80
-    if m == 64:
-        return 0.60
-    if m >= 1024:
-        return 0.80
-    return None
-
-
-def group128_cells(path):
-    """{(layer, M): {"sol": SOL µs, kernel: µs, ...}} of the group-128 rows that ran, and their keys in CSV order."""
+def cells_of(path, group):
+    """{(layer, M): {"sol", "kn", "shape", "dispatched", "plan", kernel: µs, ...}} of one group size's rows that ran,
+    and their keys in CSV order."""
     cells, order = {}, []
     for r in csv.DictReader(open(path)):
-        if r["group"] != "128" or r["rc"] != "0" or float(r["us"]) <= 0:
+        if r["group"] != group or r["rc"] != "0" or float(r["us"]) <= 0:
             continue
         key = (r["layer"], int(r["M"]))
         if key not in cells:
             cells[key] = {"sol": float(r["sol_us"]), "kn": int(r["K"]) * int(r["N"]), "shape": f"{r['K']}×{r['N']}"}
             order.append(key)
-        cells[key][r["kernel"]] = float(r["us"])
+        c = cells[key]
+        c[r["kernel"]] = float(r["us"])
+        if r.get("dispatched") == "1":
+            c["dispatched"] = r["kernel"]
+        if r.get("plan"):
+            c["plan"] = r["plan"]
     return cells, order
 
 
-def dispatcher_choice(c, m, cublas_min_m):
-    """What tl_quant_gemm runs (cpp/gpu/gemm_policy.hpp, cublas_min_m_for): dequantize + cuBLAS from cublas_min_m rows,
-    or from min(cublas_min_m, 128) for a weight with K·N <= 2^25, from 2 * cublas_min_m for one with K·N >= 2^27; the
-    fused Marlin-class kernel below."""
-    threshold = min(cublas_min_m, 128) if cublas_min_m > 0 and c["kn"] <= CUBLAS_SMALL_KN else cublas_min_m
-    if c["kn"] >= CUBLAS_LARGE_KN:
-        threshold *= 2
-    return "deq_cublas" if threshold > 0 and m >= threshold else "marlin_fused"
+def fp16_of(cells, layer, m):
+    """Dense cuBLAS FP16's time for the cell (timed with group 128 only; the dense weight has no grouping)."""
+    return cells.get((layer, m), {}).get("cublas_fp16")
 
 
-def wgmma_from(c):
-    """The wgmma kernel's bound for the cell's weight (cpp/gpu/gemm_policy.hpp, wgmma_min_m_for)."""
-    return 17 if c["kn"] <= WGMMA_SMALL_KN else WGMMA_MIN_M
+def target_for(layer, kn, m):
+    """The issue's target for a cell: (kind, value), kind "sol" (a fraction of SOL) or "fp16" (a speed ratio against
+    dense cuBLAS FP16, and from M = 1024 also 0.85 of SOL); None where none is set."""
+    if not layer.startswith(TARGET_LAYERS):
+        return None
+    if m in (1, 16):
+        return ("sol", 0.85) if kn >= 1 << 25 else None
+    if 17 <= m <= 64:
+        return ("sol", 0.60)
+    if m >= 128:
+        return ("fp16", 1.0)
+    return None
 
 
-def gemm_table(path, cublas_min_m):
-    cells, order = group128_cells(path)
+def judge(cells, order, key, fp16):
+    """(target text, met?, cliff?) for the dispatcher's time of one cell; None when no target is set."""
+    layer, m = key
+    c = cells[key]
+    t = target_for(layer, c["kn"], m)
+    if t is None or c.get("dispatched") not in c:
+        return None
+    us = c[c["dispatched"]]
+    if t[0] == "sol":
+        text, met = f"≥ {t[1]:.2f} SOL", c["sol"] / us >= t[1]
+    else:
+        text = "≥ FP16" + (", ≥ 0.85 SOL" if m >= 1024 else "")
+        met = fp16 is not None and us <= fp16 and (m < 1024 or c["sol"] / us >= 0.85)
+    # No cliffs at 17-64 rows: the time never above the time at a larger tabled M of the same layer.
+    cliff = 17 <= m <= 64 and any(
+        other[0] == layer and other[1] > m and cells[other].get("dispatched") in cells[other]
+        and cells[other][cells[other]["dispatched"]] < us for other in order)
+    return text, met and not cliff, cliff
+
+
+def gemm_table(path, group):
+    cells, order = cells_of(path, group)
+    fp16_cells, _ = cells_of(path, "128")
     print("| layer (K×N) | M | SOL µs | dispatcher's choice µs (SOL) | best of ours µs (SOL) | cuBLAS FP16 dense µs "
           "(SOL) | target | met? |")
     print("|---|---|---|---|---|---|---|---|")
-    for layer, m in order:
-        c = cells[(layer, m)]
+    for key in order:
+        layer, m = key
+        c = cells[key]
         sol = c["sol"]
-        choice = dispatcher_choice(c, m, cublas_min_m)
+        choice = c.get("dispatched")
         ours = [(c[k], k) for k in OURS if k in c]
         if not ours or choice not in c:
             continue
         best_us, best_k = min(ours)
-        fp16 = c.get("cublas_fp16")
+        fp16 = fp16_of(fp16_cells, layer, m)
         versus = "" if fp16 is None else (" (beats FP16)" if best_us < fp16 else " (slower than FP16)")
-        target = target_for(layer, m)
-        met = "–" if target is None else ("yes" if sol / c[choice] >= target else "no")
-        print(f"| {layer} | {m} | {sol:.1f} | {c[choice]:.1f} ({sol / c[choice]:.2f}) | {best_us:.1f} "
-              f"({sol / best_us:.2f}) {best_k}{versus} | "
-              + (f"{fp16:.1f} ({sol / fp16:.2f})" if fp16 else "–")
-              + f" | {'–' if target is None else f'≥ {target:.2f} SOL'} | {met} |")
+        what = c.get("plan", "") if choice == "marlin_fused" else choice
+        verdict = judge(cells, order, key, fp16)
+        target, met = ("–", "–") if verdict is None else (verdict[0], "yes" if verdict[1] else
+                                                          "no (cliff)" if verdict[2] else "no")
+        print(f"| {layer} ({c['shape']}) | {m} | {sol:.1f} | {c[choice]:.1f} ({sol / c[choice]:.2f}) {what} | "
+              f"{best_us:.1f} ({sol / best_us:.2f}) {best_k}{versus} | "
+              + (f"{fp16:.1f} ({sol / fp16:.2f})" if fp16 else "–") + f" | {target} | {met} |")
 
 
-def ab_table(paths, cublas_min_m):
-    cells, order = {}, []
-    for path in paths:  # later files add cells (and rows) to earlier ones
-        more, more_order = group128_cells(path)
-        for key in more_order:
-            if key not in cells:
-                cells[key] = more[key]
-                order.append(key)
-            else:
-                cells[key].update(more[key])
-    order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[1]))
-    cell = lambda c, k: f"{c[k]:.1f} ({c['sol'] / c[k]:.2f})" if k in c else "–"
-    print("| layer (K×N) | M | SOL µs | dispatcher's choice | wgmma kernel | medium kernel | first-generation kernel | "
-          "dequant + cuBLAS | cuBLAS FP16 (dense) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for layer, m in order:
-        c = cells[(layer, m)]
-        if m <= 16 or m > 1024 or "marlin_fused" not in c:
-            continue
-        # A kernel forced in the A/B columns was not the default of the run that measured it (a CSV from before the
-        # small-weight bound holds the wgmma kernel at 17-32 rows as the forced column).
-        wgmma = "marlin_fused_wgmma" if "marlin_fused_wgmma" in c else "marlin_fused"
-        medium = "marlin_fused_medium" if "marlin_fused_medium" in c else "marlin_fused"
-        choice = dispatcher_choice(c, m, cublas_min_m)
-        if choice == "marlin_fused":  # the Marlin-class kernel the dispatcher picks today for this M and weight
-            choice = wgmma if m >= wgmma_from(c) else medium
-        fp16 = c.get("cublas_fp16")
-        mark = "" if fp16 is None or choice not in c else (" ✓" if c[choice] < fp16 else "")
-        print(f"| {layer} | {m} | {c['sol']:.1f} | {cell(c, choice)}{mark} | {cell(c, wgmma)} | "
-              f"{cell(c, medium) if m <= 64 else '–'} | {cell(c, 'marlin_fused_wide')} | {cell(c, 'deq_cublas')} | "
-              f"{cell(c, 'cublas_fp16')} |")
-
-
-def small_m_table(path):
-    cells, order = group128_cells(path)
-    order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[1]))
-    print("| layer (K×N) | M | stream µs (SOL) | skinny µs (SOL) | speed-up | cuBLAS FP16 (dense) µs |")
-    print("|---|---|---|---|---|---|")
-    for layer, m in order:
-        c = cells[(layer, m)]
-        if m > 16 or "marlin_fused" not in c or "marlin_fused_skinny" not in c:
-            continue
-        stream, skinny, sol = c["marlin_fused"], c["marlin_fused_skinny"], c["sol"]
-        fp16 = f"{c['cublas_fp16']:.1f}" if "cublas_fp16" in c else "–"
-        print(f"| {layer} ({c['shape']}) | {m} | {stream:.1f} ({sol / stream:.2f}) | {skinny:.1f} "
-              f"({sol / skinny:.2f}) | {skinny / stream:.2f}× | {fp16} |")
+def targets_table(path):
+    fp16_cells, _ = cells_of(path, "128")
+    print("| group | target | cells | met | worst cell (dispatcher's time, SOL fraction or time / FP16) |")
+    print("|---|---|---|---|---|")
+    for group in GROUPS:
+        cells, order = cells_of(path, group)
+        classes = {}
+        for key in order:
+            fp16 = fp16_of(fp16_cells, *key)
+            verdict = judge(cells, order, key, fp16)
+            if verdict is None:
+                continue
+            c = cells[key]
+            us = c[c["dispatched"]]
+            m = key[1]
+            cls = ("M = 1, 16: ≥ 0.85 SOL" if m <= 16 else "M = 17-64: ≥ 0.60 SOL, no cliff" if m <= 64
+                   else "M = 128-512: ≥ FP16" if m < 1024 else "M ≥ 1024: ≥ FP16 and ≥ 0.85 SOL")
+            score = c["sol"] / us if m <= 64 else (fp16 / us if fp16 else 0.0)
+            entry = classes.setdefault(cls, {"n": 0, "met": 0, "worst": None})
+            entry["n"] += 1
+            entry["met"] += 1 if verdict[1] else 0
+            if entry["worst"] is None or score < entry["worst"][0]:
+                entry["worst"] = (score, f"{key[0]} M = {m}: {us:.1f} µs, "
+                                  + (f"{score:.2f} of SOL" if m <= 64 else f"{score:.2f}× FP16, {c['sol'] / us:.2f} of SOL"))
+        for cls, e in classes.items():
+            print(f"| {group} | {cls} | {e['n']} | {e['met']} | {e['worst'][1]} |")
 
 
 def builds_table(path, new_build, old_build):
@@ -170,7 +156,6 @@ def builds_table(path, new_build, old_build):
             order.append(key)
         if r["build"] in (new_build, old_build):
             times[key][r["build"]].append(float(r["us"]))
-    order.sort(key=lambda k: (LAYER_ORDER.get(k[0], 99), k[2] != "128", k[1], k[3]))
     print(f"| layer | M | group | {new_build} µs (SOL) | {old_build} µs (SOL) | speed-up | passes |")
     print("|---|---|---|---|---|---|---|")
     for key in order:
@@ -235,11 +220,8 @@ def main():
     sub = p.add_subparsers(dest="what", required=True)
     g = sub.add_parser("gemm")
     g.add_argument("csv")
-    g.add_argument("--cublas-min-m", type=int, default=512)
-    a = sub.add_parser("ab")
-    a.add_argument("csv", nargs="+")
-    a.add_argument("--cublas-min-m", type=int, default=512)
-    sub.add_parser("small").add_argument("csv")
+    g.add_argument("--group", default="128", choices=GROUPS)
+    sub.add_parser("targets").add_argument("csv")
     b = sub.add_parser("builds")
     b.add_argument("csv")
     b.add_argument("new_build")
@@ -250,11 +232,9 @@ def main():
     s.add_argument("--model")
     args = p.parse_args()
     if args.what == "gemm":
-        gemm_table(args.csv, args.cublas_min_m)
-    elif args.what == "ab":
-        ab_table(args.csv, args.cublas_min_m)
-    elif args.what == "small":
-        small_m_table(args.csv)
+        gemm_table(args.csv, args.group)
+    elif args.what == "targets":
+        targets_table(args.csv)
     elif args.what == "builds":
         builds_table(args.csv, args.new_build, args.old_build)
     elif args.what == "probe":

@@ -8,7 +8,6 @@
 // in the order given below.
 #pragma once
 
-#include <climits>
 #include <cstdint>
 
 namespace tl {
@@ -16,7 +15,7 @@ namespace tl {
 // ---- Paths: tl_quant_gemm tries the FP16 body (when enabled and packed), then dequantize + cuBLAS (from the row
 // count below), then the Marlin-class kernel, then the native kernel, which takes every call. ----
 
-// TL_DISPATCH_CUBLAS_MIN_M's default. With the wgmma kernel taking M >= 33, it beats dequantize + cuBLAS at
+// TL_DISPATCH_CUBLAS_MIN_M's default. With the wgmma kernel above 32 rows, it beats dequantize + cuBLAS at
 // M <= 256 on the Llama 8B gate+up/down and 70B layers and, at M = 1024, loses on every layer but 8B gate+up
 // (2026-12-01): one threshold between the two. (Before the wgmma kernel the crossover was 128; on a GPU without it,
 // set 128.)
@@ -35,75 +34,53 @@ constexpr int64_t kLargeWeightElements = int64_t{1} << 27;
 // for a large one.
 int64_t cublas_min_m_for(int32_t k, int32_t n, int32_t setting);
 
-// ---- The Marlin-class kernels ----
+// ---- The Marlin-class kernels: three mainloops ----
 
-// Skinny (M <= 16, block barriers), Stream (M <= 16, no block barriers: marlin_stream.cuh), Medium (16 < M <= 64,
-// one tile covers every row), Wide (any M, 32- or 64-row tiles: the first-generation mainloop), Wgmma (M > 16 on
-// compute capability 9.0, built for sm_90a). The values index the launch counters.
-enum class MarlinKernel : int { Skinny = 0, Medium = 1, Wide = 2, Wgmma = 3, Stream = 4 };
+// Stream (M <= 16: marlin_stream.cuh, every warp streaming its own k slices, no block barriers), Wgmma (M > 16 on
+// compute capability 9.0: marlin_wgmma.cu, built for sm_90a), Classic (mma.sync, any M: marlin_kernel.cuh; M > 16
+// on other GPUs, and where the other two refuse a call). The values index the launch counters.
+enum class MarlinKernel : int { Stream = 0, Classic = 1, Wgmma = 2 };
+constexpr int kMarlinKernels = 3;
 const char *marlin_kernel_name(MarlinKernel kernel);
 
-// The medium kernel's two mainloops: split (one or two warps per 64-column strip, 24/32/48/64-row tiles) and wide-warp
-// (one warp per strip, 32/48/64 rows). Auto: split at M <= kMediumSplitMaxM, where its 24-row tile (no spills) wins,
-// the wide-warp kernel above (the split kernel's 32-row tile spills).
-enum class MediumVariant { Auto, Split, Wide };
-constexpr int kMediumSplitMaxM = 24;
-
-// Defaults of MarlinTuning (the policy as shipped).
-constexpr int kMarlinMediumMaxM = 64;
-constexpr int kMarlinWgmmaMinM = 33;
-// Weights of at most this many elements (K·N: Llama-8B qkv and every layer of the 2B model) take the wgmma kernel from
-// 17 rows: there its 64-row tile on two warpgroups beat the medium kernel by 7-19% at M = 17-32 on four of those five
-// layers and lost 4-5% on the fifth at 17-24 rows, while on larger weights the medium kernel wins below 33 rows.
+// Measured on the H200 (2026-12-02, tl_bench's layers, group 128). The wgmma kernel from 17 rows beat the mma.sync
+// kernels on every layer but Llama-70B gate+up and down at 17-24 rows (1-3% slower), so they are gone from Hopper.
+// Weights of at most this many elements run 33-64 rows with every warp copying, larger ones with a copying warpgroup:
+// at M = 40-64 that is 2-13% faster on the Llama and Qwen2 down and qkv layers above 2^25, 1-6% slower below it (the
+// TinyLoop layers, Qwen2-7B qkv).
 constexpr long long kWgmmaSmallKN = 1LL << 25;
-// Up to M = 64 the wgmma kernel splits a 64-row tile's words over two warpgroups (one block per SM) for a weight of at
-// most this many elements: 6-22% faster at M = 33-64 on weights up to Llama-8B down (58.7M), 3-17% slower on 8B
-// gate+up and the 70B layers, where two independent one-warpgroup blocks per SM keep more in flight.
+// Up to 32 rows, weights of at most this many elements split a tile's words over two warpgroups (one block per SM);
+// larger ones run one warpgroup per block, two blocks per SM. Against two warpgroups with a copying third, at
+// M = 17-32: one warpgroup 3-10% faster on every gate+up layer, Llama-70B down and qkv and Llama-2-13B qkv, 1-2%
+// slower on Llama-2-13B and Qwen2-7B down; two warpgroups with every warp copying level or up to 4% faster on the
+// weights up to 2^26.
 constexpr long long kWgmmaSplitMaxKN = 1LL << 26;
 
-// The knobs of the kernel choice. The defaults are the policy; tests and bench/ change them for A/B runs through
-// set_marlin_tuning (cuda/gpu_kernels.hpp); results never depend on them beyond FP32 summation order.
-struct MarlinTuning {
-    int medium_max_m = kMarlinMediumMaxM;  // the largest M on the medium kernel, in [16, 64] (16: never)
-    int wgmma_min_m = kMarlinWgmmaMinM;    // the smallest M that tries the wgmma kernel, >= 17 (INT_MAX: never)
-    long long wgmma_split_max_kn = kWgmmaSplitMaxKN;  // >= 0 (0: never split)
-    bool wgmma_warp_specialized = true;  // M > 64 on wgmma: a third warpgroup copies, the tile's two only compute
-    int stream_slices_per_warp = 0;      // M <= 16: 0 = spread over every warp slot, n = at least n slices per
-                                         // warp, -1 = never the stream kernel
-    int stream_stages = 0;               // the stream kernel's ring depth per warp: 0 = as deep as fits, else >= 2
-    int max_blocks_per_sm = 2;           // resident blocks per SM for M <= 16: 2, or 1 (a deeper ring)
-    MediumVariant medium_variant = MediumVariant::Auto;
-};
-
-// The tuning with every field clamped into its range (the setters' rule).
-MarlinTuning clamped(MarlinTuning tuning);
-
-// The smallest M that tries the wgmma kernel on a K x N weight: tuning.wgmma_min_m, lowered to 17 for a weight of at
-// most kWgmmaSmallKN elements unless it is INT_MAX (never).
-int wgmma_min_m_for(int32_t k, int32_t n, const MarlinTuning &tuning);
-
-// What marlin_gemm runs for an M x K x N call with group size `group_size` (K for per column).
+// What marlin_gemm runs for an M x K x N call.
 struct MarlinPlan {
-    // First, where it runs: the wgmma kernel, with tiles of wgmma_rows (64: M <= 64, else 128) and, for 64-row tiles,
-    // wgmma_warpgroups (2: the tile's words split over two, 1: two blocks per SM); 128-row tiles have two
-    // warpgroups, plus a copying one when warp-specialized.
-    bool wgmma = false;
-    int wgmma_rows = 0;
-    int wgmma_warpgroups = 0;
-    bool wgmma_warp_specialized = false;
-    // Then (or first): the kernel for M, and its tile height in rows. Stream and Skinny: 8 or 16; Medium: 24, 32, 48
-    // or 64; Wide: 32 or 64. The stream kernel refuses a K that is not a multiple of 128 or a group size other than
-    // 32, 64 or a multiple of 128, and then the skinny kernel runs with the same rows; a medium or wide tile whose
-    // pipeline does not fit shared memory falls to the wide kernel / half the rows (not below 32).
-    MarlinKernel kernel = MarlinKernel::Skinny;
+    MarlinKernel kernel = MarlinKernel::Stream;
+    // Tile height in activation rows. Stream: 8 or 16; Wgmma: 32, 64 or 128; Classic: 32 or 64 (halved to 32 where
+    // the 64-row pipeline does not fit shared memory).
     int rows = 0;
-    bool medium_split = false;  // Medium: the split mainloop, else the wide-warp one
-    int slice_k = 64;           // Skinny: 128-deep slices at 8 rows when 128 divides K and the group size
+    // Wgmma: the tile's four 16-column words per warp on two warpgroups (one block per SM) or all on one (two blocks
+    // per SM: 32-row tiles only); with warp_specialized, a third warpgroup issues the copies and the two only compute.
+    int wgmma_warpgroups = 2;
+    bool wgmma_warp_specialized = false;
 };
-MarlinPlan plan_marlin(int64_t m, int32_t k, int32_t n, int32_t group_size, const MarlinTuning &tuning);
+// The wgmma kernel's scheduling of `tiles` tiles on `slots` resident blocks: whole tiles, round robin (true), where
+// every wave keeps at least kWholeTileFill of the slots busy; else stream-K (each block an equal share of all k
+// slices, the tiles cut between blocks summed in FP32 and written by a fix-up grid). Whole tiles read each weight
+// panel once (the blocks running at once hold neighbouring tiles, rows fastest, and share it through L2) and need no
+// reduction. Measured on the H200 (2026-12-02, whole tiles against stream-K): Llama-8B gate+up (112 256-column
+// tiles a row slice, 132 slots) 59.8 vs 70.3 us at M = 128 and 117.7 vs 156.4 at M = 256, Llama-2-7B qkv 58.4 vs
+// 70.9 at M = 256 (96 tiles); stream-K ahead with fewer tiles: 37.1 vs 57.9 (48 tiles), Llama-70B down 240 vs 352
+// (64 tiles).
+constexpr double kWholeTileFill = 0.7;
+bool wgmma_whole_tiles(long long tiles, long long slots);
 
-// The wide kernel's tile height for M rows (also its fallback from the medium kernel): 32 or 64 (8 or 16 for M <= 16,
-// the skinny kernel's).
-int wide_rows(int64_t m);
+// The policy. wgmma_runs: the library holds the sm_90a kernel and the device is compute capability 9.0.
+MarlinPlan plan_marlin(int64_t m, int32_t k, int32_t n, bool wgmma_runs);
+// The classic kernel's plan for M rows: the fallback of the other two, and their form on GPUs without wgmma.
+MarlinPlan classic_plan(int64_t m);
 
 }  // namespace tl

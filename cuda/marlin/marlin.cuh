@@ -1,7 +1,7 @@
 // Declarations shared by the Marlin-class kernels' translation units: tile constants, kernel parameters and the
-// per-instantiation launch functions (defined in marlin_stream.cuh and marlin_skinny.cuh for M <= 16,
-// marlin_medium.cuh for 16 < M <= 64 and marlin_kernel.cuh above, instantiated in
-// marlin_{,skinny_,stream_,medium_}{fused,symmetric}.cu so that they compile in parallel; marlin_wgmma.cu on Hopper).
+// per-instantiation launch functions of the three mainloops (cpp/gpu/gemm_policy.hpp): marlin_stream.cuh (M <= 16)
+// and marlin_kernel.cuh (the classic mma.sync kernel, any M), instantiated in marlin_{,stream_}{fused,symmetric}.cu so
+// that they compile in parallel; marlin_wgmma.cu (M > 16 on Hopper).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,15 +29,6 @@ constexpr int kPartialFloats = kWarps * 8 * 32 * 4;  // FP32 partial sums of one
 constexpr int stage_bytes(int mb, bool fused, int gpt) {
     return kTileK * kTileN / 2 + mb * 16 * kTileK * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
 }
-// The same for the skinny kernel: NB*8 activation rows, slices of KS k16 steps (4: 64 deep, 8: 128 deep).
-constexpr int skinny_stage_bytes(int nb, bool fused, int gpt, int ks) {
-    return ks * 16 * kTileN / 2 + nb * 8 * ks * 16 * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
-}
-
-// The same for the medium kernel: ROWS activation rows (all of the tile's), 64-deep slices.
-constexpr int medium_stage_bytes(int rows, bool fused, int gpt) {
-    return kTileK * kTileN / 2 + rows * kTileK * 2 + gpt * kTileN * 2 * (fused ? 2 : 1);
-}
 
 struct Params {
     const uint16_t *x;
@@ -63,40 +54,28 @@ struct LaunchEnv {
     int sm_count;
     int max_smem_optin;
     int smem_per_sm;
-    int max_blocks_per_sm;  // 1 or 2: residency wanted for M <= 16 (MarlinTuning)
-    int stream_slices_per_warp;  // stream kernel: 0 = every warp slot, n = at least n slices per warp
-    int stream_stages;           // stream kernel: ring depth per warp, 0 = as deep as fits
     void *workspace;
     size_t workspace_bytes;
     cudaStream_t stream;
 };
 
-// MB: 16-row blocks per tile (2, 4: M > 16); FUSED: q*s + z vs (q - 8)*s; GPT: groups per 64-deep k slice (1, or
-// 2 for group size 32). Returns an rc as in gpu_kernels.hpp.
+// The classic kernel: MB = 16-row blocks per tile (2: 32 rows, 4: 64); FUSED: q*s + z vs (q - 8)*s; GPT: groups per
+// 64-deep k slice (1, or 2 for group size 32). Returns an rc as in gpu_kernels.hpp.
 template <int MB, bool FUSED, int GPT>
 int launch(Params p, const LaunchEnv &env);
-// M <= 16: NB = 8-row activation tiles per tile (1: M <= 8, 2: M <= 16); FUSED and GPT as above; KS = k16 steps
-// per slice: 4, or 8 (128-deep slices, one fold per slice) when 128 divides K and the group size (then GPT = 1).
-// p.k_tiles counts slices of KS * 16.
-template <int NB, bool FUSED, int GPT, int KS>
-int launch_skinny(Params p, const LaunchEnv &env);
-// M <= 16 without block barriers (marlin_stream.cuh): NB as above, GPS = groups per 128-deep stage (1: group size a
+// M <= 16 without block barriers (marlin_stream.cuh): NB = 8-row activation tiles (1: M <= 8, 2: M <= 16); FUSED as
+// above; GPS = groups per 128-deep stage (1: group size a
 // multiple of 128 or per column, 2: 64, 4: 32). Requires K % 128 == 0 and M <= NB * 8, else kRcUnsupported;
 // kRcWorkspace if the per-strip partial sums (N / 64 x NB x 512 floats) do not fit. Two launches: the main kernel and
 // the fix-up of the strips cut between warps (a programmatic dependent launch on compute capability 9.0).
 template <int NB, bool FUSED, int GPS>
 int launch_stream(Params p, const LaunchEnv &env);
-// 16 < M <= 64: tiles of WM * NB * 8 rows x 512 columns, blocks of WM * 8 warps; each warp multiplies one 64-column
-// strip by NB 8-row activation tiles (NB = 3, 4; WM = 1: 24 or 32 rows, WM = 2: 48 or 64 rows). Requires
-// M <= WM * NB * 8 (p.m_slices == 1), else kRcUnsupported.
-template <int NB, int WM, bool FUSED, int GPT>
-int launch_medium(Params p, const LaunchEnv &env);
 
 // M > 16 on compute capability 9.0 (marlin_wgmma.cu, built for sm_90a): wgmma with the weights dequantized in
-// registers; tiles of 256 columns x 64 rows (M <= 64, two blocks per SM) or 128 rows (one block of two warpgroups).
-// Sets p.m_slices, k_tiles and total_iters itself (its pipeline depth is a compile-time constant). The tile form is
-// the plan's (wgmma_rows, wgmma_warpgroups, wgmma_warp_specialized). kRcUnsupported where the library was built
-// without sm_90a or the device is not 9.0.
+// registers; tiles of 256 columns x 32, 64 or 128 rows. Sets p.m_slices, k_tiles and total_iters itself (its
+// pipeline depth is a compile-time constant). The tile form is the plan's (rows, wgmma_warpgroups,
+// wgmma_warp_specialized). kRcUnsupported where the library was built without sm_90a, the device is not 9.0, or the
+// plan names a form the kernel does not have.
 int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt);
 
 }  // namespace tl::gpu::marlin

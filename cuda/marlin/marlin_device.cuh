@@ -1,6 +1,5 @@
-// Device helpers shared by the Marlin-class kernels (marlin_stream.cuh and marlin_skinny.cuh for M <= 16,
-// marlin_medium.cuh for 16 < M <= 64, marlin_kernel.cuh above, marlin_wgmma.cu on Hopper) and their common host
-// launch routine.
+// Device helpers shared by the Marlin-class kernels (marlin_stream.cuh for M <= 16, marlin_wgmma.cu above on Hopper,
+// marlin_kernel.cuh, the classic kernel) and their common host launch routine.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -32,6 +31,25 @@ __device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles
 }
 __device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles, int &flag) {
     return arrive_last(counter, iters, k_tiles, flag, [] { __syncthreads(); });
+}
+
+// Hopper's programmatic dependent launch (PTX griddepcontrol, sm_90): a main kernel lets its fix-up grid launch at
+// once; the fix-up waits for the main grid to complete and flush its memory before it reads the sums. Elsewhere the
+// fix-up is an ordinary launch and both are no-ops.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Stream-K: of `parts` equal shares [w T / parts, (w + 1) T / parts) of T slices, the one holding slice u.
+__host__ __device__ __forceinline__ long long share_owner(long long u, long long parts, long long total) {
+    return ((u + 1) * parts - 1) / total;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
@@ -103,7 +121,7 @@ __device__ __forceinline__ uint32_t as_u32(half2 h) {
 }
 
 // One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1);
-// read as marlin_medium.cuh does, b[0..3] is the A fragment {a0, a1, a2, a3} of the word's 16 x 16 tile.
+// read as the wgmma kernel does, b[0..3] is the A fragment {a0, a1, a2, a3} of the word's 16 x 16 tile.
 // (q & 0x000F000F) | 0x6400 6400 is the FP16 pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q,
 // undone by an FMA with 1/16 and -64, all exact. FUSED: w = q*s + z in one HFMA2 (one FP16 rounding of the exact
 // weight); symmetric: (q - 8)*s.

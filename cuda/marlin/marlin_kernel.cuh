@@ -1,5 +1,6 @@
-// The Marlin-class INT4 x FP16 GEMM kernel for M > 16 (SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
-// tl::marlin_pack (cpp/gpu/marlin_pack.hpp documents the layout). M <= 16 runs marlin_skinny.cuh instead. Written for
+// The classic Marlin-class INT4 x FP16 GEMM kernel (mma.sync, SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
+// tl::marlin_pack (cpp/gpu/marlin_pack.hpp documents the layout). It runs M > 16 on GPUs without the wgmma kernel,
+// and any M where the stream or wgmma kernel refuses a call (cpp/gpu/gemm_policy.hpp). Written for
 // this project; upstream Marlin was read to understand the technique, nothing was copied.
 //
 // Shape of the computation
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
 
 template <int MB, bool FUSED, int GPT>
 int launch(Params p, const LaunchEnv &env) {
-    static_assert(MB >= 2, "M <= 16 runs the skinny kernel");
+    static_assert(MB == 2 || MB == 4, "tiles of 32 or 64 rows");
     static std::atomic<int> stages_cache[64][2];
     return launch_kernel(marlin_gemm_kernel<MB, FUSED, GPT>, p, env, stage_bytes(MB, FUSED, GPT), 1,
                          kMinItersPerBlock, MB * kPartialFloats, stages_cache);

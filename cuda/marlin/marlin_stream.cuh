@@ -1,10 +1,10 @@
 // The Marlin-class INT4 x FP16 GEMM for M <= 16 without any block barrier ("stream" kernel, SM 8.0 - 9.0). Same
-// packed weights and the arithmetic of marlin_skinny.cuh (swapped operands: the packed words are mma A fragments;
+// packed weights and the arithmetic of marlin_swapped.cuh (swapped operands: the packed words are mma A fragments;
 // nibbles unscaled, here with both halves left biased; scale and zero applied per group on the FP32 sums); what
 // differs is how work and data reach the warps.
 //
-// Why: the skinny kernel's warps meet at one block barrier per slice (a stage holds activations and scales that other
-// threads copied), so the slowest warp sets the pace and all warps issue their loads in bursts (measured on the H200:
+// Why: where a block's warps meet at one block barrier per slice (a stage holds activations and scales that other
+// threads copied, as in the classic kernel), the slowest warp sets the pace and all warps issue their loads in bursts (measured on the H200:
 // barrier and data waits). Here every warp is independent. It streams its own share of the weights through a
 // private cp.async ring in shared memory; a stage holds the warp's 64-column strip x 128 k of packed words (each lane
 // copies exactly the 16-byte pieces it later reads), the strip's scales (and zeros) and the M activation rows of those
@@ -22,10 +22,10 @@
 // H200 ~7 us on each such warp (per-warp timelines) and ~11 us on the kernel (ablation).
 // The kernel boundary orders the reductions before the fix-up's reads for free.
 // Requires K % 128 == 0 and a group size of 32, 64 or a multiple of 128 (per column included); else the launcher
-// refuses and marlin_gemm runs the skinny kernel.
+// refuses and marlin_gemm runs the classic kernel.
 #pragma once
 
-#include "marlin_skinny.cuh"
+#include "marlin_swapped.cuh"
 
 namespace tl::gpu::marlin {
 
@@ -39,24 +39,6 @@ constexpr int stream_stage_bytes(bool fused, int gps, int m) {
     return kStreamWeightBytes + gps * (fused ? 16 : 8) * 16 + m * kStreamStageK * 2;
 }
 
-// Hopper's programmatic dependent launch (PTX griddepcontrol, sm_90): the main kernel lets the fix-up grid launch at
-// once; the fix-up waits for the main grid to complete and flush its memory before it reads the sums. Elsewhere the
-// fix-up is an ordinary launch and both are no-ops.
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// The warp of `warps` whose share [w T / warps, (w + 1) T / warps) holds slice sequence position u.
-__host__ __device__ __forceinline__ long long stream_owner(long long u, long long warps, long long total) {
-    return ((u + 1) * warps - 1) / total;
-}
 // GPS: groups per 128-deep stage (1: group size a multiple of 128 or per column; 2: 64; 4: 32).
 // NB = 2 runs one block per SM: its 16 activation rows need more than 128 registers without spills in the hot loop.
 template <int NB, bool FUSED, int GPS>
@@ -72,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     const long long warps = static_cast<long long>(gridDim.x) * kWarps, gw = blockIdx.x * kWarps + warp;
     launch_dependents();
     const long long begin = gw * p.total_iters / warps, end = (gw + 1) * p.total_iters / warps;
-    if (begin >= end) return;  // more warps than slices: the fix-up knows (stream_owner) that it holds no strip
+    if (begin >= end) return;  // more warps than slices: the fix-up knows (share_owner) that it holds no strip
     const int slices = p.k_tiles, stages = p.stages;
     const int stage_bytes = stream_stage_bytes(FUSED, GPS, p.m);
 
@@ -152,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     }
 
     // ---- Compute side: t = unscaled sums of the current group, xs = activation sums, acc = folded output (as in
-    // marlin_skinny.cuh: lane L holds columns 16w + L/4, 16w + 8 + L/4 x activation rows nb*8 + 2(L%4) + {0, 1}).
+    // marlin_swapped.cuh: lane L holds columns 16w + L/4, 16w + 8 + L/4 x activation rows nb*8 + 2(L%4) + {0, 1}).
     const int g = lane / 4;
     float acc[4][NB][4], t[4][NB][4], xs[NB][4];
     // ldmatrix: lane L addresses row nb*8 + L%8, piece 4p + L/8 of the k32 step p, swizzled as stored; rows past M
@@ -215,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
 }
 
 // The fix-up of the strips cut between warps: one warp per strip writes the strip's sums to Y and re-zeroes them.
-// `warps`: the main grid's warps (which strips were cut follows from the shares, stream_owner).
+// `warps`: the main grid's warps (which strips were cut follows from the shares, share_owner).
 constexpr int kStreamFixupWarps = 4;
 template <int NB>
 __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_kernel(const Params p, long long warps) {
@@ -223,7 +205,7 @@ __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_ke
     const int lane = threadIdx.x % 32, strip = blockIdx.x * kStreamFixupWarps + threadIdx.x / 32;
     if (strip >= p.n / 64) return;
     const long long first_u = static_cast<long long>(strip) * p.k_tiles;
-    if (stream_owner(first_u, warps, p.total_iters) == stream_owner(first_u + p.k_tiles - 1, warps, p.total_iters)) {
+    if (share_owner(first_u, warps, p.total_iters) == share_owner(first_u + p.k_tiles - 1, warps, p.total_iters)) {
         return;  // one warp held the whole strip and stored it
     }
     // All of the strip's sums are loaded first, then re-zeroed, then written to Y, each lane always a whole quad
@@ -254,21 +236,18 @@ __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_ke
         }
 }
 
-// The launch shape: blocks per SM (NB = 1: env.max_blocks_per_sm, lowered to 1 when two blocks would get fewer than
-// three stages per warp, or than env.stream_stages when set; NB = 2: one), stages per warp ring (as many as fit, up to
-// kStreamMaxStages; env.stream_stages caps them), total warps (env.stream_slices_per_warp > 0: at least that many
-// slices per warp, so fewer warps; 0: every warp slot of the GPU). False if not even a 2-stage ring fits.
+// The launch shape: blocks per SM (NB = 1: two, or one when two would get fewer than three stages per warp; NB = 2:
+// one), stages per warp ring (as many as fit, up to kStreamMaxStages), and every warp slot of the GPU (no more warps
+// than slices). False if not even a 2-stage ring fits.
 inline bool stream_shape(const LaunchEnv &env, int nb, int stage_bytes, long long total, int &stages, long long &grid) {
     auto stages_for = [&](int blocks) {
         const int budget = std::min(env.max_smem_optin, env.smem_per_sm / blocks - kPerBlockSystemSmem) - 128;
         return std::min(kStreamMaxStages, budget / (kWarps * stage_bytes));
     };
-    const int wanted = env.stream_stages > 0 ? std::min(env.stream_stages, kStreamMaxStages) : 3;
-    const int per_sm = nb == 1 && env.max_blocks_per_sm >= 2 && stages_for(2) >= wanted ? 2 : 1;
-    stages = std::min(stages_for(per_sm), env.stream_stages > 0 ? wanted : kStreamMaxStages);
+    const int per_sm = nb == 1 && stages_for(2) >= 3 ? 2 : 1;
+    stages = stages_for(per_sm);
     if (stages < 2) return false;
-    long long warps = static_cast<long long>(env.sm_count) * per_sm * kWarps;
-    if (env.stream_slices_per_warp > 0) warps = std::min(warps, std::max(1LL, total / env.stream_slices_per_warp));
+    const long long warps = static_cast<long long>(env.sm_count) * per_sm * kWarps;
     grid = (std::min(warps, total) + kWarps - 1) / kWarps;
     return true;
 }

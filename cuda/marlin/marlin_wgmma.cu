@@ -1,17 +1,16 @@
 // The Marlin-class INT4 x FP16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
-// kernels (cpp/gpu/marlin_pack.hpp); used on the H200 from 33 rows, or 17 for small weights (wgmma_min_m_for in
-// cpp/gpu/gemm_policy.hpp).
+// kernels (cpp/gpu/marlin_pack.hpp); used on compute capability 9.0 from 17 rows, in the tile form plan_marlin
+// chooses (cpp/gpu/gemm_policy.hpp).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
-// per warp of a warpgroup) x R rows of X (R = 64 on one warpgroup, or on two for small weights; R = 128 on two). Per
+// per warp of a warpgroup) x R rows of X (R = 32 on one warpgroup or two, 64 or 128 on two). Per
 // k16 step, warp j of a warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile
 // of columns 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups)
 // to FP16 in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one
 // wgmma m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
 // descriptor; each word has its own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4;
-// columns: activation rows, as in the skinny kernel's swapped mma): 128 registers a thread (64 for the 64-row tile on
-// two warpgroups). Splitting the words between warpgroups (rather than the rows) dequantizes each weight once per
+// columns: activation rows, as in the stream kernel's swapped mma): R / 2 registers a thread per word. Splitting the words between warpgroups (rather than the rows) dequantizes each weight once per
 // tile and issues half as many, twice as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the
 // tensor cores work on steps i, i - 1, ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
 //
@@ -22,11 +21,12 @@
 // run during the next slice. Stream-K partitioning and the reduction of cut tiles as in the other kernels; with many
 // tiles, whole tiles round robin instead (see launch_wgmma_kernel).
 //
-// Two kernels share the copy side (WgmmaCopier), the compute side and the epilogue (WgmmaTile): marlin_wgmma_kernel,
-// where every thread copies and computes and one block barrier per slice orders the ring (the tiles up to 64 rows,
-// and the A/B form above), and from 65 rows marlin_wgmma_ws_kernel, warp-specialized: a third warpgroup issues the
-// copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (measured on the
-// H200: 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, against every warp copying).
+// One mainloop (WgmmaCopier copies a stage, WgmmaTile computes it and writes the tile), scheduled two ways:
+// marlin_wgmma_kernel, where every thread copies and computes and one block barrier per slice orders the ring (32-row
+// tiles, and 64-row tiles of small weights), and marlin_wgmma_ws_kernel, warp-specialized: a third warpgroup issues
+// the copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (measured on the H200:
+// 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, against every warp copying). One warpgroup cannot
+// be specialized that way: at two blocks per SM, ptxas would hold the consumers to 128 registers.
 #include "marlin_device.cuh"
 
 namespace tl::gpu::marlin {
@@ -35,20 +35,19 @@ namespace tl::gpu::marlin {
 namespace {
 
 constexpr int kWgTileN = 256;  // columns per block tile: one 64-column strip per warp of a warpgroup
-constexpr int kWholeTileWaves = 4;  // tiles per resident block from which whole-tile scheduling is used
 
 template <int WGS, int ROWS, bool FUSED, int GPT>
 struct WgmmaLayout {
     static constexpr int kThreads = 128 * WGS;
     static constexpr bool kFused = FUSED;
     static constexpr int kGpt = GPT;
-    static constexpr int kRows = ROWS;                // activation rows per tile (64 or 128)
+    static constexpr int kRows = ROWS;                // activation rows per tile (32, 64 or 128)
     static constexpr int kX = kRows * 128;            // activations first: 1024-aligned
     static constexpr int kW = kTileK * kWgTileN / 2;  // weights: [strip][k16][lane][16 B], as in global memory
     static constexpr int kS = GPT * kWgTileN * 2;     // scales [GPT][256] (permuted as in global), then zeros
     static constexpr int kStage = (kX + kW + kS * (FUSED ? 2 : 1) + 1023) / 1024 * 1024;
     // Pipeline depth: what Hopper's 227 KB per block / 228 KB per SM hold at the residency below (checked at launch).
-    static constexpr int kStages = WGS == 1 ? 6 : ROWS == 128 ? 8 : 10;
+    static constexpr int kStages = WGS == 1 ? 6 : ROWS == 128 ? 8 : ROWS == 64 ? 10 : 12;
     static constexpr int kWords = 4 / WGS;  // words (16-column tiles of a strip) per warp
     static constexpr int kNB = kRows / 8;   // 8-row blocks of the accumulator (wgmma N / 8)
     // A-fragment buffers = wgmma groups (k16 steps) in flight + 1: as many as the registers allow (4 divides the
@@ -95,6 +94,21 @@ __device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], const uint32_t (&
         : "memory");
 }
 
+// D[64 x 32] += A[64 x 16] (registers: this warp's 16 rows) * B[16 x 32] (shared memory, K-major).
+__device__ __forceinline__ void wgmma_64x32x16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+        : "memory");
+}
+
 // D[64 x 128] += A[64 x 16] (registers) * B[16 x 128] (shared memory, K-major).
 __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
     asm volatile(
@@ -130,7 +144,10 @@ __device__ __forceinline__ void load_broadcast(const uint16_t *src, uint32_t (&o
     }
 }
 
-// The shape by the accumulator's size: 32 registers = m64n64k16, 64 = m64n128k16.
+// The shape by the accumulator's size: 16 registers = m64n32k16, 32 = m64n64k16, 64 = m64n128k16.
+__device__ __forceinline__ void wgmma_64xRx16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+    wgmma_64x32x16(d, a, desc);
+}
 __device__ __forceinline__ void wgmma_64xRx16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
     wgmma_64x64x16(d, a, desc);
 }
@@ -319,33 +336,30 @@ struct WgmmaTile {
         }
     }
 
-    // After a tile's last slice of the range: the wgmma drained, the tile written or reduced (finish), the
+    // After a tile's last slice of the range: the wgmma drained, the tile written or its sums added (finish), the
     // accumulators zeroed for the next.
-    template <class Sync>
-    __device__ __forceinline__ void end_tile(const Params &p, int tile, int iters, int warp, int lane, int &flag,
-                                             Sync sync) {
+    __device__ __forceinline__ void end_tile(const Params &p, int tile, int iters, int warp, int lane) {
         wgmma_wait<0>();
         pin_all();
-        finish(p, tile, iters, warp, lane, flag, sync);
+        finish(p, tile, iters, warp, lane);
         zero();
     }
 
-    // Writes (or, for a tile cut between blocks, reduces) the finished tile `tile`, of which this block did `iters`
-    // k slices; the reduction is the skinny kernel's, workspace layout [warp][w][nb][lane][4] with the four values
-    // ordered (row r, column c), (r, c + 8), (r + 1, c), (r + 1, c + 8). `sync` is the barrier of the tile's threads
-    // (thread 0 among them), `flag` their shared int.
-    template <class Sync>
-    __device__ __forceinline__ void finish(const Params &p, int tile, int iters, int warp, int lane, int &flag,
-                                           Sync sync) {
+    // Writes the finished tile `tile`, of which this block did `iters` k slices; for a tile cut between blocks, adds
+    // this block's sums into the FP32 workspace of the tile's slot instead (reductions without a result, layout
+    // [warp][w][nb][lane][4], the four values ordered (row r, column c), (r, c + 8), (r + 1, c), (r + 1, c + 8)), and
+    // marlin_wgmma_fixup_kernel writes them after the grid. Why not an arrival counter, the last contributor writing
+    // the tile: mid-stream the counter's fence, atomic and read-back each wait an L2 round trip behind the DRAM
+    // traffic (the stream kernel's finding, marlin_stream.cuh). Measured on the H200 by leaving the reduction out
+    // (results wrong by design): Llama-8B gate+up 41.6 -> 26.2 us at M = 17, 100.7 -> 48.0 at M = 128.
+    __device__ __forceinline__ void finish(const Params &p, int tile, int iters, int warp, int lane) {
         constexpr int kWords = L::kWords, kNB = L::kNB;
         const int wg = warp / 4, strip_in_tile = warp % 4, g = lane / 4;
-        const int strips = p.n / 64;
         const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
-        const bool warp_active = n_tile * 4 + strip_in_tile < strips;
+        if (n_tile * 4 + strip_in_tile >= p.n / 64) return;  // a strip past N: its rows are dropped
         const int row0 = m_slice * L::kRows + 2 * (lane % 4);
-        uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + (n_tile * 4 + strip_in_tile) * 64 + g;
         if (iters == p.k_tiles) {  // the whole tile is ours
-            if (!warp_active) return;
+            uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + (n_tile * 4 + strip_in_tile) * 64 + g;
 #pragma unroll
             for (int nb = 0; nb < kNB; ++nb) {
                 const int row = row0 + nb * 8;
@@ -358,38 +372,60 @@ struct WgmmaTile {
             }
             return;
         }
-        const long long first = static_cast<long long>(tile) * p.k_tiles;
-        const int slot = static_cast<int>(((first + 1) * gridDim.x - 1) / p.total_iters);
-        float *part =
-            p.partials + static_cast<size_t>(slot) * L::kPartialFloats + warp * (kWords * kNB * 128) + lane * 4;
-        if (warp_active) {
+        const long long slot = share_owner(static_cast<long long>(tile) * p.k_tiles, gridDim.x, p.total_iters);
+        float *part = p.partials + slot * L::kPartialFloats + warp * (kWords * kNB * 128) + lane * 4;
 #pragma unroll
-            for (int nb = 0; nb < kNB; ++nb) {
-                const int row = row0 + nb * 8;
+        for (int nb = 0; nb < kNB; ++nb) {
+            const int row = row0 + nb * 8;
 #pragma unroll
-                for (int wi = 0; wi < kWords; ++wi) {
-                    const float *d = &acc[wi][4 * nb];
-                    add_partial_quad(part + (wi * kNB + nb) * 128, d[0], d[2], d[1], d[3], quad_rows(row, p.m));
-                }
+            for (int wi = 0; wi < kWords; ++wi) {
+                const float *d = &acc[wi][4 * nb];
+                add_partial_quad(part + (wi * kNB + nb) * 128, d[0], d[2], d[1], d[3], quad_rows(row, p.m));
             }
         }
-        if (!arrive_last(p.counters + slot, iters, p.k_tiles, flag, sync)) return;
-        if (warp_active) {
-#pragma unroll
-            for (int nb = 0; nb < kNB; ++nb) {
-                const int row = row0 + nb * 8;
-#pragma unroll
-                for (int wi = 0; wi < kWords; ++wi) {
-                    const int rows = quad_rows(row, p.m);
-                    const float4 v = take_partial_quad(part + (wi * kNB + nb) * 128, rows);
-                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, v.x, v.y, v.z,
-                               v.w, rows);
-                }
-            }
-        }
-        if (threadIdx.x == 0) p.counters[slot] = 0;
     }
 };
+
+// After a stream-K grid of `grid` blocks: one block per tile; a tile cut between blocks gets its summed partials
+// written to Y and re-zeroed for the next call. All of a thread's sums are loaded first, then zeroed, then stored (in the
+// stream kernel's fix-up, ~10x faster than quad by quad); rows outside M hold zeros (nobody adds to them).
+template <class L>
+__global__ void __launch_bounds__(L::kThreads) marlin_wgmma_fixup_kernel(const Params p, int grid) {
+    wait_for_primary();
+    constexpr int kWords = L::kWords, kNB = L::kNB;
+    const int tile = blockIdx.x;
+    const long long first = static_cast<long long>(tile) * p.k_tiles;
+    const long long slot = share_owner(first, grid, p.total_iters);
+    if (slot == share_owner(first + p.k_tiles - 1, grid, p.total_iters)) return;  // one block held it and wrote it
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wg = warp / 4, strip_in_tile = warp % 4;
+    const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
+    if (n_tile * 4 + strip_in_tile >= p.n / 64) return;
+    float *part = p.partials + slot * L::kPartialFloats + warp * (kWords * kNB * 128) + lane * 4;
+    float4 sums[kWords][kNB];
+#pragma unroll
+    for (int wi = 0; wi < kWords; ++wi)
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) {
+            sums[wi][nb] = __ldcg(reinterpret_cast<const float4 *>(part + (wi * kNB + nb) * 128));
+        }
+#pragma unroll
+    for (int wi = 0; wi < kWords; ++wi)
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) {
+            __stcg(reinterpret_cast<float4 *>(part + (wi * kNB + nb) * 128), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        }
+    const int row0 = m_slice * L::kRows + 2 * (lane % 4);
+    uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + (n_tile * 4 + strip_in_tile) * 64 + lane / 4;
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+        for (int wi = 0; wi < kWords; ++wi) {
+            const float4 v = sums[wi][nb];
+            store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, v.x, v.y, v.z, v.w,
+                       quad_rows(row0 + nb * 8, p.m));
+        }
+}
 
 // This block's k slices, numbered 0 .. total - 1: stream-K, the range [begin, begin + total) of all (tile, k slice)
 // pairs; whole tiles, tiles blockIdx.x + j * gridDim.x, all their slices. tile_step: from one tile of ours to the next.
@@ -435,11 +471,11 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
     extern __shared__ uint8_t smem_raw[];
-    __shared__ int last_contributor;
     const uint32_t raw_base = smem_addr(smem_raw);
     const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
     uint8_t *const smem = smem_raw + (smem_base - raw_base);
 
+    launch_dependents();  // the fix-up grid may launch; it waits for this grid's end
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int wg = warp / 4, strip_in_tile = warp % 4;
     const WgmmaRange range = wgmma_range(p);
@@ -472,39 +508,39 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
             stage = stage == L::kStages - 1 ? 0 : stage + 1;
         },
         [&](int tile, int iters) {
-            t.end_tile(p, tile, iters, warp, lane, last_contributor, [] { __syncthreads(); });
+            t.end_tile(p, tile, iters, warp, lane);
         });
     cp_async_wait<0>();
 #endif
 }
 
-// Warp-specialized (M > 64): a third warpgroup copies, the two of the tile only compute. Stage s is handed over by
-// two mbarriers: full[s] (each producer thread's cp.async arrival fires when its copies have landed) and empty[s]
-// (one arrival per consumer warp once the wgmma reading the stage are done: after the next slice's last wait_group,
-// as in the kernel above). The consumers never wait for copies they issued themselves, nor for each other, except
-// in a cut tile's reduction (named barrier 1 of the 256 consumer threads). Registers: the copier runs on 40, the
-// consumers on 232 (setmaxnreg; 128 * 40 + 256 * 232 fits the 64K register file of the SM).
+// Warp-specialized (64- and 128-row tiles): a third warpgroup copies, the two of the tile only compute. Stage s is
+// handed over by two mbarriers: full[s] (each producer thread's cp.async arrival fires when its copies have landed)
+// and empty[s] (one arrival per consumer thread once the wgmma reading the stage are done: after the next slice's
+// last wait_group, as in the kernel above). The consumers never wait for copies they issued themselves, nor for each
+// other. Registers: the copier runs on 40, the consumers on 232 (setmaxnreg; 128 * 40 + 256 * 232 fits the 64K
+// register file of the SM).
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
-template <bool FUSED, int GPT>
+template <int ROWS, bool FUSED, int GPT>
 __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = WgmmaLayout<2, 128, FUSED, GPT>;
+    using L = WgmmaLayout<2, ROWS, FUSED, GPT>;
     extern __shared__ uint8_t smem_raw[];
-    __shared__ int last_contributor;
     __shared__ __align__(8) uint64_t full_bar[L::kStages], empty_bar[L::kStages];
     const uint32_t raw_base = smem_addr(smem_raw);
     const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
     uint8_t *const smem = smem_raw + (smem_base - raw_base);
     const uint32_t full0 = smem_addr(full_bar), empty0 = smem_addr(empty_bar);
 
+    launch_dependents();  // the fix-up grid may launch; it waits for this grid's end
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const WgmmaRange range = wgmma_range(p);
     if (range.total <= 0) return;
     if (tid == 0) {
         for (int s = 0; s < L::kStages; ++s) {
             mbar_init(full0 + 8 * s, 128);
-            mbar_init(empty0 + 8 * s, 8);
+            mbar_init(empty0 + 8 * s, 256);
         }
     }
     __syncthreads();
@@ -542,8 +578,9 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
                 // The copies were generic-proxy writes; the tensor cores read the stage through the async proxy.
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 t.compute(smem + stage * L::kStage, smem_base + stage * L::kStage, wg, strip_in_tile, lane);
-                // This slice's last wait_group left only its own steps in flight: the previous stage is read.
-                if (prev >= 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+                // This slice's last wait_group left only its own steps in flight: the previous stage is read. Every
+                // consumer thread releases its own reads of it (weights, scales).
+                if (prev >= 0) mbar_arrive(empty0 + 8 * prev);
                 prev = stage;
                 if (++stage == L::kStages) {
                     stage = 0;
@@ -551,25 +588,30 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
                 }
             },
             [&](int tile, int iters) {
-                t.end_tile(p, tile, iters, warp, lane, last_contributor,
-                           [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
+                t.end_tile(p, tile, iters, warp, lane);
             });
     }
 #endif
 }
 
-// WS: the warp-specialized kernel (WGS = 2, ROWS = 128 only).
+// WS: the warp-specialized kernel (WGS = 2 only).
 template <int WGS, int ROWS, bool FUSED, int GPT, bool WS = false>
 int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
-    static_assert(!WS || (WGS == 2 && ROWS == 128), "the warp-specialized kernel has one tile form");
+    static_assert(!WS || WGS == 2, "the warp-specialized kernel has two compute warpgroups");
     // One warpgroup per block: two blocks per SM wanted (their wgmma interleave); two warpgroups: one block.
     constexpr int kPerSm = WGS == 1 ? 2 : 1;
     constexpr int kBlockThreads = WS ? L::kThreads + 128 : L::kThreads;
     // Resident blocks per SM (registers and shared memory), cached per device: 0 = not set up, -1 = none fits.
     static std::atomic<int> resident_cache[64];
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
-    auto kernel = WS ? marlin_wgmma_ws_kernel<FUSED, GPT> : marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT>;
+    const auto kernel = [] {  // (only the form asked for is instantiated)
+        if constexpr (WS) {
+            return marlin_wgmma_ws_kernel<ROWS, FUSED, GPT>;
+        } else {
+            return marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT>;
+        }
+    }();
     constexpr int kSmem = L::kStages * L::kStage + 1024;  // + the slack that aligns the ring to 1024 bytes
     int resident = resident_cache[env.device].load(std::memory_order_relaxed);
     if (resident == 0) {
@@ -591,10 +633,7 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     p.k_tiles = p.k / kTileK;
     p.total_iters = static_cast<long long>(p.m_slices) * n_tiles * p.k_tiles;
     const long long slots = static_cast<long long>(env.sm_count) * resident;
-    // Many tiles (at least kWholeTileWaves per resident block): whole tiles, round robin. The blocks running at
-    // once then hold neighbouring tiles (rows fastest), so the weights they read are shared through L2; stream-K
-    // ranges would put every column panel in flight at once and read each panel from HBM once per row slice.
-    p.whole_tiles = static_cast<long long>(p.m_slices) * n_tiles >= kWholeTileWaves * slots ? 1 : 0;
+    p.whole_tiles = wgmma_whole_tiles(static_cast<long long>(p.m_slices) * n_tiles, slots) ? 1 : 0;
     // Stream-K: at least 8 k slices per block (or a whole tile), fewer contributors to each cut tile's FP32 sums.
     const long long min_iters = std::min(8, p.k_tiles);
     long long grid = std::max(1LL, std::min(slots, p.total_iters / min_iters));
@@ -611,6 +650,25 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes(grid));
     kernel<<<static_cast<unsigned>(grid), kBlockThreads, kSmem, env.stream>>>(p);
     TL_GPU_CHECK_LAUNCH();
+    if (p.whole_tiles) return 0;
+    // Stream-K: the fix-up grid writes the tiles cut between blocks (a programmatic dependent launch).
+    cudaLaunchConfig_t fixup{};
+    fixup.gridDim = dim3(static_cast<unsigned>(p.total_iters / p.k_tiles));
+    fixup.blockDim = dim3(L::kThreads);
+    fixup.stream = env.stream;
+    cudaLaunchAttribute early[1];
+    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early[0].val.programmaticStreamSerializationAllowed = 1;
+    fixup.attrs = early;
+    fixup.numAttrs = 1;
+    const cudaError_t fixup_rc =
+        cudaLaunchKernelEx(&fixup, marlin_wgmma_fixup_kernel<L>, static_cast<const Params>(p), static_cast<int>(grid));
+    if (fixup_rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        // The workspace holds this call's sums: leave it zeroed for the next call.
+        (void)cudaMemsetAsync(p.partials, 0, static_cast<size_t>(grid) * partial_bytes, env.stream);
+        return static_cast<int>(fixup_rc);
+    }
     return 0;
 }
 
@@ -621,14 +679,21 @@ int launch_for_groups(int gpt, const Params &p, const LaunchEnv &env) {
                     : launch_wgmma_kernel<WGS, ROWS, FUSED, 1, WS>(p, env);
 }
 
+// The forms plan_marlin uses: 32-row tiles on one warpgroup or two, 64-row tiles on two with or without the copying
+// warpgroup, 128-row tiles with it.
 template <bool FUSED>
 int pick_wgmma(const Params &p, const LaunchEnv &env, const MarlinPlan &plan, int gpt) {
-    if (plan.wgmma_rows == 64) {
-        return plan.wgmma_warpgroups == 2 ? launch_for_groups<2, 64, FUSED>(gpt, p, env)
-                                          : launch_for_groups<1, 64, FUSED>(gpt, p, env);
+    const bool ws = plan.wgmma_warp_specialized;
+    if (plan.rows == 32 && !ws) {
+        return plan.wgmma_warpgroups == 1 ? launch_for_groups<1, 32, FUSED>(gpt, p, env)
+                                          : launch_for_groups<2, 32, FUSED>(gpt, p, env);
     }
-    return plan.wgmma_warp_specialized ? launch_for_groups<2, 128, FUSED, true>(gpt, p, env)
-                                       : launch_for_groups<2, 128, FUSED>(gpt, p, env);
+    if (plan.wgmma_warpgroups != 2) return kRcUnsupported;
+    if (plan.rows == 64) {
+        return ws ? launch_for_groups<2, 64, FUSED, true>(gpt, p, env) : launch_for_groups<2, 64, FUSED>(gpt, p, env);
+    }
+    if (plan.rows == 128 && ws) return launch_for_groups<2, 128, FUSED, true>(gpt, p, env);
+    return kRcUnsupported;
 }
 
 }  // namespace

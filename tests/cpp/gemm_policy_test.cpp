@@ -1,5 +1,5 @@
 // The GEMM dispatcher's policy (cpp/gpu/gemm_policy.hpp) on a table of cases: the row count from which dequantize +
-// cuBLAS runs, and the Marlin-class kernel and tile for each M, with the default tuning and with the knobs moved.
+// cuBLAS runs, and the Marlin-class kernel and tile for each M, with and without the wgmma kernel.
 // Pure functions: these run on every machine, GPU or not. (Which kernel really ran on a GPU is checked by the launch
 // counters in tests/gpu/marlin_test.cpp.)
 #include <gtest/gtest.h>
@@ -14,7 +14,6 @@ namespace {
 
 using tl::MarlinKernel;
 using tl::MarlinPlan;
-using tl::MarlinTuning;
 
 TEST(GemmPolicy, CublasMinM) {
     struct Case {
@@ -34,149 +33,89 @@ TEST(GemmPolicy, CublasMinM) {
     }
 }
 
-TEST(GemmPolicy, WgmmaBound) {
-    const MarlinTuning defaults;
-    EXPECT_EQ(tl::wgmma_min_m_for(2048, 16384, defaults), 17);   // 2^25: small
-    EXPECT_EQ(tl::wgmma_min_m_for(2048, 16448, defaults), 33);   // just above
-    EXPECT_EQ(tl::wgmma_min_m_for(8192, 57344, defaults), 33);
-    MarlinTuning t;
-    t.wgmma_min_m = 48;
-    EXPECT_EQ(tl::wgmma_min_m_for(2048, 6144, t), 17);
-    EXPECT_EQ(tl::wgmma_min_m_for(4096, 28672, t), 48);
-    t.wgmma_min_m = INT_MAX;  // never, whatever the weight
-    EXPECT_EQ(tl::wgmma_min_m_for(2048, 6144, t), INT_MAX);
-    EXPECT_EQ(tl::wgmma_min_m_for(4096, 28672, t), INT_MAX);
-}
-
-// One row of the table: the call and the tuning, then the expected plan.
+// One row of the table: the call, then the expected plan.
 struct PlanCase {
     int64_t m;
-    int32_t k, n, group_size;
-    MarlinTuning tuning;
-    bool wgmma;
-    int wgmma_rows, wgmma_warpgroups;
-    bool warp_specialized;
+    int32_t k, n;
+    bool wgmma_runs;
     MarlinKernel kernel;
-    int rows;
-    bool medium_split;
-    int slice_k;
+    int rows, warpgroups;
+    bool warp_specialized;
 };
 
-MarlinTuning tuned(void (*edit)(MarlinTuning &)) {
-    MarlinTuning t;
-    edit(t);
-    return t;
-}
-
-std::string describe(const PlanCase &c) {
-    return "M " + std::to_string(c.m) + ", K " + std::to_string(c.k) + ", N " + std::to_string(c.n) + ", group " +
-           std::to_string(c.group_size);
-}
-
 TEST(GemmPolicy, MarlinPlanTable) {
-    const MarlinTuning d;  // the policy as shipped
-    const MarlinKernel S = MarlinKernel::Stream, K = MarlinKernel::Skinny, Md = MarlinKernel::Medium,
-                       W = MarlinKernel::Wide;
-    // Llama-8B gate+up (4096 x 28672, 117M: not small, two blocks per SM up to 64 rows) and 2B qkv (2048 x 6144,
-    // small: wgmma from 17 rows, split over two warpgroups).
+    const MarlinKernel S = MarlinKernel::Stream, C = MarlinKernel::Classic, W = MarlinKernel::Wgmma;
+    // Llama-8B gate+up (4096 x 28672, 117M > 2^26), 8B down (14336 x 4096, 58.7M: between 2^25 and 2^26), 2B qkv
+    // (2048 x 6144, 12.6M <= 2^25), and exactly 2^25 / 2^26 (2048 x 16384, 4096 x 16384).
     const PlanCase cases[] = {
-        // M <= 16: the stream kernel; 128-deep slices at 8 rows when 128 divides K and the group size.
-        {1, 4096, 28672, 128, d, false, 0, 0, false, S, 8, false, 128},
-        {8, 4096, 28672, 32, d, false, 0, 0, false, S, 8, false, 64},
-        {9, 4096, 28672, 128, d, false, 0, 0, false, S, 16, false, 64},
-        {16, 2048, 6144, 2048, d, false, 0, 0, false, S, 16, false, 64},
-        {1, 4096, 28672, 4096, d, false, 0, 0, false, S, 8, false, 128},  // per column
-        {1, 4160, 1024, 4160, d, false, 0, 0, false, S, 8, false, 64},    // 128 does not divide K
-        // 16 < M < 33 on a weight that is not small: the medium kernel, split up to 24 rows, then wide-warp.
-        {17, 4096, 28672, 128, d, false, 0, 0, false, Md, 24, true, 64},
-        {24, 4096, 28672, 128, d, false, 0, 0, false, Md, 24, true, 64},
-        {25, 4096, 28672, 128, d, false, 0, 0, false, Md, 32, false, 64},
-        {32, 4096, 28672, 128, d, false, 0, 0, false, Md, 32, false, 64},
-        // From 33 rows: wgmma first (64-row tiles, one warpgroup: K·N > 2^26), the medium kernel if it refuses.
-        {33, 4096, 28672, 128, d, true, 64, 1, false, Md, 48, false, 64},
-        {64, 4096, 28672, 128, d, true, 64, 1, false, Md, 64, false, 64},
-        // Above 64 rows: 128-row warp-specialized wgmma tiles, then the wide kernel (64-row tiles).
-        {65, 4096, 28672, 128, d, true, 128, 2, true, W, 64, false, 64},
-        {4096, 4096, 28672, 128, d, true, 128, 2, true, W, 64, false, 64},
-        // A small weight: wgmma from 17 rows, its 64-row tiles split over two warpgroups.
-        {17, 2048, 6144, 128, d, true, 64, 2, false, Md, 24, true, 64},
-        {40, 2048, 6144, 2048, d, true, 64, 2, false, Md, 48, false, 64},
-        // 8B down (14336 x 4096 = 58.7M <= 2^26): split, from 33 rows.
-        {32, 14336, 4096, 128, d, false, 0, 0, false, Md, 32, false, 64},
-        {48, 14336, 4096, 128, d, true, 64, 2, false, Md, 48, false, 64},
-        // The knobs: never the stream kernel; never the medium kernel; never wgmma; the medium variants forced; the
-        // wgmma split and warp specialization turned off.
-        {4, 4096, 28672, 128, tuned([](MarlinTuning &t) { t.stream_slices_per_warp = -1; }), false, 0, 0, false, K, 8,
-         false, 128},
-        {40, 4096, 28672, 128, tuned([](MarlinTuning &t) { t.medium_max_m = 16; }), true, 64, 1, false, W, 64, false,
-         64},
-        {20, 4096, 28672, 128, tuned([](MarlinTuning &t) { t.medium_max_m = 16; }), false, 0, 0, false, W, 32, false,
-         64},
-        {40, 2048, 6144, 128, tuned([](MarlinTuning &t) { t.wgmma_min_m = INT_MAX; }), false, 0, 0, false, Md, 48,
-         false, 64},
-        {20, 4096, 28672, 128, tuned([](MarlinTuning &t) { t.medium_variant = tl::MediumVariant::Wide; }), false, 0, 0,
-         false, Md, 32, false, 64},
-        {40, 4096, 28672, 128, tuned([](MarlinTuning &t) {
-             t.medium_variant = tl::MediumVariant::Split;
-             t.wgmma_min_m = INT_MAX;
-         }),
-         false, 0, 0, false, Md, 48, true, 64},
-        {40, 2048, 6144, 128, tuned([](MarlinTuning &t) { t.wgmma_split_max_kn = 0; }), true, 64, 1, false, Md, 48,
-         false, 64},
-        {200, 2048, 6144, 128, tuned([](MarlinTuning &t) { t.wgmma_warp_specialized = false; }), true, 128, 2, false,
-         W, 64, false, 64},
+        // M <= 16: the stream kernel, 8 or 16 rows, on every GPU.
+        {1, 4096, 28672, true, S, 8, 2, false},
+        {8, 2048, 6144, true, S, 8, 2, false},
+        {9, 4096, 28672, false, S, 16, 2, false},
+        {16, 14336, 4096, true, S, 16, 2, false},
+        // 17-32: 32-row wgmma tiles, one warpgroup above 2^26, two up to it; every warp copies.
+        {17, 4096, 28672, true, W, 32, 1, false},
+        {32, 4096, 28672, true, W, 32, 1, false},
+        {17, 14336, 4096, true, W, 32, 2, false},
+        {32, 4096, 16384, true, W, 32, 2, false},
+        {32, 4096, 16448, true, W, 32, 1, false},
+        // 33-64: 64-row tiles on two warpgroups, the copying warpgroup above 2^25.
+        {33, 4096, 28672, true, W, 64, 2, true},
+        {64, 14336, 4096, true, W, 64, 2, true},
+        {64, 2048, 16384, true, W, 64, 2, false},
+        {40, 2048, 16448, true, W, 64, 2, true},
+        {48, 2048, 6144, true, W, 64, 2, false},
+        // Above: 128-row tiles with the copying warpgroup.
+        {65, 2048, 6144, true, W, 128, 2, true},
+        {4096, 4096, 28672, true, W, 128, 2, true},
+        // Without the wgmma kernel: the classic kernel, 32 rows up to M = 32, then 64.
+        {17, 4096, 28672, false, C, 32, 2, false},
+        {32, 2048, 6144, false, C, 32, 2, false},
+        {33, 2048, 6144, false, C, 64, 2, false},
+        {4096, 4096, 28672, false, C, 64, 2, false},
     };
     for (const PlanCase &c : cases) {
-        SCOPED_TRACE(describe(c));
-        const MarlinPlan p = tl::plan_marlin(c.m, c.k, c.n, c.group_size, c.tuning);
-        EXPECT_EQ(p.wgmma, c.wgmma);
-        EXPECT_EQ(p.wgmma_rows, c.wgmma_rows);
-        EXPECT_EQ(p.wgmma_warpgroups, c.wgmma_warpgroups);
-        EXPECT_EQ(p.wgmma_warp_specialized, c.warp_specialized);
+        SCOPED_TRACE("M " + std::to_string(c.m) + ", K " + std::to_string(c.k) + ", N " + std::to_string(c.n) +
+                     (c.wgmma_runs ? ", wgmma" : ", no wgmma"));
+        const MarlinPlan p = tl::plan_marlin(c.m, c.k, c.n, c.wgmma_runs);
         EXPECT_EQ(p.kernel, c.kernel) << tl::marlin_kernel_name(p.kernel);
         EXPECT_EQ(p.rows, c.rows);
-        EXPECT_EQ(p.medium_split, c.medium_split);
-        EXPECT_EQ(p.slice_k, c.slice_k);
-    }
-}
-
-// Tiles cover M: every plan's kernel tile (and the wgmma tile) holds at least min(M, 64) rows, so a medium call reads
-// the weights once and larger calls use the largest tiles.
-TEST(GemmPolicy, TilesCoverTheRows) {
-    const MarlinTuning d;
-    for (int64_t m = 1; m <= 300; ++m) {
-        for (const int32_t k : {2048, 4096}) {
-            const MarlinPlan p = tl::plan_marlin(m, k, 28672, 128, d);
-            EXPECT_GE(p.rows, std::min<int64_t>(m, 64)) << "M " << m;
-            if (p.wgmma) {
-                EXPECT_GE(p.wgmma_rows, std::min<int64_t>(m, 128)) << "M " << m;
-            }
-            EXPECT_EQ(p.kernel == MarlinKernel::Medium, m > 16 && m <= 64) << "M " << m;
+        if (p.kernel == MarlinKernel::Wgmma) {
+            EXPECT_EQ(p.wgmma_warpgroups, c.warpgroups);
+            EXPECT_EQ(p.wgmma_warp_specialized, c.warp_specialized);
         }
     }
 }
 
-TEST(GemmPolicy, TuningIsClampedIntoItsRanges) {
-    MarlinTuning t;
-    t.medium_max_m = 200;
-    t.wgmma_min_m = 3;
-    t.wgmma_split_max_kn = -5;
-    t.stream_slices_per_warp = -9;
-    t.stream_stages = 1;
-    t.max_blocks_per_sm = 7;
-    const MarlinTuning c = tl::clamped(t);
-    EXPECT_EQ(c.medium_max_m, 64);
-    EXPECT_EQ(c.wgmma_min_m, 17);
-    EXPECT_EQ(c.wgmma_split_max_kn, 0);
-    EXPECT_EQ(c.stream_slices_per_warp, -1);
-    EXPECT_EQ(c.stream_stages, 2);
-    EXPECT_EQ(c.max_blocks_per_sm, 2);
-    t.medium_max_m = 3;
-    t.stream_stages = 0;
-    t.max_blocks_per_sm = 0;
-    EXPECT_EQ(tl::clamped(t).medium_max_m, 16);
-    EXPECT_EQ(tl::clamped(t).stream_stages, 0);
-    EXPECT_EQ(tl::clamped(t).max_blocks_per_sm, 1);
+// Whole tiles where every wave keeps 70% of the slots busy, stream-K below.
+TEST(GemmPolicy, WgmmaWholeTiles) {
+    EXPECT_TRUE(tl::wgmma_whole_tiles(112, 132));   // 0.85
+    EXPECT_TRUE(tl::wgmma_whole_tiles(96, 132));    // 0.73
+    EXPECT_FALSE(tl::wgmma_whole_tiles(86, 132));   // 0.65
+    EXPECT_FALSE(tl::wgmma_whole_tiles(148, 132));  // two waves, 0.56
+    EXPECT_TRUE(tl::wgmma_whole_tiles(224, 132));   // two waves, 0.85
+    EXPECT_TRUE(tl::wgmma_whole_tiles(397, 132));   // four waves, 0.75
+    EXPECT_TRUE(tl::wgmma_whole_tiles(132, 132));
+    EXPECT_FALSE(tl::wgmma_whole_tiles(48, 264));
+    EXPECT_FALSE(tl::wgmma_whole_tiles(0, 132));
+    EXPECT_FALSE(tl::wgmma_whole_tiles(10, 0));
+}
+
+// Tiles cover M (up to 128 rows), so that calls up to that size read the weights once, and the classic kernel's
+// plan (the fallback) never has a tile it lacks.
+TEST(GemmPolicy, TilesCoverTheRows) {
+    for (int64_t m = 1; m <= 300; ++m) {
+        for (const bool wgmma : {false, true}) {
+            for (const int32_t k : {2048, 4096}) {
+                const MarlinPlan p = tl::plan_marlin(m, k, 28672, wgmma);
+                EXPECT_GE(p.rows, std::min<int64_t>(m, p.kernel == MarlinKernel::Classic ? 64 : 128)) << "M " << m;
+                EXPECT_EQ(p.kernel == MarlinKernel::Stream, m <= 16) << "M " << m;
+            }
+        }
+        const MarlinPlan fallback = tl::classic_plan(m);
+        EXPECT_EQ(fallback.kernel, MarlinKernel::Classic);
+        EXPECT_TRUE(fallback.rows == 32 || fallback.rows == 64) << "M " << m;
+    }
 }
 
 }  // namespace

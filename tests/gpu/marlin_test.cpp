@@ -1,12 +1,11 @@
 // The Marlin-class GEMM, both modes (fused q*s + z; symmetric + the seed's correction wrapper), against an FP64
 // host reference on small shapes (every element) and, on the benchmark layers, against the native INT4 kernel
 // (every element) plus the FP64 reference on 96 random columns. Also: the workspace is left zeroed, the launcher
-// refuses unsupported arguments without launching, the wgmma kernel (Hopper) on its own shape sweep, and the C API's
-// dispatcher reaches the medium and wgmma kernels.
+// refuses unsupported arguments without launching, the classic kernel forced on every shape, the wgmma kernel (Hopper)
+// in each of its tile forms, and the C API's dispatcher reaches each kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -25,29 +24,12 @@ namespace {
 
 using tlt::DeviceBuffer;
 
-// The Marlin-class tuning as `edit` leaves it, for the scope; the previous tuning comes back at its end.
-class Tuned {
-public:
-    template <class Edit>
-    explicit Tuned(Edit edit) : saved_(tl::gpu::marlin_tuning()) {
-        tl::MarlinTuning t = saved_;
-        edit(t);
-        tl::gpu::set_marlin_tuning(t);
-    }
-    ~Tuned() { tl::gpu::set_marlin_tuning(saved_); }
-    Tuned(const Tuned &) = delete;
-    Tuned &operator=(const Tuned &) = delete;
-
-private:
-    tl::MarlinTuning saved_;
-};
-
 // Which packings a FusedCase uploads: the fused one (W = q*s + z) only, or also the symmetric one with its
 // correction (W = (q - 8)*s + delta, marlin_gemm_corrected).
 enum class Modes { Fused, Both };
 
-// One case on the device, for the tests that call marlin_gemm (and marlin_gemm_corrected) directly under different
-// kernel knobs: fresh random weights and activations, the packed weight uploaded (fused; with Modes::Both also the
+// One case on the device, for the tests that call marlin_gemm (and marlin_gemm_corrected) directly, with the policy's
+// plan or a forced one: fresh random weights and activations, the packed weight uploaded (fused; with Modes::Both also the
 // symmetric packing and its delta), a zeroed workspace, the FP64 reference.
 struct FusedCase {
     int m, k, n, gs;  // gs: the kernel's group size (-1 per row)
@@ -107,16 +89,16 @@ struct FusedCase {
         return ::testing::AssertionSuccess();
     }
     // marlin_gemm (fused) or marlin_gemm_corrected (symmetric + correction; Modes::Both only) into the poisoned
-    // output: its rc (a poison failure is reported as that CUDA error).
-    int run(bool fused_mode = true) {
+    // output, under `plan` (NULL: the policy's): its rc (a poison failure is reported as that CUDA error).
+    int run(bool fused_mode = true, const tl::MarlinPlan *plan = nullptr) {
         if (!fused_mode && !both) return tl::gpu::kRcBadArgument;  // nothing packed for it
         const cudaError_t poisoned = dy.poison();
         if (poisoned != cudaSuccess) return static_cast<int>(poisoned);
         return fused_mode ? tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
-                                                 work.get(), ws_bytes, nullptr)
+                                                 work.get(), ws_bytes, nullptr, plan)
                           : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(), dy.get(), m,
                                                            n, k, gs, work.get(), ws_bytes, a_sum.get(),
-                                                           a_sum.count() * sizeof(float), nullptr);
+                                                           a_sum.count() * sizeof(float), nullptr, plan);
     }
     // Waits for the call and fetches Y.
     cudaError_t result(std::vector<uint16_t> &y) {
@@ -148,8 +130,8 @@ std::vector<GemmShape> gemm_shapes() {
         {16, 64, 8192, 32, false, ""},     {33, 192, 1536, 64, false, ""},    {64, 3072, 512, 128, false, ""},
         {255, 128, 4096, 128, false, ""},  {1024, 1024, 512, 32, false, ""},  {100, 640, 960, 128, false, ""},
         {48, 256, 320, 256, false, ""},
-        // M <= 16 (the skinny kernel): partial 8-row tiles, group 32 / 64 / 192 (a fold every 64 k), per row, 128-deep
-        // slices (K = 384: three of them), per row with K % 128 != 0 (64-deep slices).
+        // M <= 16: partial 8-row tiles, group 32 / 64 / 192 (a group size the stream kernel refuses), per row, K = 384
+        // (three 128-deep stages), per row with K % 128 != 0 (the stream kernel refuses).
         {9, 1024, 1536, 32, false, ""},    {13, 1152, 320, 192, false, ""},   {5, 512, 704, 64, false, ""},
         {3, 28672, 1024, 28672, false, ""}, {4, 384, 256, 128, false, ""},     {2, 320, 192, 320, false, ""},
         // The benchmark layers of tl_bench (K x N).
@@ -159,12 +141,11 @@ std::vector<GemmShape> gemm_shapes() {
         {1, 14336, 4096, 14336, true, "l8_down"},   {1, 8192, 57344, 128, true, "l70_gateup"},
         {16, 28672, 8192, 28672, true, "l70_down"}, {255, 2048, 6144, 64, true, "tl_qkv"},
         {1024, 4096, 6144, 128, true, "l8_qkv"},
-        // 16 < M <= 64 (the medium kernel) on layers: 48- and 64-row tiles, group 32 / 128, per row.
+        // 16 < M <= 64 on layers: group 32 / 128, per row.
         {64, 4096, 6144, 128, true, "l8_qkv"},      {48, 4096, 6144, 32, true, "l8_qkv"},
         {24, 4096, 6144, 4096, true, "l8_qkv"},
     };
-    // 16 < M <= 64 on small shapes: every M class of the medium kernel (24 / 32 / 48 / 64-row tiles, full and
-    // partial) x group 32, 64, 128 and per row. N cycles through one partial 512-column tile (192), a tile plus a
+    // 16 < M <= 64 on small shapes: 32- and 64-row tiles, full and partial, x group 32, 64, 128 and per row. N cycles through one partial 512-column tile (192), a tile plus a
     // strip (576), two tiles plus a strip (1088) and three plus a partial one (1600: 25 strips).
     const int ms[] = {17, 24, 31, 32, 33, 48, 63, 64};
     const int groups[] = {32, 64, 128, 0};  // 0: per row
@@ -217,18 +198,23 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
     }
 
     std::vector<uint16_t> y;
-    // M <= 16: the stream kernel (the default where it applies) and the skinny kernel (stream knob -1).
+    // The policy's kernel, then the classic kernel forced (the mainloop of GPUs without wgmma, and the others'
+    // fallback). M <= 16: the policy's is the stream kernel where it takes the shape.
     const bool stream_applies = m <= 16 && k % 128 == 0 && (sh.group_size % 128 == 0 || sh.group_size == 32 ||
                                                             sh.group_size == 64);
-    for (const int stream_knob : m <= 16 ? std::vector<int>{0, -1} : std::vector<int>{0}) {
-        SCOPED_TRACE(stream_knob == 0 ? "default kernel" : "skinny kernel");
-        const Tuned tuned([&](tl::MarlinTuning &t) { t.stream_slices_per_warp = stream_knob; });
+    const tl::MarlinPlan classic = tl::classic_plan(m);
+    for (const tl::MarlinPlan *plan : {static_cast<const tl::MarlinPlan *>(nullptr), &classic}) {
+        SCOPED_TRACE(plan == nullptr ? "the policy's kernel" : "the classic kernel");
         for (const bool fused_mode : {true, false}) {
             SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
             const uint64_t streams = tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream);
-            ASSERT_EQ(0, c.run(fused_mode));
+            const uint64_t classics = tl::gpu::marlin_launch_count(tl::MarlinKernel::Classic);
+            ASSERT_EQ(0, c.run(fused_mode, plan));
             EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream),
-                      streams + (stream_applies && stream_knob == 0 ? 1 : 0));
+                      streams + (stream_applies && plan == nullptr ? 1 : 0));
+            if (plan != nullptr) {
+                EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Classic), classics + 1);
+            }
             CUDA_OK(c.result(y));
             EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
             if (sh.layer) {
@@ -242,37 +228,6 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MarlinGemm, ::testing::ValuesIn(gemm_shapes()), shape_name);
-
-// How the stream kernel spreads its slices over warps changes which warps add which partial sums, never the result:
-// at least 1, 2, 3, 7 slices per warp (strips cut at every position), and all of them on one warp (every strip stored
-// directly), against FP64, on partial tiles (N = 576, 1600, 4160), every group class (32, 64, 128, 256, per row) and
-// M = 1 - 16; the kernel ran each time and the workspace is left zeroed.
-TEST(MarlinStream, EverySpreadMatchesReference) {
-    struct Shape {
-        int m, k, n, group_size;
-    };
-    for (const Shape sh : {Shape{1, 4096, 1024, 128}, Shape{8, 1024, 4160, 32}, Shape{16, 2048, 1600, 64},
-                           Shape{3, 1280, 576, 1280}, Shape{12, 512, 192, 256}}) {
-        FusedCase c(sh.m, sh.k, sh.n, sh.group_size);
-        SCOPED_TRACE(c.name());
-        ASSERT_TRUE(c.upload());
-        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        for (const int per_warp : {1, 2, 3, 7, c.n / 64 * (c.k / 128)}) {
-            const uint64_t streams = tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream);
-            int rc = 0;
-            {
-                const Tuned tuned([&](tl::MarlinTuning &t) { t.stream_slices_per_warp = per_warp; });
-                rc = c.run();
-            }
-            ASSERT_EQ(0, rc);
-            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream), streams + 1) << per_warp << " per warp";
-            std::vector<uint16_t> y;
-            CUDA_OK(c.result(y));
-            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << per_warp << " per warp";
-        }
-        EXPECT_TRUE(c.workspace_clean());
-    }
-}
 
 // The stream kernel is two launches (the main grid and the fix-up of the strips cut between warps, a programmatic
 // dependent launch on Hopper); the library's scoring and the benchmark capture them in CUDA graphs. Three calls
@@ -332,31 +287,7 @@ TEST(MarlinGemmRepeat, RepeatedCallsAgree) {
     EXPECT_TRUE(tlt::matches_half(again, first, c.m, c.n, 1e-3));
 }
 
-// The residency knob (one or two blocks per SM for M <= 16) changes the grid and the pipeline depth, never the result.
-TEST(MarlinGemmResidency, OneAndTwoBlocksPerSmMatchReference) {
-    struct Shape {
-        int m, k, n, group_size;
-    };
-    for (const Shape sh : {Shape{16, 4096, 1024, 128}, Shape{1, 8192, 2048, 8192}, Shape{5, 1024, 4160, 32}}) {
-        FusedCase c(sh.m, sh.k, sh.n, sh.group_size);
-        SCOPED_TRACE(c.name());
-        ASSERT_TRUE(c.upload());
-        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        for (const int blocks : {1, 2}) {
-            int rc = 0;
-            {
-                const Tuned tuned([&](tl::MarlinTuning &t) { t.max_blocks_per_sm = blocks; });
-                rc = c.run();
-            }
-            ASSERT_EQ(0, rc);
-            std::vector<uint16_t> y;
-            CUDA_OK(c.result(y));
-            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << blocks << " block(s) per SM";
-        }
-    }
-}
-
-// The worst case for precision: per-row scales with K = 28672 (the unscaled sums of the skinny kernel carry a
+// The worst case for precision: per-row scales with K = 28672 (the unscaled sums of the stream kernel carry a
 // 1024 * sum(x) bias), M = 1, 8 and 16, every element against FP64. Prints the measured relative errors.
 TEST(MarlinPrecision, PerRowLongK) {
     if (tlt::g_quick) GTEST_SKIP() << "quick mode";
@@ -427,47 +358,13 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
 }
 
 
-// The medium kernel's bound (16 < M <= bound) changes which kernel runs, never the result: the medium and the M > 16
-// kernels agree on the same inputs (fused mode), and the launch counters say which one ran.
-TEST(MarlinGemmResidency, MediumAndWideKernelsAgree) {
-    struct Shape {
-        int m, k, n, group_size;
-    };
-    for (const Shape sh : {Shape{17, 1024, 1088, 32}, Shape{40, 2048, 576, 2048}, Shape{64, 1536, 1024, 128}}) {
-        FusedCase c(sh.m, sh.k, sh.n, sh.group_size);
-        SCOPED_TRACE(c.name());
-        ASSERT_TRUE(c.upload());
-        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        std::vector<uint16_t> y[2];
-        for (const int bound : {tl::kMarlinMediumMaxM, 16}) {
-            const tl::MarlinKernel expected = bound == 16 ? tl::MarlinKernel::Wide : tl::MarlinKernel::Medium;
-            const uint64_t before = tl::gpu::marlin_launch_count(expected);
-            int rc = 0;
-            {
-                const Tuned tuned([&](tl::MarlinTuning &t) {
-                    t.wgmma_min_m = INT32_MAX;  // this test is about the two kernels below it
-                    t.medium_max_m = bound;
-                });
-                rc = c.run();
-            }
-            ASSERT_EQ(0, rc);
-            EXPECT_EQ(tl::gpu::marlin_launch_count(expected), before + 1) << "bound " << bound;
-            std::vector<uint16_t> &out = y[bound == 16 ? 1 : 0];
-            CUDA_OK(c.result(out));
-            EXPECT_TRUE(tlt::matches(out, c.m, c.n, ref, {}, 2e-3)) << "bound " << bound;
-        }
-        EXPECT_TRUE(tlt::matches_half(y[0], y[1], c.m, c.n, 2e-3)) << "medium vs M > 16 kernel";
-    }
-}
-
-// The wgmma kernel (compute capability 9.0, library built for sm_90a), forced from M = 17: 64- and 128-row tiles,
-// full and partial (64-row tiles on one warpgroup and on two: the split bound set to never and to always; 128-row
-// tiles with and without the copying warpgroup), N with
-// partial 256-column tiles, group 32 / 64 / 128 and per row, both modes, stream-K and whole-tile scheduling; against
-// FP64, and
-// the workspace is left zeroed. Where the kernel cannot run the launcher falls through, and the results must still
-// match (the launch counter then stays put).
-TEST(MarlinWgmma, MatchesReferenceFromM17) {
+// The wgmma kernel (compute capability 9.0, library built for sm_90a) in each tile form the policy uses, forced on
+// every shape whatever its weight size: 32-row tiles on one warpgroup and on two (M <= 32), 64-row tiles with and
+// without the copying warpgroup (33-64), 128-row tiles (above); full and partial tiles, N with partial 256-column
+// tiles, group 32 / 64 / 128 and per row, both modes, stream-K and whole-tile scheduling; against FP64, and the
+// workspace is left zeroed. Where the kernel cannot run the launcher falls through to the classic kernel, and the
+// results must still match (the launch counter then stays put).
+TEST(MarlinWgmma, EveryTileFormMatchesReference) {
     int device = 0, major = 0, minor = 0;
     CUDA_OK(cudaGetDevice(&device));
     CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -478,34 +375,37 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
     struct Case {
         int m, k, n, group_size;
     };
-    const Case cases[] = {{17, 512, 320, 32},    {33, 1024, 576, 64},   {64, 768, 1088, 128},  {64, 512, 256, 512},
-                          {65, 1024, 1600, 32},  {100, 640, 960, 128},  {128, 2048, 512, 64},  {129, 384, 1344, 384},
-                          {300, 1024, 832, 128}, {517, 256, 2112, 32},  {96, 8192, 256, 128},  {200, 64, 448, 64},
+    const Case cases[] = {{17, 512, 320, 32},    {20, 1024, 1600, 128}, {32, 768, 576, 64},   {33, 1024, 576, 64},
+                          {64, 768, 1088, 128},  {64, 512, 256, 512},   {65, 1024, 1600, 32}, {100, 640, 960, 128},
+                          {128, 2048, 512, 64},  {129, 384, 1344, 384}, {300, 1024, 832, 128}, {517, 256, 2112, 32},
+                          {96, 8192, 256, 128},  {200, 64, 448, 64},
                           // 576 tiles of 128 rows: whole-tile scheduling (>= 4 tiles per resident block)
                           {1100, 64, 16384, 64}};
-    const Tuned from17([](tl::MarlinTuning &t) { t.wgmma_min_m = 17; });
     for (const Case sh : cases) {
         FusedCase c(sh.m, sh.k, sh.n, sh.group_size, Modes::Both);
         SCOPED_TRACE(c.name());
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        // Two tile forms each: up to 64 rows, one warpgroup or two (the split bound never / always); above, the
-        // warp-specialized kernel (a copying warpgroup) or every warp copying.
-        for (const bool second_form : {false, true}) {
-            SCOPED_TRACE(sh.m <= 64 ? (second_form ? "64-row tiles on two warpgroups" : "64-row tiles on one warpgroup")
-                                    : (second_form ? "128-row tiles, every warp copying"
-                                                   : "128-row tiles, a copying warpgroup"));
-            const Tuned form([&](tl::MarlinTuning &t) {
-                if (sh.m <= 64) {
-                    t.wgmma_split_max_kn = second_form ? LLONG_MAX : 0LL;
-                } else {
-                    t.wgmma_warp_specialized = !second_form;
-                }
-            });
+        std::vector<tl::MarlinPlan> forms;
+        tl::MarlinPlan form;
+        form.kernel = tl::MarlinKernel::Wgmma;
+        form.rows = sh.m <= 32 ? 32 : sh.m <= 64 ? 64 : 128;
+        form.wgmma_warp_specialized = sh.m > 64;
+        forms.push_back(form);
+        if (sh.m <= 32) {
+            form.wgmma_warpgroups = 1;
+            forms.push_back(form);
+        } else if (sh.m <= 64) {
+            form.wgmma_warp_specialized = true;
+            forms.push_back(form);
+        }
+        for (const tl::MarlinPlan &plan : forms) {
+            SCOPED_TRACE(std::to_string(plan.rows) + "-row tiles on " + std::to_string(plan.wgmma_warpgroups) +
+                         " warpgroup(s)" + (plan.wgmma_warp_specialized ? " and a copying one" : ""));
             for (const bool fused_mode : {true, false}) {
                 SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
                 const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma);
-                EXPECT_EQ(0, c.run(fused_mode));
+                EXPECT_EQ(0, c.run(fused_mode, &plan));
                 EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
                 std::vector<uint16_t> y;
                 CUDA_OK(c.result(y));
@@ -517,12 +417,11 @@ TEST(MarlinWgmma, MatchesReferenceFromM17) {
     }
 }
 
-// The C API's dispatcher (tl_quant_gemm) sends 16 < M < wgmma_min_m_for(K, N) (17 for a small weight, else
-// kMarlinWgmmaMinM) to the medium kernel and larger M to the wgmma kernel where it runs (else: the medium kernel up to
-// 64 rows, the M > 16 kernel above), for a small and a larger weight, on both Marlin-class
+// The C API's dispatcher (tl_quant_gemm) sends M <= 16 to the stream kernel and larger M to the wgmma kernel where it
+// runs (else the classic kernel), in plan_marlin's tile forms, for a small and a larger weight, on both Marlin-class
 // paths (fused and symmetric + correction): the weight's path counter and the kernel's launch counter each move by
 // one, nothing falls back, and the output matches the native INT4 fallback (USE_MARLIN = 0) and the FP64 reference.
-TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
+TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
     const int group_size = 128;
     int32_t saved[5];
     for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
@@ -530,8 +429,10 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
         int k, n;
         std::vector<int> ms;
     };
-    // A small weight (wgmma from 17 rows where it runs) and one just above kWgmmaSmallKN (medium below 33).
-    for (const WeightCase &wc : {WeightCase{1024, 1536, {17, 32, 33, 64, 100}}, WeightCase{2048, 16448, {17, 32}}}) {
+    // A small weight and one just above 2^25 (a copying warpgroup at 33-64 rows); 4096 x 16448 is above 2^26 (one
+    // warpgroup up to 32 rows).
+    for (const WeightCase &wc : {WeightCase{1024, 1536, {1, 16, 17, 32, 33, 64, 100}}, WeightCase{2048, 16448, {40}},
+                                 WeightCase{4096, 16448, {17}}}) {
         const int k = wc.k, n = wc.n;
         SCOPED_TRACE("K = " + std::to_string(k) + ", N = " + std::to_string(n));
         // Random FP32 weights [n][k] (a Linear's layout), quantized by the library; the reference multiplies by what
@@ -579,10 +480,7 @@ TEST(MarlinLauncher, DispatcherRunsMediumAndWgmmaKernels) {
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
         const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
-        auto kernel_for = [&](int m) {
-            const tl::MarlinPlan plan = tl::plan_marlin(m, k, n, group_size, tl::gpu::marlin_tuning());
-            return plan.wgmma && wgmma_runs ? tl::MarlinKernel::Wgmma : plan.kernel;
-        };
+        auto kernel_for = [&](int m) { return tl::plan_marlin(m, k, n, wgmma_runs).kernel; };
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
         for (const int m : wc.ms) {
