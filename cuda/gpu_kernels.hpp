@@ -44,7 +44,8 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 // it zeroed again. One workspace must not be used by two launches that can run at the same time.
 size_t marlin_workspace_bytes(int sm_count);
 // Runs the kernel and tile of plan_marlin (cpp/gpu/gemm_policy.hpp), or of `forced` where given (tests and the
-// benchmark run each kernel and tile form that way; results do not depend on the plan beyond FP32 summation order),
+// benchmark run each kernel and tile form that way; results differ between plans only by FP32 summation order and the
+// FP16 rounding of the dequantized weights),
 // with the fallbacks: a stream or wgmma launch that refuses the call (shape, shared memory, workspace; wgmma where the
 // library was not built for sm_90a or the device is not compute capability 9.0) hands it to the classic kernel.
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,

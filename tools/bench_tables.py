@@ -139,8 +139,8 @@ def targets_table(path):
             entry["n"] += 1
             entry["met"] += 1 if verdict[1] else 0
             if entry["worst"] is None or score < entry["worst"][0]:
-                entry["worst"] = (score, f"{key[0]} M = {m}: {us:.1f} µs, "
-                                  + (f"{score:.2f} of SOL" if m <= 64 else f"{score:.2f}× FP16, {c['sol'] / us:.2f} of SOL"))
+                what = f"{score:.2f} of SOL" if m <= 64 else f"{score:.2f}× FP16, {c['sol'] / us:.2f} of SOL"
+                entry["worst"] = (score, f"{key[0]} M = {m}: {us:.1f} µs, {what}")
         for cls, e in classes.items():
             print(f"| {group} | {cls} | {e['n']} | {e['met']} | {e['worst'][1]} |")
 

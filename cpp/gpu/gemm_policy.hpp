@@ -74,7 +74,8 @@ struct MarlinPlan {
 // reduction. Measured on the H200 (2026-12-02, whole tiles against stream-K): Llama-8B gate+up (112 256-column
 // tiles a row slice, 132 slots) 59.8 vs 70.3 us at M = 128 and 117.7 vs 156.4 at M = 256, Llama-2-7B qkv 58.4 vs
 // 70.9 at M = 256 (96 tiles); stream-K ahead with fewer tiles: 37.1 vs 57.9 (48 tiles), Llama-70B down 240 vs 352
-// (64 tiles).
+// (64 tiles). Two waves are less clear: Qwen2-7B gate+up at M = 256 (296 tiles) took 171.6 us whole against 145.0
+// stream-K, in two runs whose other cells moved by up to 15%.
 constexpr double kWholeTileFill = 0.7;
 bool wgmma_whole_tiles(long long tiles, long long slots);
 

@@ -4,12 +4,12 @@
 // differs is how work and data reach the warps.
 //
 // Why: where a block's warps meet at one block barrier per slice (a stage holds activations and scales that other
-// threads copied, as in the classic kernel), the slowest warp sets the pace and all warps issue their loads in bursts (measured on the H200:
-// barrier and data waits). Here every warp is independent. It streams its own share of the weights through a
-// private cp.async ring in shared memory; a stage holds the warp's 64-column strip x 128 k of packed words (each lane
-// copies exactly the 16-byte pieces it later reads), the strip's scales (and zeros) and the M activation rows of those
-// 128 k; the pieces that other lanes read are ordered by __syncwarp alone. Activations are re-read by every warp
-// (from L2; M x 256 bytes per 4 KB of weights).
+// threads copied, as in the classic kernel), the slowest warp sets the pace and all warps issue their loads in bursts
+// (measured on the H200: barrier and data waits). Here every warp is independent. It streams its own share of the
+// weights through a private cp.async ring in shared memory; a stage holds the warp's 64-column strip x 128 k of packed
+// words (each lane copies exactly the 16-byte pieces it later reads), the strip's scales (and zeros) and the M
+// activation rows of those 128 k; the pieces that other lanes read are ordered by __syncwarp alone. Activations are
+// re-read by every warp (from L2; M x 256 bytes per 4 KB of weights).
 //
 // Work split: stream-K at warp granularity. The (strip, 128-deep slice) pairs, strip-major, are one sequence (the
 // packed words lie in memory in that order); warp i of W takes the contiguous share [i T / W, (i + 1) T / W), so every

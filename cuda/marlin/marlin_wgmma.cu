@@ -4,15 +4,16 @@
 // chooses (cpp/gpu/gemm_policy.hpp).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
-// per warp of a warpgroup) x R rows of X (R = 32 on one warpgroup or two, 64 or 128 on two). Per
-// k16 step, warp j of a warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile
-// of columns 16w .. 16w + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups)
-// to FP16 in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one
-// wgmma m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
-// descriptor; each word has its own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4;
-// columns: activation rows, as in the stream kernel's swapped mma): R / 2 registers a thread per word. Splitting the words between warpgroups (rather than the rows) dequantizes each weight once per
-// tile and issues half as many, twice as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the
-// tensor cores work on steps i, i - 1, ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
+// per warp of a warpgroup) x R rows of X (R = 32 on one warpgroup or two, 64 or 128 on two). Per k16 step, warp j of a
+// warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile of columns 16w .. 16w
+// + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to FP16 in registers
+// (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma m64nRk16 whose B
+// operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a descriptor; each word has its
+// own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4; columns: activation rows, as in
+// the stream kernel's swapped mma): R / 2 registers a thread per word. Splitting the words between warpgroups (rather
+// than the rows) dequantizes each weight once per tile and issues half as many, twice as large wgmma. wgmma runs
+// asynchronously: step i + 1 is dequantized while the tensor cores work on steps i, i - 1, ... (A fragments in 2 or 4
+// buffers; wait_group frees the oldest).
 //
 // X in shared memory: [row][64 k] FP16, 128-byte rows whose 16-byte chunks are XOR-swizzled by row % 8, which is
 // the hardware's 128-byte swizzle for K-major operands (descriptor mode 1): the cp.async copies and the tensor
@@ -387,8 +388,8 @@ struct WgmmaTile {
 };
 
 // After a stream-K grid of `grid` blocks: one block per tile; a tile cut between blocks gets its summed partials
-// written to Y and re-zeroed for the next call. All of a thread's sums are loaded first, then zeroed, then stored (in the
-// stream kernel's fix-up, ~10x faster than quad by quad); rows outside M hold zeros (nobody adds to them).
+// written to Y and re-zeroed for the next call. All of a thread's sums are loaded first, then zeroed, then stored (in
+// the stream kernel's fix-up, ~10x faster than quad by quad); rows outside M hold zeros (nobody adds to them).
 template <class L>
 __global__ void __launch_bounds__(L::kThreads) marlin_wgmma_fixup_kernel(const Params p, int grid) {
     wait_for_primary();

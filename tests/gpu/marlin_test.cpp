@@ -29,8 +29,8 @@ using tlt::DeviceBuffer;
 enum class Modes { Fused, Both };
 
 // One case on the device, for the tests that call marlin_gemm (and marlin_gemm_corrected) directly, with the policy's
-// plan or a forced one: fresh random weights and activations, the packed weight uploaded (fused; with Modes::Both also the
-// symmetric packing and its delta), a zeroed workspace, the FP64 reference.
+// plan or a forced one: fresh random weights and activations, the packed weight uploaded (fused; with Modes::Both also
+// the symmetric packing and its delta), a zeroed workspace, the FP64 reference.
 struct FusedCase {
     int m, k, n, gs;  // gs: the kernel's group size (-1 per row)
     bool both;        // the symmetric packing is there too
@@ -145,8 +145,9 @@ std::vector<GemmShape> gemm_shapes() {
         {64, 4096, 6144, 128, true, "l8_qkv"},      {48, 4096, 6144, 32, true, "l8_qkv"},
         {24, 4096, 6144, 4096, true, "l8_qkv"},
     };
-    // 16 < M <= 64 on small shapes: 32- and 64-row tiles, full and partial, x group 32, 64, 128 and per row. N cycles through one partial 512-column tile (192), a tile plus a
-    // strip (576), two tiles plus a strip (1088) and three plus a partial one (1600: 25 strips).
+    // 16 < M <= 64 on small shapes: 32- and 64-row tiles, full and partial, x group 32, 64, 128 and per row. N cycles
+    // through one partial 512-column tile (192), a tile plus a strip (576), two tiles plus a strip (1088) and three
+    // plus a partial one (1600: 25 strips).
     const int ms[] = {17, 24, 31, 32, 33, 48, 63, 64};
     const int groups[] = {32, 64, 128, 0};  // 0: per row
     const int ks[] = {512, 768, 1024};
