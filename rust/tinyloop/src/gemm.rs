@@ -188,7 +188,8 @@ pub struct PackReport {
     pub weights_uploaded: u32,
     /// Weights that received a Marlin-class form.
     pub weights_packed: u32,
-    /// Weights whose shape the Marlin-class kernel does not take (they run on the native kernel).
+    /// Weights whose shape the Marlin-class kernel does not take even with K and N padded to multiples of 64 (a group
+    /// size that is not 32 or a multiple of 64, or that does not divide the padded K): they run on the native kernel.
     pub weights_not_packable: u32,
     /// Device memory held by all forms of these weights, in bytes.
     pub device_bytes: u64,
