@@ -176,17 +176,21 @@ void copy_rows(const Linear &w, QuantizedMatrix &out, int32_t row0) {
     std::memcpy(out.zeros.data() + row0 * groups, w.zeros, n * groups * sizeof(uint16_t));
 }
 
-// An empty (zero-filled) QuantizedMatrix shaped like w but with n rows, reading its input in w's K order.
-QuantizedMatrix zero_matrix(const Linear &w, int32_t n) {
+// An empty (zero-filled) QuantizedMatrix shaped like w but with n rows and K = k >= w.k (a per-row weight stays one
+// group spanning k), reading its input in w's K order, extended with the identity on the new inputs.
+QuantizedMatrix zero_matrix(const Linear &w, int32_t n, int32_t k) {
     QuantizedMatrix m;
-    m.k = w.k;
+    m.k = k;
     m.n = n;
-    m.group_size = w.group_size;
+    m.group_size = w.group_size == w.k ? k : w.group_size;
     m.bits = w.bits;
-    m.codes.assign(static_cast<size_t>(n) * (w.k / 2), 0);
-    m.scales.assign(static_cast<size_t>(n) * w.n_groups(), 0);
+    m.codes.assign(static_cast<size_t>(n) * (k / 2), 0);
+    m.scales.assign(static_cast<size_t>(n) * (k / m.group_size), 0);
     m.zeros.assign(m.scales.size(), 0);
-    if (w.k_perm != nullptr) m.k_perm.assign(w.k_perm, w.k_perm + w.k);
+    if (w.k_perm != nullptr) {
+        m.k_perm.assign(w.k_perm, w.k_perm + w.k);
+        for (int32_t i = w.k; i < k; ++i) m.k_perm.push_back(i);
+    }
     return m;
 }
 
@@ -199,7 +203,7 @@ Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name) {
         fail(TL_ERR_INVALID_ARGUMENT, "concat_linear_rows: '" + a.name + "' and '" + b.name +
                                           "' differ in K, group size or K order");
     }
-    QuantizedMatrix m = zero_matrix(a, a.n + b.n);
+    QuantizedMatrix m = zero_matrix(a, a.n + b.n, a.k);
     copy_rows(a, m, 0);
     copy_rows(b, m, a.n);
     return make_quantized_linear(std::move(name), std::move(m));
@@ -208,7 +212,7 @@ Linear concat_linear_rows(const Linear &a, const Linear &b, std::string name) {
 Linear pad_linear_rows(const Linear &w, int32_t multiple) {
     require_complete_int4(w, "pad_linear_rows");
     if (multiple < 1) fail(TL_ERR_INVALID_ARGUMENT, "pad_linear_rows: multiple must be >= 1");
-    QuantizedMatrix m = zero_matrix(w, (w.n + multiple - 1) / multiple * multiple);
+    QuantizedMatrix m = zero_matrix(w, (w.n + multiple - 1) / multiple * multiple, w.k);
     copy_rows(w, m, 0);
     return make_quantized_linear(w.name, std::move(m));
 }
@@ -223,24 +227,13 @@ Linear pad_linear_cols(const Linear &w, int32_t multiple) {
                                           std::to_string(w.group_size) + " does not divide the padded K = " +
                                           std::to_string(k));
     }
-    QuantizedMatrix m;
-    m.k = k;
-    m.n = w.n;
-    m.group_size = per_row ? k : w.group_size;
-    m.bits = w.bits;
+    QuantizedMatrix m = zero_matrix(w, w.n, k);
     const size_t groups = static_cast<size_t>(w.n_groups()), padded_groups = static_cast<size_t>(k / m.group_size);
     const size_t row_bytes = static_cast<size_t>(w.k) / 2, padded_row_bytes = static_cast<size_t>(k) / 2;
-    m.codes.assign(static_cast<size_t>(w.n) * padded_row_bytes, 0);
-    m.scales.assign(static_cast<size_t>(w.n) * padded_groups, 0);
-    m.zeros.assign(m.scales.size(), 0);
     for (size_t nn = 0; nn < static_cast<size_t>(w.n); ++nn) {
         std::memcpy(m.codes.data() + nn * padded_row_bytes, w.codes + nn * row_bytes, row_bytes);
         std::memcpy(m.scales.data() + nn * padded_groups, w.scales + nn * groups, groups * sizeof(uint16_t));
         std::memcpy(m.zeros.data() + nn * padded_groups, w.zeros + nn * groups, groups * sizeof(uint16_t));
-    }
-    if (w.k_perm != nullptr) {
-        m.k_perm.assign(w.k_perm, w.k_perm + w.k);
-        for (int32_t i = w.k; i < k; ++i) m.k_perm.push_back(i);
     }
     return make_quantized_linear(w.name, std::move(m));
 }
