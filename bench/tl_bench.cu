@@ -286,8 +286,9 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
 }
 
 // marlin_fused_classic: the classic kernel forced where the policy runs another (16 < M <= 256, group 128).
-const char *kKernels[] = {"marlin_fused", "marlin_corr", "native", "deq_cublas", "cublas_fp16", "marlin_fused_classic"};
-constexpr int kNumKernels = 6;
+const char *kKernels[] = {"marlin_fused", "marlin_corr",          "native",           "deq_cublas",
+                          "cublas_fp16",  "marlin_fused_classic", "marlin_fused_bf16", "cublas_bf16"};
+constexpr int kNumKernels = 8;
 constexpr int kClassicMaxM = 256;
 
 // The Marlin-class plan as a CSV cell: kernel/rows, plus "x1" (one warpgroup) or "+copier" for the wgmma forms.
@@ -497,7 +498,8 @@ int main(int argc, char **argv) {
                 auto fused = [&](int i) {
                     const int c = i % d.copies;
                     return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
-                                                d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream);
+                                                d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace, ws_bytes,
+                                                stream);
                 };
                 if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
                 r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs));
@@ -506,8 +508,8 @@ int main(int argc, char **argv) {
                     r.t[5] = time_calls(stream, rot, [&](int i) {
                         const int c = i % d.copies;
                         return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
-                                                    d.zeros[c], y, m, n, k, gs, true, workspace, ws_bytes, stream,
-                                                    &classic);
+                                                    d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
+                                                    ws_bytes, stream, &classic);
                     });
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
@@ -521,18 +523,31 @@ int main(int argc, char **argv) {
                         r.t[2] = time_calls(stream, rot, [&](int i) {
                             const int c = i % d.copies;
                             return tl::gpu::native_int4_gemm(x, d.codes[c], d.scales[c], d.zeros[c], y, m, n, k, group,
-                                                             stream);
+                                                             tl::Dtype::F16, stream);
                         });
                     }
                     if (wanted(3)) r.t[3] = time_calls(stream, rot, [&](int i) {
                         const int c = i % d.copies;
                         return tl::gpu::dequant_cublas_gemm(handle, x, d.codes[c], d.scales[c], d.zeros[c], y, m, n,
-                                                            k, group, w_scratch, static_cast<size_t>(k) * n * 2,
-                                                            stream);
+                                                            k, group, tl::Dtype::F16, w_scratch,
+                                                            static_cast<size_t>(k) * n * 2, stream);
                     });
                     const int dense_rot = static_cast<int>(d.dense.size());
                     if (wanted(4)) r.t[4] = time_calls(stream, dense_rot, [&](int i) {
-                        return tl::gpu::cublas_gemm_fp16(handle, x, d.dense[i % dense_rot], y, m, n, k, stream);
+                        return tl::gpu::cublas_gemm(handle, x, d.dense[i % dense_rot], y, m, n, k, tl::Dtype::F16,
+                                                    stream);
+                    });
+                    // BF16 x and y. The FP16 buffers are reused: their bits read as BF16 are finite values, and the
+                    // kernels' time does not depend on them.
+                    if (wanted(6)) r.t[6] = time_calls(stream, rot, [&](int i) {
+                        const int c = i % d.copies;
+                        return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
+                                                    d.zeros[c], y, m, n, k, gs, true, tl::Dtype::BF16, workspace,
+                                                    ws_bytes, stream);
+                    });
+                    if (wanted(7)) r.t[7] = time_calls(stream, dense_rot, [&](int i) {
+                        return tl::gpu::cublas_gemm(handle, x, d.dense[i % dense_rot], y, m, n, k, tl::Dtype::BF16,
+                                                    stream);
                     });
                 }
                 std::printf("%-18s K=%5d N=%5d M=%4d %-5s SOL %8.1f us |", layer.name, k, n, m,
@@ -591,8 +606,9 @@ int main(int argc, char **argv) {
                                                                     ? "Group size 64"
                                                                     : "Per-row scales (gs = -1)");
         std::fprintf(md, g128 ? "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction | "
-                                "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, classic kernel |\n"
-                                "|---|---|---|---|---|---|---|---|---|---|\n"
+                                "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, classic kernel | "
+                                "fused, BF16 | cuBLAS BF16 (dense) |\n"
+                                "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
                               : "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction |\n"
                                 "|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
@@ -600,8 +616,8 @@ int main(int argc, char **argv) {
             std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
                          cell(r, 0).c_str(), r.plan.c_str(), cell(r, 1).c_str());
             if (g128) {
-                std::fprintf(md, " %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(), cell(r, 4).c_str(),
-                             cell(r, 5).c_str());
+                std::fprintf(md, " %s | %s | %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(),
+                             cell(r, 4).c_str(), cell(r, 5).c_str(), cell(r, 6).c_str(), cell(r, 7).c_str());
             }
             std::fprintf(md, "\n");
         }

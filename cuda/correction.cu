@@ -78,8 +78,8 @@ int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16
     if (group_size < 1 || k % group_size != 0) return kRcUnsupported;
     if (a_sum == nullptr || a_sum_bytes < correction_scratch_bytes(m, k, gs)) return kRcWorkspace;
     TL_GPU_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(m) * n * sizeof(uint16_t), stream));
-    if (const int rc = marlin_gemm(x, words, scales, nullptr, y, m, n, k, gs, false, workspace, workspace_bytes,
-                                   stream, forced)) {
+    if (const int rc = marlin_gemm(x, words, scales, nullptr, y, m, n, k, gs, false, Dtype::F16, workspace,
+                                   workspace_bytes, stream, forced)) {
         return rc;
     }
     const int groups = k / group_size;

@@ -1,6 +1,8 @@
 // Helpers shared by the launchers in cuda/: device facts (cached per device) and the launch-check macro.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -62,5 +64,21 @@ inline int current_device_info(DeviceInfo &info) {
 }
 
 inline bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The device type of a Dtype's elements, with its conversions from and to FP32 (round to nearest even).
+template <Dtype D>
+struct Element;
+template <>
+struct Element<Dtype::F16> {
+    using T = __half;
+    static __device__ __forceinline__ float to_float(T v) { return __half2float(v); }
+    static __device__ __forceinline__ T from_float(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Element<Dtype::BF16> {
+    using T = __nv_bfloat16;
+    static __device__ __forceinline__ float to_float(T v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ T from_float(float v) { return __float2bfloat16_rn(v); }
+};
 
 }  // namespace tl::gpu

@@ -1,14 +1,15 @@
-// Host launchers of the library's INT4 x FP16 GEMM kernels (internal; the dispatcher and the C API call these).
+// Host launchers of the library's INT4 x FP16/BF16 GEMM kernels (internal; the dispatcher and the C API call these).
 //
 // Conventions for every launcher below:
-//  - All array arguments are DEVICE pointers. FP16 data are passed as uint16_t bits (the library's host type for
-//    FP16), so this header needs no CUDA headers beyond the runtime's stream type.
+//  - All array arguments are DEVICE pointers. FP16 and BF16 data are passed as uint16_t bits (the library's host
+//    type for both), so this header needs no CUDA headers beyond the runtime's stream type. `dtype` (gemm_policy.hpp)
+//    is the type of x and y; scales and zeros are FP16 whatever it is.
 //  - Work is enqueued on `stream`; nothing synchronizes. A launcher never throws, aborts or prints.
 //  - The return value is an rc: 0 = enqueued; a negative kRc* value = refused before launching (bad argument or
 //    unsupported shape: the caller should fall back); a positive value = the cudaError_t of a failed CUDA call.
 //    cudaGetLastError() is checked after every launch.
-//  - Math: Y[m, n] = sum_k X[m, k] * W[k, n]; X row-major [M, K], Y row-major [M, N], FP16 in and out, FP32
-//    accumulation; W[k, n] = q[n, k] * s[n, g] + z[n, g], g = k / group_size.
+//  - Math: Y[m, n] = sum_k X[m, k] * W[k, n]; X row-major [M, K], Y row-major [M, N], FP32 accumulation;
+//    W[k, n] = q[n, k] * s[n, g] + z[n, g], g = k / group_size.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,7 +32,7 @@ constexpr int kRcCublas = -4;        // a cuBLAS call failed
 // File layout: codes [N][ceil(K/2)] (low nibble = even k), scales/zeros [N][G] FP16, G = ceil(K / group_size).
 // Any M, N, K >= 1 and group_size >= 1 (pass K for per-row quantization).
 int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros,
-                     uint16_t *y, int m, int n, int k, int group_size, cudaStream_t stream);
+                     uint16_t *y, int m, int n, int k, int group_size, Dtype dtype, cudaStream_t stream);
 
 // ---- Marlin-class tensor-core GEMM (cuda/marlin/) -------------------------------------------------------------------
 // Weights packed by tl::marlin_pack (cpp/gpu/marlin_pack.hpp): words [N/64][K/16][32][4], scales (and zeros for the
@@ -39,7 +40,8 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 // scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
 // x, y, words, scales, zeros must be 16-byte aligned.
 //   fused = true:  W = q*s + z  (zeros required)
-//   fused = false: W = (q - 8)*s (zeros ignored; add the correction, see marlin_gemm_corrected)
+//   fused = false: W = (q - 8)*s (zeros ignored; add the correction, see marlin_gemm_corrected); FP16 alone
+// BF16: the scales and zeros are rounded to BF16 in the kernels, and q*s + z is rounded to BF16 once.
 // The workspace (marlin_workspace_bytes) must be zeroed once (cudaMemsetAsync) before first use; every call leaves
 // it zeroed again. One workspace must not be used by two launches that can run at the same time.
 size_t marlin_workspace_bytes(int sm_count);
@@ -49,14 +51,14 @@ size_t marlin_workspace_bytes(int sm_count);
 // with the fallbacks: a stream or wgmma launch that refuses the call (shape, shared memory, workspace; wgmma where the
 // library was not built for sm_90a or the device is not compute capability 9.0) hands it to the classic kernel.
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
-                int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream,
-                const MarlinPlan *forced = nullptr);
+                int m, int n, int k, int gs, bool fused, Dtype dtype, void *workspace, size_t workspace_bytes,
+                cudaStream_t stream, const MarlinPlan *forced = nullptr);
 // Whether the library holds the wgmma kernel (built for sm_90a); it runs only on compute capability 9.0.
 bool marlin_wgmma_built();
 // Successful marlin_gemm launches per kernel since the process started (tests: which kernel a path reached).
 uint64_t marlin_launch_count(MarlinKernel kernel);
 
-// ---- The seed's asymmetric correction: C += a_sum @ delta ----------------------------------------------------------
+// ---- The seed's asymmetric correction: C += a_sum @ delta (FP16 alone) ------------------------------------------
 // a_sum[m, g] = sum of A[m, k] over k in group g (FP32, accumulated in FP64 so it is the correctly rounded sum).
 // G = K / group_size; group_size must divide K.
 int a_group_sum(const uint16_t *a, float *a_sum, int m, int k, int group_size, cudaStream_t stream);
@@ -79,19 +81,19 @@ int marlin_gemm_corrected(const uint16_t *x, const uint32_t *words, const uint16
 int gather_columns(const uint16_t *x, int k_in, const int32_t *index, uint16_t *out, int k_out, int m,
                    cudaStream_t stream);
 
-// ---- Large-M path: dequantize to FP16, then cuBLAS ---------------------------------------------------------------
-// w_fp16 [N][K] = q*s + z rounded once to FP16; the file layout as in native_int4_gemm (K even).
-int dequant_int4_fp16(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w_fp16, int n,
-                      int k, int group_size, cudaStream_t stream);
-// Y = X @ W with W given as FP16 [N][K] (cublasGemmEx, FP16 in, FP32 compute). Sets the handle's stream and, when
-// `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that moves
+// ---- Large-M path: dequantize to FP16 or BF16, then cuBLAS ------------------------------------------------------
+// w [N][K] = q*s + z rounded once to dtype; the file layout as in native_int4_gemm (K even).
+int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
+                 int group_size, Dtype dtype, cudaStream_t stream);
+// Y = X @ W with W given as [N][K] of dtype, like x and y (cublasGemmEx, FP32 compute). Sets the handle's stream
+// and, when `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that moves
 // between streams while earlier GEMMs still run must be given a workspace that no concurrent call uses).
-int cublas_gemm_fp16(cublasHandle_t handle, const uint16_t *x, const uint16_t *w_fp16, uint16_t *y, int m, int n,
-                     int k, cudaStream_t stream, void *cublas_workspace = nullptr, size_t cublas_workspace_bytes = 0);
-// dequant_int4_fp16 into `scratch` (>= N*K*2 bytes), then cublas_gemm_fp16 with the workspace given.
+int cublas_gemm(cublasHandle_t handle, const uint16_t *x, const uint16_t *w, uint16_t *y, int m, int n, int k,
+                Dtype dtype, cudaStream_t stream, void *cublas_workspace = nullptr, size_t cublas_workspace_bytes = 0);
+// dequant_int4 into `scratch` (>= N*K*2 bytes), then cublas_gemm with the workspace given.
 int dequant_cublas_gemm(cublasHandle_t handle, const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
-                        const uint16_t *zeros, uint16_t *y, int m, int n, int k, int group_size, void *scratch,
-                        size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace = nullptr,
+                        const uint16_t *zeros, uint16_t *y, int m, int n, int k, int group_size, Dtype dtype,
+                        void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace = nullptr,
                         size_t cublas_workspace_bytes = 0);
 
 }  // namespace tl::gpu

@@ -1,8 +1,6 @@
-// Native INT4 x FP16 GEMM: one thread per output element (the seed's design). No tensor cores and no weight
+// Native INT4 x FP16/BF16 GEMM: one thread per output element (the seed's design). No tensor cores and no weight
 // reuse across rows, so it is slow at large M, but it takes any M, N, K and group size: it is the fallback that
 // always works and a second GPU reference for the fast kernels.
-#include <cuda_fp16.h>
-
 #include "gpu_common.cuh"
 
 namespace tl::gpu {
@@ -12,13 +10,15 @@ namespace {
 constexpr int kNativeThreads = 128;  // outputs (columns) per block
 constexpr int kNativeChunk = 1024;   // k values of the X row staged in shared memory at a time
 
-// Y[m, n] for m = blockIdx.x, n = blockIdx.y * 128 + threadIdx.x. The block stages X[m, k0:k0+1024] in shared
-// memory as FP32; each thread walks its own weight row. `vector_path` (K and the group size multiples of 32, rows
+// Y[m, n] for m = blockIdx.x, n = blockIdx.y * 128 + threadIdx.x; x and y of type D. The block stages
+// X[m, k0:k0+1024] in shared memory as FP32; each thread walks its own weight row. `vector_path` (K and the group size multiples of 32, rows
 // 16-byte aligned): 16-byte code loads and one group lookup per 32 codes; otherwise one code at a time.
-__global__ void __launch_bounds__(kNativeThreads) native_int4_kernel(const __half *x, const uint8_t *codes,
-                                                                     const __half *scales, const __half *zeros,
-                                                                     __half *y, int m, int n, int k, int gs,
-                                                                     int groups, int row_bytes, bool vector_path) {
+template <Dtype D>
+__global__ void __launch_bounds__(kNativeThreads) native_int4_kernel(const typename Element<D>::T *x,
+                                                                     const uint8_t *codes, const __half *scales,
+                                                                     const __half *zeros, typename Element<D>::T *y,
+                                                                     int m, int n, int k, int gs, int groups,
+                                                                     int row_bytes, bool vector_path) {
     __shared__ float xs[kNativeChunk];
     const int row = blockIdx.x;
     const int col = blockIdx.y * kNativeThreads + threadIdx.x;
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kNativeThreads) native_int4_kernel(const __hal
         const int len = min(kNativeChunk, k - k0);
         __syncthreads();  // the previous chunk is consumed
         for (int i = threadIdx.x; i < len; i += kNativeThreads) {
-            xs[i] = __half2float(x[static_cast<size_t>(row) * k + k0 + i]);
+            xs[i] = Element<D>::to_float(x[static_cast<size_t>(row) * k + k0 + i]);
         }
         __syncthreads();
         if (!active) continue;
@@ -58,13 +58,13 @@ __global__ void __launch_bounds__(kNativeThreads) native_int4_kernel(const __hal
             }
         }
     }
-    if (active) y[static_cast<size_t>(row) * n + col] = __float2half_rn(acc);
+    if (active) y[static_cast<size_t>(row) * n + col] = Element<D>::from_float(acc);
 }
 
 }  // namespace
 
 int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros,
-                     uint16_t *y, int m, int n, int k, int group_size, cudaStream_t stream) {
+                     uint16_t *y, int m, int n, int k, int group_size, Dtype dtype, cudaStream_t stream) {
     if (x == nullptr || codes == nullptr || scales == nullptr || zeros == nullptr || y == nullptr) {
         return kRcBadArgument;
     }
@@ -74,10 +74,18 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
     const int row_bytes = (k + 1) / 2;
     const bool vector_path = k % 32 == 0 && group_size % 32 == 0 && aligned16(codes);
     const dim3 grid(m, (n + kNativeThreads - 1) / kNativeThreads);
-    native_int4_kernel<<<grid, kNativeThreads, 0, stream>>>(
-        reinterpret_cast<const __half *>(x), codes, reinterpret_cast<const __half *>(scales),
-        reinterpret_cast<const __half *>(zeros), reinterpret_cast<__half *>(y), m, n, k, group_size, groups,
-        row_bytes, vector_path);
+    auto launch = [&](auto kernel, auto element) {
+        using T = typename decltype(element)::T;
+        kernel<<<grid, kNativeThreads, 0, stream>>>(reinterpret_cast<const T *>(x), codes,
+                                                    reinterpret_cast<const __half *>(scales),
+                                                    reinterpret_cast<const __half *>(zeros), reinterpret_cast<T *>(y),
+                                                    m, n, k, group_size, groups, row_bytes, vector_path);
+    };
+    if (dtype == Dtype::BF16) {
+        launch(native_int4_kernel<Dtype::BF16>, Element<Dtype::BF16>{});
+    } else {
+        launch(native_int4_kernel<Dtype::F16>, Element<Dtype::F16>{});
+    }
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }

@@ -529,6 +529,21 @@ TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m
 TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, int64_t m, void *stream,
                                void *workspace, size_t workspace_bytes);
 
+/** Element types of x and y for tl_quant_gemm_dtype. */
+static const int32_t TL_DTYPE_FP16 = 0; /* IEEE binary16 */
+static const int32_t TL_DTYPE_BF16 = 1; /* bfloat16: FP32's exponent range, 8 significant bits */
+
+/** tl_quant_gemm with x and y of type `dtype` (TL_DTYPE_*; tl_quant_gemm is this with TL_DTYPE_FP16), with the same
+ *  workspace (tl_quant_gemm_workspace_size holds for both types) and rules. For TL_DTYPE_BF16 the dispatcher skips
+ *  the paths that hold FP16 weights (the FP16 body and the correction form) and tries the fused Marlin-class form
+ *  (or dequantize + cuBLAS), then the native kernel. The weight W = q*s + z enters the products in FP32 (the native
+ *  kernel, and the Marlin-class kernel for up to 16 rows, which applies s and z to FP32 sums), rounded once to BF16
+ *  (dequantize + cuBLAS), or computed in BF16 from s and z rounded to BF16 (the Marlin-class kernels above 16 rows,
+ *  as Marlin-class BF16 kernels do). Accumulation is FP32 on every path; y is rounded once to BF16. Another `dtype`
+ *  is TL_ERR_INVALID_ARGUMENT. */
+TL_API tl_status tl_quant_gemm_dtype(const tl_weight *weight, int32_t dtype, const void *x, void *y, int64_t m,
+                                     void *stream, void *workspace, size_t workspace_bytes);
+
 typedef struct tl_dispatch_counts {
     uint32_t struct_size;
     uint64_t fp16_body;

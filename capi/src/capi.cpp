@@ -754,7 +754,20 @@ TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m
 
 TL_API tl_status tl_quant_gemm(const tl_weight *weight, const void *x, void *y, int64_t m, void *stream,
                                void *workspace, size_t workspace_bytes) {
-    return guarded([&] { tl::quant_gemm(packed_weight(weight), x, y, m, stream, workspace, workspace_bytes); });
+    return tl_quant_gemm_dtype(weight, TL_DTYPE_FP16, x, y, m, stream, workspace, workspace_bytes);
+}
+
+TL_API tl_status tl_quant_gemm_dtype(const tl_weight *weight, int32_t dtype, const void *x, void *y, int64_t m,
+                                     void *stream, void *workspace, size_t workspace_bytes) {
+    return guarded([&] {
+        // Checked here, not cast blindly: an out-of-range value must not become an enum value the backend assumes.
+        if (dtype != TL_DTYPE_FP16 && dtype != TL_DTYPE_BF16) {
+            tl::fail(TL_ERR_INVALID_ARGUMENT,
+                     "dtype must be TL_DTYPE_FP16 (0) or TL_DTYPE_BF16 (1), got " + std::to_string(dtype));
+        }
+        tl::quant_gemm(packed_weight(weight), x, y, m, dtype == TL_DTYPE_BF16 ? tl::Dtype::BF16 : tl::Dtype::F16,
+                       stream, workspace, workspace_bytes);
+    });
 }
 
 TL_API tl_status tl_weight_dispatch_counts(const tl_weight *weight, tl_dispatch_counts *out) {

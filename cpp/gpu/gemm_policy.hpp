@@ -12,6 +12,11 @@
 
 namespace tl {
 
+// The element type of a call's activations and output (x and y), and so of the tensor cores' operands: TL_DTYPE_FP16
+// or TL_DTYPE_BF16 of the C API. The paths that hold FP16 weights (the FP16 body, the seed's correction form) take
+// FP16 alone; the others take both, with the same policy.
+enum class Dtype : int { F16 = 0, BF16 = 1 };
+
 // ---- Paths: tl_quant_gemm tries the FP16 body (when enabled and packed), then dequantize + cuBLAS (from the row
 // count below), then the Marlin-class kernel, then the native kernel, which takes every call. ----
 

@@ -96,7 +96,8 @@ int32_t device_count() noexcept { return 0; }
 DeviceProperties device_info(int32_t) { no_cuda(); }
 std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint32_t, PackOutcome *) { no_cuda(); }
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
-void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, void *, void *, size_t, void *, const uint16_t *) {
+void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, Dtype, void *, void *, size_t, void *,
+                const uint16_t *) {
     no_cuda();
 }
 bool dequant_cublas_wanted(const DeviceWeight &, int64_t) { no_cuda(); }
@@ -396,9 +397,9 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     dw->cublas_workspace = static_cast<size_t>(props.sm_major >= 9 ? 32 : 4) << 20;
     if (forms & TL_FORM_FP16_BODY) {
         dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(src.n) * src.k * sizeof(uint16_t));
-        const int rc = gpu::dequant_int4_fp16(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
-                                              dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), src.n, src.k,
-                                              src.group_size, stream);
+        const int rc = gpu::dequant_int4(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
+                                         dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), src.n, src.k,
+                                         src.group_size, Dtype::F16, stream);
         if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + w.name + "' to FP16");
         if (rc < 0) {
             // A shape the dequantizer does not take (K % 8 != 0): the weight simply goes without a body.
@@ -475,14 +476,20 @@ size_t dequantized_bytes(const DeviceWeight &dw) { return dequant_scratch_bytes(
 
 void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream) {
     DeviceScope scope(dw.device);
-    const int rc = gpu::dequant_int4_fp16(dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(),
-                                          dst, dw.n_padded, dw.k_padded, dw.group_size, static_cast<cudaStream_t>(stream));
+    const int rc = gpu::dequant_int4(dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(), dw.zeros.get<uint16_t>(), dst,
+                                     dw.n_padded, dw.k_padded, dw.group_size, Dtype::F16,
+                                     static_cast<cudaStream_t>(stream));
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + dw.name + "' to FP16");
     if (rc < 0) fail(TL_ERR_INTERNAL, "the dequantizer refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
 }
 
-void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream_ptr, void *workspace,
-                size_t workspace_bytes, void *cublas_handle, const uint16_t *dequantized) {
+void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, void *stream_ptr,
+                void *workspace, size_t workspace_bytes, void *cublas_handle, const uint16_t *dequantized) {
+    if (dtype != Dtype::F16 && dtype != Dtype::BF16) {
+        fail(TL_ERR_INVALID_ARGUMENT, "dtype must be TL_DTYPE_FP16 or TL_DTYPE_BF16, got " +
+                                          std::to_string(static_cast<int>(dtype)));
+    }
+    const bool f16 = dtype == Dtype::F16;
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
     if (y == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "y is NULL");
@@ -570,15 +577,15 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     auto fp16_gemm = [&](const uint16_t *w) {
         if (yp == nullptr || scratch_bytes < dw.cublas_workspace) return gpu::kRcWorkspace;
         return with_cublas([&](cublasHandle_t h) {
-            return gpu::cublas_gemm_fp16(h, xh, w, yp, mi, np, kp, stream, scratch, dw.cublas_workspace);
+            return gpu::cublas_gemm(h, xh, w, yp, mi, np, kp, Dtype::F16, stream, scratch, dw.cublas_workspace);
         });
     };
-    if (dequantized != nullptr) {
+    if (dequantized != nullptr && f16) {
         const int rc = fp16_gemm(dequantized);
         if (rc == 0) return done_padded(dw.n_cublas);
         refused(rc, "cuBLAS on the caller's dequantized weight");
     }
-    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) {
+    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body && f16) {
         const int rc = fp16_gemm(dw.fp16_body.get<uint16_t>());
         if (rc == 0) return done_padded(dw.n_fp16);
         refused(rc, "FP16 body");
@@ -590,8 +597,9 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         if (cublas_path_wanted(dw, m) && yp != nullptr && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
             const int rc = with_cublas([&](cublasHandle_t h) {
                 return gpu::dequant_cublas_gemm(h, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
-                                                dw.zeros.get<uint16_t>(), yp, mi, np, kp, dw.group_size, scratch,
-                                                dequant_bytes, stream, scratch + dequant_bytes, dw.cublas_workspace);
+                                                dw.zeros.get<uint16_t>(), yp, mi, np, kp, dw.group_size, dtype,
+                                                scratch, dequant_bytes, stream, scratch + dequant_bytes,
+                                                dw.cublas_workspace);
             });
             if (rc == 0) return done_padded(dw.n_cublas);
             refused(rc, "dequantize + cuBLAS");
@@ -601,12 +609,12 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
         std::atomic<uint64_t> *counter = nullptr;
         if (!workspace_ok) {
             refused(gpu::kRcWorkspace, "Marlin-class kernel (workspace too small)");
-        } else if (dw.has_fused && mode != 2) {
+        } else if (dw.has_fused && (mode != 2 || !f16)) {
             rc = gpu::marlin_gemm(xh, dw.words.get<uint32_t>(), dw.fused_scales.get<uint16_t>(),
-                                  dw.fused_zeros.get<uint16_t>(), yp, mi, np, kp, dw.kernel_group_size, true,
+                                  dw.fused_zeros.get<uint16_t>(), yp, mi, np, kp, dw.kernel_group_size, true, dtype,
                                   workspace, dw.marlin_workspace, stream);
             counter = &dw.n_fused;
-        } else if (dw.has_correction && mode != 1) {
+        } else if (dw.has_correction && mode != 1 && f16) {
             rc = gpu::marlin_gemm_corrected(xh, dw.correction_words(), dw.correction_scales(), dw.delta.get<float>(),
                                             yp, mi, np, kp, dw.kernel_group_size, workspace, dw.marlin_workspace,
                                             reinterpret_cast<float *>(scratch), scratch_bytes, stream);
@@ -625,7 +633,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void 
     }
 
     const int rc = gpu::native_int4_gemm(xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
-                                         dw.zeros.get<uint16_t>(), yh, mi, dw.n, kp, dw.group_size, stream);
+                                         dw.zeros.get<uint16_t>(), yh, mi, dw.n, kp, dw.group_size, dtype, stream);
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), ("native INT4 GEMM of '" + dw.name + "'").c_str());
     if (rc < 0) fail(TL_ERR_INTERNAL, "the native INT4 GEMM refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
     done(dw.n_native);

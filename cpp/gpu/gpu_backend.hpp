@@ -9,6 +9,7 @@
 #include <string>
 
 #include "format/model.hpp"
+#include "gpu/gemm_policy.hpp"
 #include "util/error.hpp"
 
 namespace tl {
@@ -46,9 +47,10 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
 // for one borrowed from the library's pool for this call. Callers that capture CUDA graphs pass their own: a
 // captured cuBLAS GEMM keeps using its handle's workspace at every replay, so that handle must not serve anyone
 // else concurrently.
+// dtype: the type of x and y. The FP16 body and the correction form take FP16 alone; a BF16 call skips them.
 // dequantized: dw's FP16 form [N][K] (dequantize_weight) that the caller keeps for several calls, or nullptr; with it
-// the call runs cuBLAS on it instead of any other path (falling through to them only if cuBLAS refuses).
-void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, void *stream, void *workspace,
+// an FP16 call runs cuBLAS on it instead of any other path (falling through to them only if cuBLAS refuses).
+void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, void *stream, void *workspace,
                 size_t workspace_bytes, void *cublas_handle = nullptr, const uint16_t *dequantized = nullptr);
 // Whether quant_gemm, for m rows under the current settings, would dequantize dw to FP16 and call cuBLAS: then a
 // caller running dw many times at that M can dequantize it once (dequantize_weight) and pass the result.

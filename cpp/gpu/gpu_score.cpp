@@ -426,10 +426,11 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
           const uint16_t *dequantized = nullptr) {
     if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
-        quant_gemm(*w.quant, x, y, m, stream, s.workspace.as(), s.workspace.bytes(), s.cublas, dequantized);
+        quant_gemm(*w.quant, x, y, m, Dtype::F16, stream, s.workspace.as(), s.workspace.bytes(), s.cublas,
+                   dequantized);
         return;
     }
-    check_rc(gpu::cublas_gemm_fp16(s.cublas, x, w.dense_values, y, m, w.n, w.k, stream),
+    check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
              "FP16 GEMM (cuBLAS) of '" + w.name + "'");
     ++s.dense_calls;
 }

@@ -60,15 +60,16 @@ struct LaunchEnv {
 };
 
 // The classic kernel: MB = 16-row blocks per tile (2: 32 rows, 4: 64); FUSED: q*s + z vs (q - 8)*s; GPT: groups per
-// 64-deep k slice (1, or 2 for group size 32). Returns an rc as in gpu_kernels.hpp.
-template <int MB, bool FUSED, int GPT>
+// 64-deep k slice (1, or 2 for group size 32); D: the type of x and y (every kernel: BF16 with FUSED alone). Returns
+// an rc as in gpu_kernels.hpp.
+template <int MB, bool FUSED, int GPT, Dtype D>
 int launch(Params p, const LaunchEnv &env);
 // M <= 16 without block barriers (marlin_stream.cuh): NB = 8-row activation tiles (1: M <= 8, 2: M <= 16); FUSED as
 // above; GPS = groups per 128-deep stage (1: group size a
 // multiple of 128 or per column, 2: 64, 4: 32). Requires K % 128 == 0 and M <= NB * 8, else kRcUnsupported;
 // kRcWorkspace if the per-strip partial sums (N / 64 x NB x 512 floats) do not fit. Two launches: the main kernel and
 // the fix-up of the strips cut between warps (a programmatic dependent launch on compute capability 9.0).
-template <int NB, bool FUSED, int GPS>
+template <int NB, bool FUSED, int GPS, Dtype D>
 int launch_stream(Params p, const LaunchEnv &env);
 
 // M > 16 on compute capability 9.0 (marlin_wgmma.cu, built for sm_90a): wgmma with the weights dequantized in
@@ -76,6 +77,6 @@ int launch_stream(Params p, const LaunchEnv &env);
 // pipeline depth is a compile-time constant). The tile form is the plan's (rows, wgmma_warpgroups,
 // wgmma_warp_specialized). kRcUnsupported where the library was built without sm_90a, the device is not 9.0, or the
 // plan names a form the kernel does not have.
-int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt);
+int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt, Dtype dtype);
 
 }  // namespace tl::gpu::marlin

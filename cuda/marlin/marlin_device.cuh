@@ -2,6 +2,7 @@
 // marlin_kernel.cuh, the classic kernel) and their common host launch routine.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -95,12 +96,33 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
+// mma.sync m16n8k16, FP32 accumulation, on FP16 or BF16 operands. FIRST: a zero accumulator input.
+#define TL_MMA_16816(TYPE, C_IN)                                                                                  \
+    "mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, " C_IN \
+    ";\n"
+template <Dtype D, bool FIRST = false>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (FIRST) {
+        if constexpr (D == Dtype::F16) {
+            asm(TL_MMA_16816("f16", "{%10, %10, %10, %10}")
+                : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+        } else {
+            asm(TL_MMA_16816("bf16", "{%10, %10, %10, %10}")
+                : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+        }
+    } else if constexpr (D == Dtype::F16) {
+        asm(TL_MMA_16816("f16", "{%0, %1, %2, %3}")
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm(TL_MMA_16816("bf16", "{%0, %1, %2, %3}")
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 }
+#undef TL_MMA_16816
 
 // (a & b) | c in one instruction.
 __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
@@ -120,44 +142,112 @@ __device__ __forceinline__ uint32_t as_u32(half2 h) {
     return u;
 }
 
+__device__ __forceinline__ __nv_bfloat162 as_bf2(uint32_t u) {
+    __nv_bfloat162 h;
+    memcpy(&h, &u, sizeof h);
+    return h;
+}
+__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 h) {
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
 // One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1);
-// read as the wgmma kernel does, b[0..3] is the A fragment {a0, a1, a2, a3} of the word's 16 x 16 tile.
-// (q & 0x000F000F) | 0x6400 6400 is the FP16 pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q,
-// undone by an FMA with 1/16 and -64, all exact. FUSED: w = q*s + z in one HFMA2 (one FP16 rounding of the exact
-// weight); symmetric: (q - 8)*s.
-template <bool FUSED>
+// read as the wgmma kernel does, b[0..3] is the A fragment {a0, a1, a2, a3} of the word's 16 x 16 tile. Nibbles 0 and
+// 4 go to b[0], 1 and 5 to b[1], 2 and 6 to b[2], 3 and 7 to b[3]. s0, z0 / s1, z1: the (s, s) and (z, z) pairs of
+// b[0], b[2] / b[1], b[3] as load_group8 gives them. FUSED: w = q*s + z in one FMA (FP16: one rounding of the exact
+// weight); symmetric: (q - 8)*s. BF16, FUSED: w = (q - 8)*s + c with c = z + 8s (see load_group8).
+// FP16: (q & 0x000F000F) | 0x6400 6400 is the pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q, undone
+// by an FMA with 1/16 and -64, all exact.
+// BF16 (7 mantissa bits: a nibble fits below 128.0's exponent only in bits 0-3): each nibble pair is shifted down
+// first, (q >> 4i & 0x000F000F) | 0x4300 4300 = (128 + q_i, 128 + q_i+4), minus 128 (or 136) exact.
+template <bool FUSED, Dtype D>
 __device__ __forceinline__ void dequant_word(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, uint32_t z1,
                                              uint32_t (&b)[4]) {
-    constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
-    const half2 lo_bias = as_h2(FUSED ? 0x64006400u : 0x64086408u);  // 1024 or 1032
-    const half2 inv16 = as_h2(0x2C002C00u);                          // 1/16
-    const half2 hi_bias = as_h2(FUSED ? 0xD400D400u : 0xD480D480u);  // -64 or -72
-    const uint32_t lo0 = and_or(q, kLo, kMagic), hi0 = and_or(q, kHi, kMagic);
-    q >>= 8;
-    const uint32_t lo1 = and_or(q, kLo, kMagic), hi1 = and_or(q, kHi, kMagic);
-    const half2 v0 = __hsub2(as_h2(lo0), lo_bias), v2 = __hsub2(as_h2(lo1), lo_bias);
-    const half2 v1 = __hfma2(as_h2(hi0), inv16, hi_bias), v3 = __hfma2(as_h2(hi1), inv16, hi_bias);
-    if constexpr (FUSED) {
-        b[0] = as_u32(__hfma2(v0, as_h2(s0), as_h2(z0)));
-        b[2] = as_u32(__hfma2(v2, as_h2(s0), as_h2(z0)));
-        b[1] = as_u32(__hfma2(v1, as_h2(s1), as_h2(z1)));
-        b[3] = as_u32(__hfma2(v3, as_h2(s1), as_h2(z1)));
+    constexpr uint32_t kLo = 0x000F000Fu;
+    if constexpr (D == Dtype::F16) {
+        constexpr uint32_t kHi = 0x00F000F0u, kMagic = 0x64006400u;
+        const half2 lo_bias = as_h2(FUSED ? 0x64006400u : 0x64086408u);  // 1024 or 1032
+        const half2 inv16 = as_h2(0x2C002C00u);                          // 1/16
+        const half2 hi_bias = as_h2(FUSED ? 0xD400D400u : 0xD480D480u);  // -64 or -72
+        const uint32_t lo0 = and_or(q, kLo, kMagic), hi0 = and_or(q, kHi, kMagic);
+        q >>= 8;
+        const uint32_t lo1 = and_or(q, kLo, kMagic), hi1 = and_or(q, kHi, kMagic);
+        const half2 v0 = __hsub2(as_h2(lo0), lo_bias), v2 = __hsub2(as_h2(lo1), lo_bias);
+        const half2 v1 = __hfma2(as_h2(hi0), inv16, hi_bias), v3 = __hfma2(as_h2(hi1), inv16, hi_bias);
+        if constexpr (FUSED) {
+            b[0] = as_u32(__hfma2(v0, as_h2(s0), as_h2(z0)));
+            b[2] = as_u32(__hfma2(v2, as_h2(s0), as_h2(z0)));
+            b[1] = as_u32(__hfma2(v1, as_h2(s1), as_h2(z1)));
+            b[3] = as_u32(__hfma2(v3, as_h2(s1), as_h2(z1)));
+        } else {
+            b[0] = as_u32(__hmul2(v0, as_h2(s0)));
+            b[2] = as_u32(__hmul2(v2, as_h2(s0)));
+            b[1] = as_u32(__hmul2(v1, as_h2(s1)));
+            b[3] = as_u32(__hmul2(v3, as_h2(s1)));
+        }
     } else {
-        b[0] = as_u32(__hmul2(v0, as_h2(s0)));
-        b[2] = as_u32(__hmul2(v2, as_h2(s0)));
-        b[1] = as_u32(__hmul2(v1, as_h2(s1)));
-        b[3] = as_u32(__hmul2(v3, as_h2(s1)));
+        constexpr uint32_t kMagic = 0x43004300u;
+        const __nv_bfloat162 bias = as_bf2(0x43084308u);  // 136: v = q - 8 in both forms
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat162 v = __hsub2(as_bf2(and_or(q >> (4 * i), kLo, kMagic)), bias);
+            const uint32_t s = i % 2 == 0 ? s0 : s1;
+            if constexpr (FUSED) {
+                b[i] = as_u32(__hfma2(v, as_bf2(s), as_bf2(i % 2 == 0 ? z0 : z1)));
+            } else {
+                b[i] = as_u32(__hmul2(v, as_bf2(s)));
+            }
+        }
     }
 }
 
-// The lane's eight scales (columns 8j + lane/4 of its warp's strip, j = 0..7) as FP16 pairs (s, s).
-__device__ __forceinline__ void load_broadcast8(const uint16_t *src, uint32_t (&out)[8]) {
-    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+// The packed FP16 scales (and zeros) of 2 * WORDS columns (WORDS = 4: columns 8j + lane/4 of a warp's strip, j = 0..7;
+// one 16-byte load each, 8 bytes for WORDS = 2) -> the (v, v) pairs in D that dequant_word takes.
+// FP16: (s, s) and (z, z) as packed. BF16: s rounded to BF16, and in place of z the offset c = z + 8s, computed in
+// FP32 and rounded to BF16, for w = (q - 8)*s + c. Why not q*s + z with z rounded: z is about -8s, so its rounding
+// error (|z| 2^-9) would dominate the weight's; c is about s / 2 and |q - 8| <= 8, which keeps the weight's error
+// near that of one BF16 rounding (MarlinPrecision.WithinCublasError measures it against cuBLAS BF16).
+template <int WORDS, bool FUSED, Dtype D>
+__device__ __forceinline__ void load_group(const uint16_t *s_src, const uint16_t *z_src, uint32_t (&s)[2 * WORDS],
+                                           uint32_t (&z)[2 * WORDS]) {
+    uint32_t sw[WORDS], zw[WORDS];  // FP16 pairs
+    if constexpr (WORDS == 4) {
+        const uint4 sv = *reinterpret_cast<const uint4 *>(s_src);
+        sw[0] = sv.x, sw[1] = sv.y, sw[2] = sv.z, sw[3] = sv.w;
+        if constexpr (FUSED) {
+            const uint4 zv = *reinterpret_cast<const uint4 *>(z_src);
+            zw[0] = zv.x, zw[1] = zv.y, zw[2] = zv.z, zw[3] = zv.w;
+        }
+    } else {
+        static_assert(WORDS == 2, "2 or 4 words");
+        const uint2 sv = *reinterpret_cast<const uint2 *>(s_src);
+        sw[0] = sv.x, sw[1] = sv.y;
+        if constexpr (FUSED) {
+            const uint2 zv = *reinterpret_cast<const uint2 *>(z_src);
+            zw[0] = zv.x, zw[1] = zv.y;
+        }
+    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        out[2 * i] = __byte_perm(w[i], 0, 0x1010);
-        out[2 * i + 1] = __byte_perm(w[i], 0, 0x3232);
+    for (int i = 0; i < WORDS; ++i) {
+        if constexpr (D == Dtype::F16) {
+            s[2 * i] = __byte_perm(sw[i], 0, 0x1010);
+            s[2 * i + 1] = __byte_perm(sw[i], 0, 0x3232);
+            z[2 * i] = FUSED ? __byte_perm(zw[i], 0, 0x1010) : 0u;
+            z[2 * i + 1] = FUSED ? __byte_perm(zw[i], 0, 0x3232) : 0u;
+        } else {
+            const float2 sf = __half22float2(as_h2(sw[i]));
+            s[2 * i] = as_u32(__float2bfloat162_rn(sf.x));
+            s[2 * i + 1] = as_u32(__float2bfloat162_rn(sf.y));
+            if constexpr (FUSED) {
+                const float2 zf = __half22float2(as_h2(zw[i]));
+                z[2 * i] = as_u32(__float2bfloat162_rn(fmaf(8.0f, sf.x, zf.x)));
+                z[2 * i + 1] = as_u32(__float2bfloat162_rn(fmaf(8.0f, sf.y, zf.y)));
+            } else {
+                z[2 * i] = z[2 * i + 1] = 0u;
+            }
+        }
     }
 }
 
@@ -173,8 +263,22 @@ __device__ __forceinline__ void add_partial(float *dst, float a, float b) {
 #endif
 }
 
-__device__ __forceinline__ void store_half2(uint16_t *y, float a, float b) {
-    *reinterpret_cast<half2 *>(y) = __floats2half2_rn(a, b);
+// Two adjacent outputs, or one, rounded to D.
+template <Dtype D>
+__device__ __forceinline__ void store_pair(uint16_t *y, float a, float b) {
+    if constexpr (D == Dtype::F16) {
+        *reinterpret_cast<half2 *>(y) = __floats2half2_rn(a, b);
+    } else {
+        *reinterpret_cast<__nv_bfloat162 *>(y) = __floats2bfloat162_rn(a, b);
+    }
+}
+template <Dtype D>
+__device__ __forceinline__ void store_one(uint16_t *y, float v) {
+    if constexpr (D == Dtype::F16) {
+        *reinterpret_cast<__half *>(y) = __float2half_rn(v);
+    } else {
+        *reinterpret_cast<__nv_bfloat16 *>(y) = __float2bfloat16_rn(v);
+    }
 }
 
 __device__ __forceinline__ void add_partial4(float *dst, float a, float b, float c, float d) {
@@ -188,23 +292,20 @@ __device__ __forceinline__ void add_partial4(float *dst, float a, float b, float
 #endif
 }
 
-__device__ __forceinline__ void store_half(uint16_t *y, float v) {
-    *reinterpret_cast<__half *>(y) = __float2half_rn(v);
-}
-
 // The epilogue of every kernel deals in a thread's four outputs of a tile: rows r, r + 1 and columns c, c + 8, in the
 // order (r, c), (r, c + 8), (r + 1, c), (r + 1, c + 8); `rows` of the two are inside M (0, 1 or 2; quad_rows).
 __device__ __forceinline__ int quad_rows(int row, int m) { return row + 1 < m ? 2 : row < m ? 1 : 0; }
 
-// Stores the four outputs as FP16 at out = &Y[r][c] (row stride n).
+// Stores the four outputs in D at out = &Y[r][c] (row stride n).
+template <Dtype D>
 __device__ __forceinline__ void store_quad(uint16_t *out, int n, float rc, float rc8, float r1c, float r1c8, int rows) {
     if (rows >= 1) {
-        store_half(out, rc);
-        store_half(out + 8, rc8);
+        store_one<D>(out, rc);
+        store_one<D>(out + 8, rc8);
     }
     if (rows == 2) {
-        store_half(out + n, r1c);
-        store_half(out + n + 8, r1c8);
+        store_one<D>(out + n, r1c);
+        store_one<D>(out + n + 8, r1c8);
     }
 }
 
@@ -215,21 +316,6 @@ __device__ __forceinline__ void add_partial_quad(float *at, float rc, float rc8,
     } else if (rows == 1) {
         add_partial(at, rc, rc8);
     }
-}
-
-// The last contributor takes the reduced sums back and zeroes them for the next call (rows outside M: 0).
-__device__ __forceinline__ float4 take_partial_quad(float *at, int rows) {
-    if (rows == 2) {
-        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
-        __stcg(reinterpret_cast<float4 *>(at), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-        return v;
-    }
-    if (rows == 1) {
-        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
-        __stcg(reinterpret_cast<float2 *>(at), make_float2(0.0f, 0.0f));
-        return make_float4(v.x, v.y, 0.0f, 0.0f);
-    }
-    return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 template <int R>

@@ -13,24 +13,29 @@ namespace {
 
 std::atomic<uint64_t> g_launches[kMarlinKernels];  // by MarlinKernel
 
-template <int MB, bool FUSED>
+template <int MB, bool FUSED, Dtype D>
 int pick_groups(int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
-    return gpt == 2 ? marlin::launch<MB, FUSED, 2>(p, env) : marlin::launch<MB, FUSED, 1>(p, env);
+    return gpt == 2 ? marlin::launch<MB, FUSED, 2, D>(p, env) : marlin::launch<MB, FUSED, 1, D>(p, env);
+}
+template <int MB>
+int pick_classic(bool fused, Dtype dtype, int gpt, const marlin::Params &p, const marlin::LaunchEnv &env) {
+    if (dtype == Dtype::BF16) return pick_groups<MB, true, Dtype::BF16>(gpt, p, env);  // fused (checked by the caller)
+    return fused ? pick_groups<MB, true, Dtype::F16>(gpt, p, env) : pick_groups<MB, false, Dtype::F16>(gpt, p, env);
 }
 
 // The stream kernel for M <= 16 (NB = 1: M <= 8, 2: M <= 16); GPS from the group size (0: not one it takes).
-template <bool FUSED>
+template <bool FUSED, Dtype D>
 int pick_stream(int m, int group_size, const marlin::Params &p, const marlin::LaunchEnv &env) {
     const int gps = group_size == 32 ? 4 : group_size == 64 ? 2 : group_size % 128 == 0 ? 1 : 0;
     if (gps == 0) return kRcUnsupported;
     if (m <= 8) {
-        return gps == 4 ? marlin::launch_stream<1, FUSED, 4>(p, env)
-               : gps == 2 ? marlin::launch_stream<1, FUSED, 2>(p, env)
-                          : marlin::launch_stream<1, FUSED, 1>(p, env);
+        return gps == 4 ? marlin::launch_stream<1, FUSED, 4, D>(p, env)
+               : gps == 2 ? marlin::launch_stream<1, FUSED, 2, D>(p, env)
+                          : marlin::launch_stream<1, FUSED, 1, D>(p, env);
     }
-    return gps == 4 ? marlin::launch_stream<2, FUSED, 4>(p, env)
-           : gps == 2 ? marlin::launch_stream<2, FUSED, 2>(p, env)
-                      : marlin::launch_stream<2, FUSED, 1>(p, env);
+    return gps == 4 ? marlin::launch_stream<2, FUSED, 4, D>(p, env)
+           : gps == 2 ? marlin::launch_stream<2, FUSED, 2, D>(p, env)
+                      : marlin::launch_stream<2, FUSED, 1, D>(p, env);
 }
 
 }  // namespace
@@ -49,8 +54,9 @@ size_t marlin_workspace_bytes(int sm_count) {
 }
 
 int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales, const uint16_t *zeros, uint16_t *y,
-                int m, int n, int k, int gs, bool fused, void *workspace, size_t workspace_bytes, cudaStream_t stream,
-                const MarlinPlan *forced) {
+                int m, int n, int k, int gs, bool fused, Dtype dtype, void *workspace, size_t workspace_bytes,
+                cudaStream_t stream, const MarlinPlan *forced) {
+    if (dtype == Dtype::BF16 && !fused) return kRcUnsupported;  // the correction form is FP16 alone
     if (x == nullptr || words == nullptr || scales == nullptr || y == nullptr || workspace == nullptr ||
         (fused && zeros == nullptr)) {
         return kRcBadArgument;
@@ -92,10 +98,12 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
         return rc;
     };
     if (plan.kernel == MarlinKernel::Wgmma) {
-        const int rc = marlin::launch_wgmma(p, env, plan, fused, gpt);
+        const int rc = marlin::launch_wgmma(p, env, plan, fused, gpt, dtype);
         if (rc >= 0) return counted(rc, MarlinKernel::Wgmma);  // refused: the classic kernel runs
     } else if (plan.kernel == MarlinKernel::Stream) {
-        const int rc = fused ? pick_stream<true>(m, group_size, p, env) : pick_stream<false>(m, group_size, p, env);
+        const int rc = dtype == Dtype::BF16 ? pick_stream<true, Dtype::BF16>(m, group_size, p, env)
+                       : fused               ? pick_stream<true, Dtype::F16>(m, group_size, p, env)
+                                             : pick_stream<false, Dtype::F16>(m, group_size, p, env);
         if (rc >= 0) return counted(rc, MarlinKernel::Stream);  // refused (M, K, group size, shared memory, workspace)
     }
     // The classic kernel: the plan's tile height (or, as a fallback, the one for M), halved while even a 3-stage
@@ -112,8 +120,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     p.m_slices = (m + rows - 1) / rows;
     p.k_tiles = k / marlin::kTileK;
     p.total_iters = static_cast<long long>(p.m_slices) * n_tiles * p.k_tiles;
-    const int rc = rows == 32 ? (fused ? pick_groups<2, true>(gpt, p, env) : pick_groups<2, false>(gpt, p, env))
-                              : (fused ? pick_groups<4, true>(gpt, p, env) : pick_groups<4, false>(gpt, p, env));
+    const int rc = rows == 32 ? pick_classic<2>(fused, dtype, gpt, p, env) : pick_classic<4>(fused, dtype, gpt, p, env);
     return counted(rc, MarlinKernel::Classic);
 }
 

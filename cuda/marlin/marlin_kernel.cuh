@@ -1,4 +1,4 @@
-// The classic Marlin-class INT4 x FP16 GEMM kernel (mma.sync, SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
+// The classic Marlin-class INT4 x FP16/BF16 GEMM kernel (mma.sync, SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W packed by
 // tl::marlin_pack (cpp/gpu/marlin_pack.hpp documents the layout). It runs M > 16 on GPUs without the wgmma kernel,
 // and any M where the stream or wgmma kernel refuses a call (cpp/gpu/gemm_policy.hpp). Written for
 // this project; upstream Marlin was read to understand the technique, nothing was copied.
@@ -9,8 +9,9 @@
 //  - A pipeline stage is a k slice of 64: 16 KB of packed weights (each warp copies its own 2 KB strip), the
 //    activations X[rows, 64] and the scales (and zeros) of the groups in the slice, all moved by cp.async into a
 //    4-stage ring in shared memory so that ~3 stages (48+ KB per block) of loads are in flight per block.
-//  - Weights are dequantized in registers with the 0x6400 magic-number trick (lop3 puts a nibble into the mantissa
-//    of 1024.0 in FP16), then fed to mma.sync.m16n8k16 (FP16 x FP16 -> FP32). Activations come from ldmatrix.
+//  - Weights are dequantized in registers with the magic-number trick (lop3 puts a nibble into the mantissa of
+//    1024.0 in FP16, of 128.0 in BF16), then fed to mma.sync.m16n8k16 (FP16 or BF16 in, FP32 accumulation).
+//    Activations come from ldmatrix.
 //
 // Partitioning (stream-K): the (tile, k slice) iterations of the whole problem are laid out in one line, tile
 // major, and cut into gridDim.x equal ranges, one per block, with gridDim.x = SMs x resident blocks. Every SM
@@ -48,7 +49,7 @@ struct Cursor {
     }
 };
 
-template <int MB, bool FUSED, int GPT>
+template <int MB, bool FUSED, int GPT, Dtype D>
 __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p) {
     using L = Smem<MB, FUSED, GPT>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -118,8 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
         for (int k16 = 0; k16 < kK16; ++k16) {
             if (k16 == 0 || (GPT == 2 && k16 == kK16 / 2)) {
                 const int row = GPT == 2 ? k16 / (kK16 / 2) : 0;
-                load_broadcast8(s_src + row * kTileN, s);
-                if constexpr (FUSED) load_broadcast8(s_src + GPT * kTileN + row * kTileN, z);
+                load_group<4, FUSED, D>(s_src + row * kTileN, s_src + GPT * kTileN + row * kTileN, s, z);
             }
             // Dequantize the whole 16 x 64 slice first, then stream the row blocks through it: only one A
             // fragment is live at a time, which keeps MB = 4 within the register file.
@@ -128,8 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
             uint32_t b[4][4];
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
-                dequant_word<FUSED>(words[w], s[2 * w], s[2 * w + 1], FUSED ? z[2 * w] : 0u,
-                                    FUSED ? z[2 * w + 1] : 0u, b[w]);
+                dequant_word<FUSED, D>(words[w], s[2 * w], s[2 * w + 1], z[2 * w], z[2 * w + 1], b[w]);
             }
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {
@@ -139,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
                 ldmatrix_x4(a, a_base + r * 128 + ((ch ^ (lane % 8)) * 16));
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    mma_16816(acc[mb][2 * w], a, b[w][0], b[w][2]);
-                    mma_16816(acc[mb][2 * w + 1], a, b[w][1], b[w][3]);
+                    mma_16816<D>(acc[mb][2 * w], a, b[w][0], b[w][2]);
+                    mma_16816<D>(acc[mb][2 * w + 1], a, b[w][1], b[w][3]);
                 }
             }
         }
@@ -163,8 +162,8 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
                 uint16_t *out = y0 + 2 * mb * ystride8;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    if (row < p.m) store_half2(out + j * 8, acc[mb][j][0], acc[mb][j][1]);
-                    if (row + 8 < p.m) store_half2(out + ystride8 + j * 8, acc[mb][j][2], acc[mb][j][3]);
+                    if (row < p.m) store_pair<D>(out + j * 8, acc[mb][j][0], acc[mb][j][1]);
+                    if (row + 8 < p.m) store_pair<D>(out + ystride8 + j * 8, acc[mb][j][2], acc[mb][j][3]);
                 }
             }
             return;
@@ -199,12 +198,12 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
                     if (row < p.m) {
                         const float2 v = __ldcg(sum);
                         __stcg(sum, make_float2(0.0f, 0.0f));
-                        store_half2(out + j * 8, v.x, v.y);
+                        store_pair<D>(out + j * 8, v.x, v.y);
                     }
                     if (row + 8 < p.m) {
                         const float2 v = __ldcg(sum + 1);
                         __stcg(sum + 1, make_float2(0.0f, 0.0f));
-                        store_half2(out + ystride8 + j * 8, v.x, v.y);
+                        store_pair<D>(out + ystride8 + j * 8, v.x, v.y);
                     }
                 }
             }
@@ -250,11 +249,11 @@ __global__ void __launch_bounds__(kThreads, 1) marlin_gemm_kernel(const Params p
     cp_async_wait<0>();
 }
 
-template <int MB, bool FUSED, int GPT>
+template <int MB, bool FUSED, int GPT, Dtype D>
 int launch(Params p, const LaunchEnv &env) {
     static_assert(MB == 2 || MB == 4, "tiles of 32 or 64 rows");
     static std::atomic<int> stages_cache[64][2];
-    return launch_kernel(marlin_gemm_kernel<MB, FUSED, GPT>, p, env, stage_bytes(MB, FUSED, GPT), 1,
+    return launch_kernel(marlin_gemm_kernel<MB, FUSED, GPT, D>, p, env, stage_bytes(MB, FUSED, GPT), 1,
                          kMinItersPerBlock, MB * kPartialFloats, stages_cache);
 }
 

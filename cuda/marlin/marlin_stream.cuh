@@ -1,4 +1,4 @@
-// The Marlin-class INT4 x FP16 GEMM for M <= 16 without any block barrier ("stream" kernel, SM 8.0 - 9.0). Same
+// The Marlin-class INT4 x FP16/BF16 GEMM for M <= 16 without any block barrier ("stream" kernel, SM 8.0 - 9.0). Same
 // packed weights and the arithmetic of marlin_swapped.cuh (swapped operands: the packed words are mma A fragments;
 // nibbles unscaled, here with both halves left biased; scale and zero applied per group on the FP32 sums); what
 // differs is how work and data reach the warps.
@@ -41,7 +41,7 @@ constexpr int stream_stage_bytes(bool fused, int gps, int m) {
 
 // GPS: groups per 128-deep stage (1: group size a multiple of 128 or per column; 2: 64; 4: 32).
 // NB = 2 runs one block per SM: its 16 activation rows need more than 128 registers without spills in the hot loop.
-template <int NB, bool FUSED, int GPS>
+template <int NB, bool FUSED, int GPS, Dtype D>
 __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kernel(const Params p) {
     constexpr int kSteps = kStreamStageK / 16;
     constexpr int kPiecesPerGroup = FUSED ? 16 : 8;  // scales 0-7, zeros 8-15: piece j = columns 8j .. 8j + 7
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     };
     auto fold = [&](uint32_t st, int group) {
         const uint8_t *pieces = smem + (st - smem_base) + kStreamWeightBytes + group * kPiecesPerGroup * 16;
-        fold_sums<NB, FUSED, 1024>(acc, t, xs, pieces + g * 16, pieces + (8 + g) * 16);
+        fold_sums<NB, FUSED, D>(acc, t, xs, pieces + g * 16, pieces + (8 + g) * 16);
     };
 
     // Writes the finished strip, or adds it to the workspace (a strip cut between warps; the fix-up writes it): `done`
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
     auto finish_strip = [&](int strip, int done) {
         const int row0 = 2 * (lane % 4);
         if (done == slices) {
-            store_strip<NB>(p.y + static_cast<size_t>(row0) * p.n + strip * 64 + g, p.n, acc, row0, p.m);
+            store_strip<NB, D>(p.y + static_cast<size_t>(row0) * p.n + strip * 64 + g, p.n, acc, row0, p.m);
         } else {
             add_strip_partials<NB>(p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4, acc, row0, p.m);
         }
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
                 }
                 const uint4 wq = *reinterpret_cast<const uint4 *>(smem + (st - smem_base) + k16 * 512 + lane * 16);
                 // A group's sums start from zero-input mma at its first step.
-                unscaled_k16_step<NB, true>(t, xs, wq, b, 2 * (k16 % 2), k16 % kStepsPerGroup == 0);
+                unscaled_k16_step<NB, D>(t, xs, wq, b, 2 * (k16 % 2), k16 % kStepsPerGroup == 0);
                 if (k16 % kStepsPerGroup == kStepsPerGroup - 1) fold(st, k16 / kStepsPerGroup);
             }
             slot = slot == stages - 1 ? 0 : slot + 1;
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kerne
 // The fix-up of the strips cut between warps: one warp per strip writes the strip's sums to Y and re-zeroes them.
 // `warps`: the main grid's warps (which strips were cut follows from the shares, share_owner).
 constexpr int kStreamFixupWarps = 4;
-template <int NB>
+template <int NB, Dtype D>
 __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_kernel(const Params p, long long warps) {
     wait_for_primary();
     const int lane = threadIdx.x % 32, strip = blockIdx.x * kStreamFixupWarps + threadIdx.x / 32;
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_ke
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const float4 v = sums[nb][w];
-            store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w,
+            store_quad<D>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * w, p.n, v.x, v.y, v.z, v.w,
                        quad_rows(row0 + nb * 8, p.m));
         }
 }
@@ -252,7 +252,7 @@ inline bool stream_shape(const LaunchEnv &env, int nb, int stage_bytes, long lon
     return true;
 }
 
-template <int NB, bool FUSED, int GPS>
+template <int NB, bool FUSED, int GPS, Dtype D>
 int launch_stream(Params p, const LaunchEnv &env) {
     if (p.k % kStreamStageK != 0 || p.m > NB * 8) return kRcUnsupported;
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
@@ -265,7 +265,7 @@ int launch_stream(Params p, const LaunchEnv &env) {
     if (!stream_shape(env, NB, stage_bytes, p.total_iters, p.stages, grid)) return kRcUnsupported;
     if (static_cast<size_t>(strips) * NB * 512 * sizeof(float) > env.workspace_bytes) return kRcWorkspace;
     p.partials = static_cast<float *>(env.workspace);
-    auto kernel = marlin_stream_kernel<NB, FUSED, GPS>;
+    auto kernel = marlin_stream_kernel<NB, FUSED, GPS, D>;
     if (attr_set[env.device].load(std::memory_order_relaxed) == 0) {
         TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, env.max_smem_optin));
         attr_set[env.device].store(1, std::memory_order_relaxed);
@@ -281,7 +281,7 @@ int launch_stream(Params p, const LaunchEnv &env) {
     early[0].val.programmaticStreamSerializationAllowed = 1;
     fixup.attrs = early;
     fixup.numAttrs = env.compute_capability >= 90 ? 1 : 0;
-    const cudaError_t fixup_rc = cudaLaunchKernelEx(&fixup, marlin_stream_fixup_kernel<NB>, p, grid * kWarps);
+    const cudaError_t fixup_rc = cudaLaunchKernelEx(&fixup, marlin_stream_fixup_kernel<NB, D>, p, grid * kWarps);
     if (fixup_rc != cudaSuccess) {
         (void)cudaGetLastError();
         // The workspace holds this call's sums: leave it zeroed for the kernel the caller falls back to.

@@ -1,4 +1,4 @@
-// The Marlin-class INT4 x FP16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
+// The Marlin-class INT4 x FP16/BF16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
 // kernels (cpp/gpu/marlin_pack.hpp); used on compute capability 9.0 from 17 rows, in the tile form plan_marlin
 // chooses (cpp/gpu/gemm_policy.hpp).
@@ -6,8 +6,8 @@
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
 // per warp of a warpgroup) x R rows of X (R = 32 on one warpgroup or two, 64 or 128 on two). Per k16 step, warp j of a
 // warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile of columns 16w .. 16w
-// + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to FP16 in registers
-// (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma m64nRk16 whose B
+// + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to the activations'
+// type in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma m64nRk16 whose B
 // operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a descriptor; each word has its
 // own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4; columns: activation rows, as in
 // the stream kernel's swapped mma): R / 2 registers a thread per word. Splitting the words between warpgroups (rather
@@ -37,10 +37,11 @@ namespace {
 
 constexpr int kWgTileN = 256;  // columns per block tile: one 64-column strip per warp of a warpgroup
 
-template <int WGS, int ROWS, bool FUSED, int GPT>
+template <int WGS, int ROWS, bool FUSED, int GPT, Dtype D>
 struct WgmmaLayout {
     static constexpr int kThreads = 128 * WGS;
     static constexpr bool kFused = FUSED;
+    static constexpr Dtype kDtype = D;
     static constexpr int kGpt = GPT;
     static constexpr int kRows = ROWS;                // activation rows per tile (32, 64 or 128)
     static constexpr int kX = kRows * 128;            // activations first: 1024-aligned
@@ -79,81 +80,94 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
 }
 
 // D[64 x 64] += A[64 x 16] (registers: this warp's 16 rows) * B[16 x 64] (shared memory, K-major).
+#define TL_WGMMA_64X64X16(TYPE) \
+    asm volatile( \
+        "{\n" \
+        ".reg .pred p;\n" \
+        "setp.ne.b32 p, %37, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n" \
+        "}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1) \
+        : "memory")
+template <Dtype D>
 __device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-        : "memory");
-}
-
-// D[64 x 32] += A[64 x 16] (registers: this warp's 16 rows) * B[16 x 32] (shared memory, K-major).
-__device__ __forceinline__ void wgmma_64x32x16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-        : "memory");
-}
-
-// D[64 x 128] += A[64 x 16] (registers) * B[16 x 128] (shared memory, K-major).
-__device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-        : "memory");
-}
-
-// 2 * WORDS FP16 values -> (v, v) pairs: one 16-byte load for 4 words (load_broadcast8), 8 bytes for 2.
-template <int WORDS>
-__device__ __forceinline__ void load_broadcast(const uint16_t *src, uint32_t (&out)[2 * WORDS]) {
-    if constexpr (WORDS == 4) {
-        load_broadcast8(src, out);
+    if constexpr (D == Dtype::F16) {
+        TL_WGMMA_64X64X16("f16");
     } else {
-        const uint2 raw = *reinterpret_cast<const uint2 *>(src);
-        out[0] = __byte_perm(raw.x, 0, 0x1010);
-        out[1] = __byte_perm(raw.x, 0, 0x3232);
-        out[2] = __byte_perm(raw.y, 0, 0x1010);
-        out[3] = __byte_perm(raw.y, 0, 0x3232);
+        TL_WGMMA_64X64X16("bf16");
     }
 }
+#undef TL_WGMMA_64X64X16
+
+// D[64 x 32] += A[64 x 16] (registers: this warp's 16 rows) * B[16 x 32] (shared memory, K-major).
+#define TL_WGMMA_64X32X16(TYPE) \
+    asm volatile( \
+        "{\n" \
+        ".reg .pred p;\n" \
+        "setp.ne.b32 p, %21, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n" \
+        "}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1) \
+        : "memory")
+template <Dtype D>
+__device__ __forceinline__ void wgmma_64x32x16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+    if constexpr (D == Dtype::F16) {
+        TL_WGMMA_64X32X16("f16");
+    } else {
+        TL_WGMMA_64X32X16("bf16");
+    }
+}
+#undef TL_WGMMA_64X32X16
+
+// D[64 x 128] += A[64 x 16] (registers) * B[16 x 128] (shared memory, K-major).
+#define TL_WGMMA_64X128X16(TYPE) \
+    asm volatile( \
+        "{\n" \
+        ".reg .pred p;\n" \
+        "setp.ne.b32 p, %69, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n" \
+        "}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1) \
+        : "memory")
+template <Dtype D>
+__device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    if constexpr (D == Dtype::F16) {
+        TL_WGMMA_64X128X16("f16");
+    } else {
+        TL_WGMMA_64X128X16("bf16");
+    }
+}
+#undef TL_WGMMA_64X128X16
 
 // The shape by the accumulator's size: 16 registers = m64n32k16, 32 = m64n64k16, 64 = m64n128k16.
+template <Dtype D>
 __device__ __forceinline__ void wgmma_64xRx16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
-    wgmma_64x32x16(d, a, desc);
+    wgmma_64x32x16<D>(d, a, desc);
 }
+template <Dtype D>
 __device__ __forceinline__ void wgmma_64xRx16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-    wgmma_64x64x16(d, a, desc);
+    wgmma_64x64x16<D>(d, a, desc);
 }
+template <Dtype D>
 __device__ __forceinline__ void wgmma_64xRx16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-    wgmma_64x128x16(d, a, desc);
+    wgmma_64x128x16<D>(d, a, desc);
 }
 
 // ---- mbarriers (the producer / consumer ring of the warp-specialized kernel)
@@ -304,13 +318,8 @@ struct WgmmaTile {
         for (int k16 = 0; k16 < 4; ++k16) {
             if (k16 == 0 || (L::kGpt == 2 && k16 == 2)) {  // this group's scales (and zeros)
                 const int row = L::kGpt == 2 ? k16 / 2 : 0;
-                load_broadcast<kWords>(s_src + row * kWgTileN, s8);
-                if constexpr (L::kFused) {
-                    load_broadcast<kWords>(s_src + (L::kGpt + row) * kWgTileN, z8);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 2 * kWords; ++i) z8[i] = 0u;
-                }
+                load_group<kWords, L::kFused, L::kDtype>(s_src + row * kWgTileN, s_src + (L::kGpt + row) * kWgTileN,
+                                                         s8, z8);
             }
             uint32_t(&frag)[kWords][4] = a[k16 % L::kFragBufs];
             uint32_t words[kWords];
@@ -323,13 +332,13 @@ struct WgmmaTile {
             }
 #pragma unroll
             for (int wi = 0; wi < kWords; ++wi) {
-                dequant_word<L::kFused>(words[wi], s8[2 * wi], s8[2 * wi + 1], z8[2 * wi], z8[2 * wi + 1],
+                dequant_word<L::kFused, L::kDtype>(words[wi], s8[2 * wi], s8[2 * wi + 1], z8[2 * wi], z8[2 * wi + 1],
                                         frag[wi]);
             }
             wgmma_fence();
             const uint64_t desc = desc_sw128(st_addr + k16 * 32);
 #pragma unroll
-            for (int wi = 0; wi < kWords; ++wi) wgmma_64xRx16(acc[wi], frag[wi], desc);
+            for (int wi = 0; wi < kWords; ++wi) wgmma_64xRx16<L::kDtype>(acc[wi], frag[wi], desc);
             wgmma_commit();
             // Step k16 + 1 - kFragBufs is done: its fragment buffer may be refilled. (At most 4 steps in flight, so
             // a stage is free two slices after it was consumed.)
@@ -367,7 +376,7 @@ struct WgmmaTile {
 #pragma unroll
                 for (int wi = 0; wi < kWords; ++wi) {
                     const float *d = &acc[wi][4 * nb];
-                    store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, d[0], d[2], d[1],
+                    store_quad<L::kDtype>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, d[0], d[2], d[1],
                                d[3], quad_rows(row, p.m));
                 }
             }
@@ -423,7 +432,7 @@ __global__ void __launch_bounds__(L::kThreads) marlin_wgmma_fixup_kernel(const P
 #pragma unroll
         for (int wi = 0; wi < kWords; ++wi) {
             const float4 v = sums[wi][nb];
-            store_quad(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, v.x, v.y, v.z, v.w,
+            store_quad<L::kDtype>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, v.x, v.y, v.z, v.w,
                        quad_rows(row0 + nb * 8, p.m));
         }
 }
@@ -467,10 +476,10 @@ __device__ __forceinline__ void for_each_slice(const Params &p, const WgmmaRange
 }
 
 // Every thread copies and computes: one block barrier per slice orders the ring.
-template <int WGS, int ROWS, bool FUSED, int GPT>
+template <int WGS, int ROWS, bool FUSED, int GPT, Dtype D>
 __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
+    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT, D>;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw_base = smem_addr(smem_raw);
     const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
@@ -523,10 +532,10 @@ __global__ void __launch_bounds__(128 * WGS, 1) marlin_wgmma_kernel(const Params
 // register file of the SM).
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
-template <int ROWS, bool FUSED, int GPT>
+template <int ROWS, bool FUSED, int GPT, Dtype D>
 __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = WgmmaLayout<2, ROWS, FUSED, GPT>;
+    using L = WgmmaLayout<2, ROWS, FUSED, GPT, D>;
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[L::kStages], empty_bar[L::kStages];
     const uint32_t raw_base = smem_addr(smem_raw);
@@ -596,9 +605,9 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
 }
 
 // WS: the warp-specialized kernel (WGS = 2 only).
-template <int WGS, int ROWS, bool FUSED, int GPT, bool WS = false>
+template <int WGS, int ROWS, bool FUSED, int GPT, Dtype D, bool WS = false>
 int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
-    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT>;
+    using L = WgmmaLayout<WGS, ROWS, FUSED, GPT, D>;
     static_assert(!WS || WGS == 2, "the warp-specialized kernel has two compute warpgroups");
     // One warpgroup per block: two blocks per SM wanted (their wgmma interleave); two warpgroups: one block.
     constexpr int kPerSm = WGS == 1 ? 2 : 1;
@@ -608,9 +617,9 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
     const auto kernel = [] {  // (only the form asked for is instantiated)
         if constexpr (WS) {
-            return marlin_wgmma_ws_kernel<ROWS, FUSED, GPT>;
+            return marlin_wgmma_ws_kernel<ROWS, FUSED, GPT, D>;
         } else {
-            return marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT>;
+            return marlin_wgmma_kernel<WGS, ROWS, FUSED, GPT, D>;
         }
     }();
     constexpr int kSmem = L::kStages * L::kStage + 1024;  // + the slack that aligns the ring to 1024 bytes
@@ -674,39 +683,41 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
 }
 
 // The kernel for the weight's groups per 64-deep slice (GPT: 2 for group size 32, else 1).
-template <int WGS, int ROWS, bool FUSED, bool WS = false>
+template <int WGS, int ROWS, bool FUSED, Dtype D, bool WS = false>
 int launch_for_groups(int gpt, const Params &p, const LaunchEnv &env) {
-    return gpt == 2 ? launch_wgmma_kernel<WGS, ROWS, FUSED, 2, WS>(p, env)
-                    : launch_wgmma_kernel<WGS, ROWS, FUSED, 1, WS>(p, env);
+    return gpt == 2 ? launch_wgmma_kernel<WGS, ROWS, FUSED, 2, D, WS>(p, env)
+                    : launch_wgmma_kernel<WGS, ROWS, FUSED, 1, D, WS>(p, env);
 }
 
 // The forms plan_marlin uses: 32-row tiles on one warpgroup or two, 64-row tiles on two with or without the copying
 // warpgroup, 128-row tiles with it.
-template <bool FUSED>
+template <bool FUSED, Dtype D>
 int pick_wgmma(const Params &p, const LaunchEnv &env, const MarlinPlan &plan, int gpt) {
     const bool ws = plan.wgmma_warp_specialized;
     if (plan.rows == 32 && !ws) {
-        return plan.wgmma_warpgroups == 1 ? launch_for_groups<1, 32, FUSED>(gpt, p, env)
-                                          : launch_for_groups<2, 32, FUSED>(gpt, p, env);
+        return plan.wgmma_warpgroups == 1 ? launch_for_groups<1, 32, FUSED, D>(gpt, p, env)
+                                          : launch_for_groups<2, 32, FUSED, D>(gpt, p, env);
     }
     if (plan.wgmma_warpgroups != 2) return kRcUnsupported;
     if (plan.rows == 64) {
-        return ws ? launch_for_groups<2, 64, FUSED, true>(gpt, p, env) : launch_for_groups<2, 64, FUSED>(gpt, p, env);
+        return ws ? launch_for_groups<2, 64, FUSED, D, true>(gpt, p, env)
+                  : launch_for_groups<2, 64, FUSED, D>(gpt, p, env);
     }
-    if (plan.rows == 128 && ws) return launch_for_groups<2, 128, FUSED, true>(gpt, p, env);
+    if (plan.rows == 128 && ws) return launch_for_groups<2, 128, FUSED, D, true>(gpt, p, env);
     return kRcUnsupported;
 }
 
 }  // namespace
 
-int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt) {
+int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt, Dtype dtype) {
     if (env.compute_capability != 90) return kRcUnsupported;  // sm_90a code runs on 9.0 alone
-    return fused ? pick_wgmma<true>(p, env, plan, gpt) : pick_wgmma<false>(p, env, plan, gpt);
+    if (dtype == Dtype::BF16) return fused ? pick_wgmma<true, Dtype::BF16>(p, env, plan, gpt) : kRcUnsupported;
+    return fused ? pick_wgmma<true, Dtype::F16>(p, env, plan, gpt) : pick_wgmma<false, Dtype::F16>(p, env, plan, gpt);
 }
 
 #else  // built without sm_90a: the dispatcher falls through to the other kernels
 
-int launch_wgmma(Params, const LaunchEnv &, const MarlinPlan &, bool, int) { return kRcUnsupported; }
+int launch_wgmma(Params, const LaunchEnv &, const MarlinPlan &, bool, int, Dtype) { return kRcUnsupported; }
 
 #endif
 

@@ -44,6 +44,9 @@ Test(gpu, every_gpu_call_says_no_device) {
     int16_t x[8], y[8];
     cr_assert_eq(tl_quant_gemm(weight, x, y, 1, NULL, NULL, 0), TL_ERR_NO_DEVICE);
     cr_assert_str_not_empty(tl_last_error_message());
+    cr_assert_eq(tl_quant_gemm_dtype(weight, TL_DTYPE_BF16, x, y, 1, NULL, NULL, 0), TL_ERR_NO_DEVICE);
+    /* The type is checked first: a bad one is named whatever the device. */
+    ASSERT_FAILS_NAMING(tl_quant_gemm_dtype(weight, 2, x, y, 1, NULL, NULL, 0), TL_ERR_INVALID_ARGUMENT, "dtype");
     tl_dispatch_counts counts;
     memset(&counts, 0, sizeof counts);
     counts.struct_size = sizeof counts;
@@ -100,6 +103,10 @@ Test(gpu, pack_options_are_checked_before_any_device_work) {
     ASSERT_FAILS_NAMING(tl_pack_marlin(model, &options, NULL), TL_ERR_INVALID_ARGUMENT, "forms");
     ASSERT_FAILS_NAMING(tl_pack_marlin(NULL, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "model");
     ASSERT_FAILS_NAMING(tl_quant_gemm(NULL, NULL, NULL, 1, NULL, NULL, 0), TL_ERR_INVALID_ARGUMENT, "weight");
+    ASSERT_FAILS_NAMING(tl_quant_gemm_dtype(NULL, TL_DTYPE_BF16, NULL, NULL, 1, NULL, NULL, 0),
+                        TL_ERR_INVALID_ARGUMENT, "weight");
+    ASSERT_FAILS_NAMING(tl_quant_gemm_dtype(NULL, -1, NULL, NULL, 1, NULL, NULL, 0), TL_ERR_INVALID_ARGUMENT,
+                        "dtype");
     tl_model_free(model);
 }
 

@@ -1,5 +1,5 @@
-// The large-M path: the dequantization kernel against the host (each FP16 weight within 1 ulp of q*s + z) and
-// dequantize + cuBLAS against the FP64 reference.
+// The large-M path, FP16 and BF16: the dequantization kernel against the host (each weight within 1 ulp of q*s + z)
+// and dequantize + cuBLAS against the FP64 reference.
 #include <cublas_v2.h>
 #include <gtest/gtest.h>
 
@@ -25,35 +25,42 @@ TEST_P(DequantCublas, MatchesReference) {
     const CublasShape s = GetParam();
     if (tlt::g_quick && static_cast<double>(s.m) * s.n * s.k > 6e7) GTEST_SKIP() << "quick mode";
     const tlt::Int4Weight w = tlt::random_weight(s.k, s.n, s.group_size);
-    const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(s.m) * s.k);
+    const std::vector<uint16_t> x = tlt::random_normal_both(static_cast<size_t>(s.m) * s.k);
+    const std::vector<double> ref = tlt::reference_gemm(x, s.m, w, {});
     DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(s.m) * s.n), ds(w.scales.size()), dz(w.zeros.size()),
         dw(static_cast<size_t>(s.n) * s.k);
     DeviceBuffer<uint8_t> dc(w.codes.size());
     for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dw.ok(), dc.ok()}) ASSERT_TRUE(ok);
-    CUDA_OK(dx.upload(x));
     CUDA_OK(dc.upload(w.codes));
     CUDA_OK(ds.upload(w.scales));
     CUDA_OK(dz.upload(w.zeros));
     cublasHandle_t handle = nullptr;
     ASSERT_EQ(CUBLAS_STATUS_SUCCESS, cublasCreate(&handle));
 
-    CUDA_OK(dw.poison());
-    CUDA_OK(dy.poison());
-    ASSERT_EQ(0, tl::gpu::dequant_cublas_gemm(handle, dx.get(), dc.get(), ds.get(), dz.get(), dy.get(), s.m, s.n, s.k,
-                                              s.group_size, dw.get(), dw.bytes(), nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    std::vector<uint16_t> wh, y;
-    CUDA_OK(dw.download(wh));
-    CUDA_OK(dy.download(y));
-    for (int nn = 0; nn < s.n; ++nn) {
-        for (int kk = 0; kk < s.k; ++kk) {
-            const double exact = w.at(kk, nn);
-            const double got = tl::half_to_float(wh[static_cast<size_t>(nn) * s.k + kk]);
-            const double ulp = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(std::max(std::fabs(exact), 6.2e-5)))) - 10);
-            ASSERT_LE(std::fabs(got - exact), ulp) << "W[" << kk << "][" << nn << "] = " << got << ", exact " << exact;
+    for (const tl::Dtype dtype : {tl::Dtype::F16, tl::Dtype::BF16}) {
+        const bool bf16 = dtype == tl::Dtype::BF16;
+        SCOPED_TRACE(bf16 ? "BF16" : "FP16");
+        CUDA_OK(dx.upload(bf16 ? tlt::bf16_bits(x) : x));
+        CUDA_OK(dw.poison());
+        CUDA_OK(dy.poison());
+        ASSERT_EQ(0, tl::gpu::dequant_cublas_gemm(handle, dx.get(), dc.get(), ds.get(), dz.get(), dy.get(), s.m, s.n,
+                                                  s.k, s.group_size, dtype, dw.get(), dw.bytes(), nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<uint16_t> wh, y;
+        CUDA_OK(dw.download(wh));
+        CUDA_OK(dy.download(y));
+        const int mantissa_bits = bf16 ? 7 : 10;
+        for (int nn = 0; nn < s.n; ++nn) {
+            for (int kk = 0; kk < s.k; ++kk) {
+                const double exact = w.at(kk, nn);
+                const double got = tlt::decode(wh[static_cast<size_t>(nn) * s.k + kk], dtype);
+                const int exponent = static_cast<int>(std::floor(std::log2(std::max(std::fabs(exact), 6.2e-5))));
+                ASSERT_LE(std::fabs(got - exact), std::ldexp(1.0, exponent - mantissa_bits))
+                    << "W[" << kk << "][" << nn << "] = " << got << ", exact " << exact;
+            }
         }
+        EXPECT_TRUE(tlt::matches(y, s.m, s.n, ref, {}, bf16 ? 8e-3 : 2e-3, dtype));
     }
-    EXPECT_TRUE(tlt::matches(y, s.m, s.n, tlt::reference_gemm(x, s.m, w, {}), {}, 2e-3));
     cublasDestroy(handle);
 }
 
@@ -70,10 +77,11 @@ TEST(DequantLauncher, RefusesUnsupportedShapes) {
     DeviceBuffer<uint16_t> buf(4096);
     DeviceBuffer<uint8_t> codes(4096);
     ASSERT_TRUE(buf.ok() && codes.ok());
-    EXPECT_NE(0, tl::gpu::dequant_int4_fp16(codes.get(), buf.get(), buf.get(), buf.get(), 4, 12, 12, nullptr));  // K % 8
-    EXPECT_NE(0, tl::gpu::dequant_int4_fp16(codes.get(), buf.get(), buf.get(), buf.get(), 4, 64, 48, nullptr));  // 48 !| 64
+    const tl::Dtype f16 = tl::Dtype::F16;
+    EXPECT_NE(0, tl::gpu::dequant_int4(codes.get(), buf.get(), buf.get(), buf.get(), 4, 12, 12, f16, nullptr));  // K % 8
+    EXPECT_NE(0, tl::gpu::dequant_int4(codes.get(), buf.get(), buf.get(), buf.get(), 4, 64, 48, f16, nullptr));  // 48 !| 64
     EXPECT_NE(0, tl::gpu::dequant_cublas_gemm(nullptr, buf.get(), codes.get(), buf.get(), buf.get(), buf.get(), 1, 4,
-                                              64, 64, buf.get(), 8192, nullptr));
+                                              64, 64, f16, buf.get(), 8192, nullptr));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -55,6 +56,41 @@ std::vector<uint16_t> random_normal_half(size_t count, double stddev) {
     return out;
 }
 
+std::vector<uint16_t> random_normal_both(size_t count) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> out(count);
+    for (auto &v : out) {
+        const float b = bf16_to_float(float_to_bf16(normal(rng())));
+        v = tl::float_to_half(std::fabs(b) < 6.103515625e-05f ? 0.0f : b);
+    }
+    return out;
+}
+
+std::vector<uint16_t> bf16_bits(const std::vector<uint16_t> &fp16) {
+    std::vector<uint16_t> out(fp16.size());
+    for (size_t i = 0; i < fp16.size(); ++i) out[i] = float_to_bf16(tl::half_to_float(fp16[i]));
+    return out;
+}
+
+float bf16_to_float(uint16_t bits) {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    if (std::isnan(f)) return 0x7FC0;
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+}
+
+double decode(uint16_t bits, tl::Dtype dtype) {
+    return dtype == tl::Dtype::BF16 ? bf16_to_float(bits) : tl::half_to_float(bits);
+}
+
 std::vector<int> sample_columns(int n, int count) {
     std::vector<int> cols(n);
     for (int i = 0; i < n; ++i) cols[i] = i;
@@ -95,9 +131,10 @@ std::vector<double> reference_gemm(const std::vector<uint16_t> &x, int m, const 
 namespace {
 
 ::testing::AssertionResult compare(const std::vector<uint16_t> &y, int m, int n, const std::vector<int> &cols,
-                                   const std::function<double(size_t, size_t)> &ref_at, double rel_tol) {
+                                   const std::function<double(size_t, size_t)> &ref_at, double rel_tol,
+                                   tl::Dtype dtype) {
     for (size_t i = 0; i < static_cast<size_t>(m) * n; ++i) {
-        if (!std::isfinite(tl::half_to_float(y[i]))) {
+        if (!std::isfinite(decode(y[i], dtype))) {
             return ::testing::AssertionFailure() << "y[" << i / n << "][" << i % n << "] is not finite (bits 0x"
                                                  << std::hex << y[i] << std::dec << "): unwritten or overflow";
         }
@@ -106,7 +143,7 @@ namespace {
     for (int mm = 0; mm < m; ++mm) {
         for (size_t c = 0; c < cols.size(); ++c) {
             const double r = ref_at(mm, c);
-            const double d = tl::half_to_float(y[static_cast<size_t>(mm) * n + cols[c]]) - r;
+            const double d = decode(y[static_cast<size_t>(mm) * n + cols[c]], dtype) - r;
             err2 += d * d;
             ref2 += r * r;
         }
@@ -120,7 +157,7 @@ namespace {
     for (int mm = 0; mm < m; ++mm) {
         for (size_t c = 0; c < cols.size(); ++c) {
             const double r = ref_at(mm, c);
-            const double v = tl::half_to_float(y[static_cast<size_t>(mm) * n + cols[c]]);
+            const double v = decode(y[static_cast<size_t>(mm) * n + cols[c]], dtype);
             if (std::fabs(v - r) > 4.0 * rel_tol * rms + 2e-3 * std::fabs(r)) {
                 return ::testing::AssertionFailure() << "y[" << mm << "][" << cols[c] << "] = " << v << ", reference "
                                                      << r << " (rms " << rms << ")";
@@ -133,23 +170,34 @@ namespace {
 }  // namespace
 
 ::testing::AssertionResult matches(const std::vector<uint16_t> &y, int m, int n, const std::vector<double> &ref,
-                                   const std::vector<int> &cols_in, double rel_tol) {
+                                   const std::vector<int> &cols_in, double rel_tol, tl::Dtype dtype) {
     const std::vector<int> cols = cols_in.empty() ? sample_columns(n, n) : cols_in;
     const size_t nc = cols.size();
-    return compare(y, m, n, cols, [&](size_t mm, size_t c) { return ref[mm * nc + c]; }, rel_tol);
+    return compare(y, m, n, cols, [&](size_t mm, size_t c) { return ref[mm * nc + c]; }, rel_tol, dtype);
+}
+
+double relative_error(const std::vector<uint16_t> &y, int m, int n, const std::vector<double> &ref, tl::Dtype dtype) {
+    double err2 = 0.0, ref2 = 0.0;
+    for (size_t i = 0; i < static_cast<size_t>(m) * n; ++i) {
+        const double v = decode(y[i], dtype);
+        if (!std::isfinite(v)) return std::nan("");
+        err2 += (v - ref[i]) * (v - ref[i]);
+        ref2 += ref[i] * ref[i];
+    }
+    return std::sqrt(err2 / std::max(ref2, 1e-300));
 }
 
 ::testing::AssertionResult matches_half(const std::vector<uint16_t> &y, const std::vector<uint16_t> &ref, int m,
-                                        int n, double rel_tol) {
+                                        int n, double rel_tol, tl::Dtype dtype) {
     for (size_t i = 0; i < ref.size(); ++i) {
-        if (!std::isfinite(tl::half_to_float(ref[i]))) {
+        if (!std::isfinite(decode(ref[i], dtype))) {
             return ::testing::AssertionFailure() << "reference element " << i << " is not finite";
         }
     }
     const std::vector<int> cols = sample_columns(n, n);
     return compare(y, m, n, cols,
-                   [&](size_t mm, size_t c) { return tl::half_to_float(ref[mm * static_cast<size_t>(n) + c]); },
-                   rel_tol);
+                   [&](size_t mm, size_t c) { return decode(ref[mm * static_cast<size_t>(n) + c], dtype); }, rel_tol,
+                   dtype);
 }
 
 int sm_count() {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/gemm_policy.hpp"
+
 namespace tlt {
 
 extern bool g_quick;  // --quick: small shapes only (compute-sanitizer runs)
@@ -61,6 +63,16 @@ struct Int4Weight {
 Int4Weight random_weight(int k, int n, int group_size);
 // FP16 bits of N(0, 1) samples.
 std::vector<uint16_t> random_normal_half(size_t count, double stddev = 1.0);
+// FP16 bits of N(0, 1) samples rounded to BF16 (8 significant bits; magnitudes below 2^-14 flushed to zero), so that
+// each value is exact in both types: one FP64 reference serves an FP16 and a BF16 call (bf16_bits converts).
+std::vector<uint16_t> random_normal_both(size_t count);
+// The BF16 bits of FP16 values (exact for random_normal_both's values).
+std::vector<uint16_t> bf16_bits(const std::vector<uint16_t> &fp16);
+// BF16 <-> FP32 on the host (round to nearest even).
+float bf16_to_float(uint16_t bits);
+uint16_t float_to_bf16(float f);
+// The value of FP16 or BF16 bits.
+double decode(uint16_t bits, tl::Dtype dtype);
 
 // ref[m][c] = sum_k x[m, k] * W[k, cols[c]] in FP64 (multi-threaded); cols empty = all columns.
 std::vector<double> reference_gemm(const std::vector<uint16_t> &x, int m, const Int4Weight &w,
@@ -70,12 +82,15 @@ std::vector<int> sample_columns(int n, int count);
 
 // Every element of y [m][n] (FP16 bits) is finite; on the columns `cols` (empty = all) of the reference
 // ref[m][cols.size()], ||y - ref|| / ||ref|| <= rel_tol and each element within 4 * rel_tol * rms(ref) +
-// 2e-3 * |ref| (a single misplaced element fails even where the norm would not notice).
+// 2e-3 * |ref| (a single misplaced element fails even where the norm would not notice); y's elements of `dtype`.
 ::testing::AssertionResult matches(const std::vector<uint16_t> &y, int m, int n, const std::vector<double> &ref,
-                                   const std::vector<int> &cols, double rel_tol);
-// The same against another FP16 output (all columns).
+                                   const std::vector<int> &cols, double rel_tol, tl::Dtype dtype = tl::Dtype::F16);
+// The same against another output of the same type (all columns).
 ::testing::AssertionResult matches_half(const std::vector<uint16_t> &y, const std::vector<uint16_t> &ref, int m,
-                                        int n, double rel_tol);
+                                        int n, double rel_tol, tl::Dtype dtype = tl::Dtype::F16);
+// ||y - ref|| / ||ref|| over all of y [m][n] against the FP64 reference on every column (NaN if an element is not
+// finite).
+double relative_error(const std::vector<uint16_t> &y, int m, int n, const std::vector<double> &ref, tl::Dtype dtype);
 
 int sm_count();
 

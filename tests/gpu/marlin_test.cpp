@@ -3,9 +3,11 @@
 // (every element) plus the FP64 reference on 96 random columns. Also: the workspace is left zeroed, the launcher
 // refuses unsupported arguments without launching, the classic kernel forced on every shape, the wgmma kernel (Hopper)
 // in each of its tile forms, and the C API's dispatcher reaches each kernel.
+#include <cublas_v2.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -30,28 +32,29 @@ enum class Modes { Fused, Both };
 
 // One case on the device, for the tests that call marlin_gemm (and marlin_gemm_corrected) directly, with the policy's
 // plan or a forced one: fresh random weights and activations, the packed weight uploaded (fused; with Modes::Both also
-// the symmetric packing and its delta), a zeroed workspace, the FP64 reference.
+// the symmetric packing and its delta), a zeroed workspace, the FP64 reference. The activations are exact in FP16 and
+// BF16 and uploaded in both types, so one reference serves calls of either type.
 struct FusedCase {
     int m, k, n, gs;  // gs: the kernel's group size (-1 per row)
     bool both;        // the symmetric packing is there too
     tlt::Int4Weight w;
-    std::vector<uint16_t> x;
+    std::vector<uint16_t> x;       // FP16 bits
     tl::MarlinPacked packed, sym;  // fused; symmetric (empty unless Modes::Both)
     size_t ws_bytes;
-    DeviceBuffer<uint16_t> dx, dy, ds, dz, dss;
+    DeviceBuffer<uint16_t> dx, dxb, dy, ds, dz, dss;  // dxb: x as BF16
     DeviceBuffer<uint32_t> dw, dws;
     DeviceBuffer<float> ddelta, a_sum;
     DeviceBuffer<uint8_t> work;
 
     FusedCase(int m_, int k_, int n_, int group_size, Modes modes = Modes::Fused)
         : m(m_), k(k_), n(n_), gs(tl::marlin_kernel_group_size(k_, group_size)), both(modes == Modes::Both),
-          w(tlt::random_weight(k_, n_, group_size)), x(tlt::random_normal_half(static_cast<size_t>(m_) * k_)),
+          w(tlt::random_weight(k_, n_, group_size)), x(tlt::random_normal_both(static_cast<size_t>(m_) * k_)),
           packed(tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k_, n_, group_size,
                                  tl::MarlinMode::Fused)),
           sym(both ? tl::marlin_pack(w.codes.data(), w.scales.data(), w.zeros.data(), k_, n_, group_size,
                                      tl::MarlinMode::Symmetric)
                    : tl::MarlinPacked{}),
-          ws_bytes(tl::gpu::marlin_workspace_bytes(tlt::sm_count())), dx(x.size()),
+          ws_bytes(tl::gpu::marlin_workspace_bytes(tlt::sm_count())), dx(x.size()), dxb(x.size()),
           dy(static_cast<size_t>(m_) * n_), ds(packed.scales.size()), dz(packed.zeros.size()),
           dss(sym.scales.size()), dw(packed.words.size()), dws(sym.words.size()), ddelta(sym.delta.size()),
           a_sum(tl::gpu::correction_scratch_bytes(m_, k_, gs) / sizeof(float) + 1), work(ws_bytes) {}
@@ -61,11 +64,11 @@ struct FusedCase {
     }
     // Allocations and uploads; call once under ASSERT_TRUE.
     ::testing::AssertionResult upload() {
-        for (bool ok : {dx.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dw.ok(), dws.ok(), ddelta.ok(), a_sum.ok(),
-                        work.ok()}) {
+        for (bool ok : {dx.ok(), dxb.ok(), dy.ok(), ds.ok(), dz.ok(), dss.ok(), dw.ok(), dws.ok(), ddelta.ok(),
+                        a_sum.ok(), work.ok()}) {
             if (!ok) return ::testing::AssertionFailure() << "cudaMalloc failed";
         }
-        for (cudaError_t rc : {dx.upload(x), dw.upload(packed.words), ds.upload(packed.scales),
+        for (cudaError_t rc : {dx.upload(x), dxb.upload(tlt::bf16_bits(x)), dw.upload(packed.words), ds.upload(packed.scales),
                                dz.upload(packed.zeros), cudaMemset(work.get(), 0, ws_bytes)}) {
             if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
         }
@@ -83,18 +86,21 @@ struct FusedCase {
             return ::testing::AssertionFailure() << rows << " rows do not fit";
         }
         m = rows;
-        x = tlt::random_normal_half(static_cast<size_t>(rows) * k);
-        const cudaError_t rc = dx.upload(x);
-        if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
+        x = tlt::random_normal_both(static_cast<size_t>(rows) * k);
+        for (cudaError_t rc : {dx.upload(x), dxb.upload(tlt::bf16_bits(x))}) {
+            if (rc != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(rc);
+        }
         return ::testing::AssertionSuccess();
     }
     // marlin_gemm (fused) or marlin_gemm_corrected (symmetric + correction; Modes::Both only) into the poisoned
-    // output, under `plan` (NULL: the policy's): its rc (a poison failure is reported as that CUDA error).
-    int run(bool fused_mode = true, const tl::MarlinPlan *plan = nullptr) {
+    // output, under `plan` (NULL: the policy's), on x and y of `dtype` (fused only for BF16): its rc (a poison failure
+    // is reported as that CUDA error).
+    int run(bool fused_mode = true, const tl::MarlinPlan *plan = nullptr, tl::Dtype dtype = tl::Dtype::F16) {
         if (!fused_mode && !both) return tl::gpu::kRcBadArgument;  // nothing packed for it
         const cudaError_t poisoned = dy.poison();
         if (poisoned != cudaSuccess) return static_cast<int>(poisoned);
-        return fused_mode ? tl::gpu::marlin_gemm(dx.get(), dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true,
+        const uint16_t *xd = dtype == tl::Dtype::BF16 ? dxb.get() : dx.get();
+        return fused_mode ? tl::gpu::marlin_gemm(xd, dw.get(), ds.get(), dz.get(), dy.get(), m, n, k, gs, true, dtype,
                                                  work.get(), ws_bytes, nullptr, plan)
                           : tl::gpu::marlin_gemm_corrected(dx.get(), dws.get(), dss.get(), ddelta.get(), dy.get(), m,
                                                            n, k, gs, work.get(), ws_bytes, a_sum.get(),
@@ -115,6 +121,18 @@ struct FusedCase {
         return ::testing::AssertionSuccess();
     }
 };
+
+// What a call runs on: the form (fused q*s + z, or symmetric + the seed's correction) and the type of x and y; every
+// test below runs the three there are. BF16's tolerance is wider: y is rounded to 8 significant bits, not 11.
+struct Variant {
+    bool fused;
+    tl::Dtype dtype;
+    const char *name;
+    double tol() const { return dtype == tl::Dtype::BF16 ? 8e-3 : 2e-3; }
+};
+const Variant kVariants[] = {{true, tl::Dtype::F16, "fused q*s+z, FP16"},
+                             {false, tl::Dtype::F16, "symmetric + correction, FP16"},
+                             {true, tl::Dtype::BF16, "fused q*s+z, BF16"}};
 
 struct GemmShape {
     int m, k, n, group_size;  // group_size == k: per row (kernel gs = -1)
@@ -192,7 +210,7 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
         CUDA_OK(dzeros.upload(w.zeros));
         CUDA_OK(dyn.poison());
         ASSERT_EQ(0, tl::gpu::native_int4_gemm(c.dx.get(), dcodes.get(), dscales.get(), dzeros.get(), dyn.get(), m, n,
-                                               k, sh.group_size, nullptr));
+                                               k, sh.group_size, tl::Dtype::F16, nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(dyn.download(native));
         EXPECT_TRUE(tlt::matches(native, m, n, ref, cols, 2e-3)) << "native INT4 (the second reference)";
@@ -206,19 +224,19 @@ TEST_P(MarlinGemm, BothModesMatchReference) {
     const tl::MarlinPlan classic = tl::classic_plan(m);
     for (const tl::MarlinPlan *plan : {static_cast<const tl::MarlinPlan *>(nullptr), &classic}) {
         SCOPED_TRACE(plan == nullptr ? "the policy's kernel" : "the classic kernel");
-        for (const bool fused_mode : {true, false}) {
-            SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
+        for (const Variant &v : kVariants) {
+            SCOPED_TRACE(v.name);
             const uint64_t streams = tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream);
             const uint64_t classics = tl::gpu::marlin_launch_count(tl::MarlinKernel::Classic);
-            ASSERT_EQ(0, c.run(fused_mode, plan));
+            ASSERT_EQ(0, c.run(v.fused, plan, v.dtype));
             EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Stream),
                       streams + (stream_applies && plan == nullptr ? 1 : 0));
             if (plan != nullptr) {
                 EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Classic), classics + 1);
             }
             CUDA_OK(c.result(y));
-            EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, 2e-3)) << "vs FP64";
-            if (sh.layer) {
+            EXPECT_TRUE(tlt::matches(y, m, n, ref, cols, v.tol(), v.dtype)) << "vs FP64";
+            if (sh.layer && v.dtype == tl::Dtype::F16) {
                 EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs native INT4";
             }
         }
@@ -256,7 +274,7 @@ TEST(MarlinStream, GraphReplaysMatchReference) {
         int rc = 0;
         for (int call = 0; call < 3 && rc == 0; ++call) {
             rc = tl::gpu::marlin_gemm(c.dx.get(), c.dw.get(), c.ds.get(), c.dz.get(), c.dy.get(), c.m, c.n, c.k, c.gs,
-                                      true, c.work.get(), c.ws_bytes, g.stream);
+                                      true, tl::Dtype::F16, c.work.get(), c.ws_bytes, g.stream);
         }
         const cudaError_t captured = cudaStreamEndCapture(g.stream, &g.graph);
         ASSERT_EQ(0, rc);
@@ -298,17 +316,67 @@ TEST(MarlinPrecision, PerRowLongK) {
     for (const int m : {1, 8, 16}) {
         ASSERT_TRUE(c.new_activations(m));
         const std::vector<double> ref = tlt::reference_gemm(c.x, m, c.w, {});
-        for (const bool fused_mode : {true, false}) {
-            ASSERT_EQ(0, c.run(fused_mode));
+        for (const Variant &v : kVariants) {
+            ASSERT_EQ(0, c.run(v.fused, nullptr, v.dtype));
             std::vector<uint16_t> y;
             CUDA_OK(c.result(y));
             y.resize(static_cast<size_t>(m) * n);
-            const ::testing::AssertionResult r = tlt::matches(y, m, n, ref, {}, 2e-3);
-            std::printf("[precision] per row, K = %d, N = %d, M = %2d, %s: %s\n", k, n, m,
-                        fused_mode ? "fused    " : "symmetric", r.message());
-            EXPECT_TRUE(r) << "M = " << m << (fused_mode ? " fused" : " symmetric");
+            const ::testing::AssertionResult r = tlt::matches(y, m, n, ref, {}, v.tol(), v.dtype);
+            std::printf("[precision] per row, K = %d, N = %d, M = %2d, %s: %s\n", k, n, m, v.name, r.message());
+            EXPECT_TRUE(r) << "M = " << m << ", " << v.name;
         }
     }
+}
+
+// Within cuBLAS's own error, FP16 and BF16: on fresh random inputs, the relative error against FP64 of the policy's
+// kernel and of the classic kernel, at 1 to 200 rows, is at most 1.5 times that of cuBLAS multiplying the same
+// activations by the weight rounded once to the same type (what a cuBLAS user holds). Prints the ratios.
+TEST(MarlinPrecision, WithinCublasError) {
+    if (tlt::g_quick) GTEST_SKIP() << "quick mode";
+    const int k = 4096, n = 1536, max_m = 200;
+    FusedCase c(max_m, k, n, 128);
+    ASSERT_TRUE(c.upload());
+    std::vector<uint16_t> w16(static_cast<size_t>(n) * k), wbf(w16.size());  // [n][k]
+    for (int nn = 0; nn < n; ++nn)
+        for (int kk = 0; kk < k; ++kk) {
+            const double w = c.w.at(kk, nn);
+            w16[static_cast<size_t>(nn) * k + kk] = tl::float_to_half(static_cast<float>(w));
+            wbf[static_cast<size_t>(nn) * k + kk] = tlt::float_to_bf16(static_cast<float>(w));
+        }
+    DeviceBuffer<uint16_t> dwd(w16.size()), dyc(static_cast<size_t>(max_m) * n);
+    ASSERT_TRUE(dwd.ok() && dyc.ok());
+    cublasHandle_t handle = nullptr;
+    ASSERT_EQ(CUBLAS_STATUS_SUCCESS, cublasCreate(&handle));
+    for (const int m : {1, 16, 17, 64, 200}) {
+        ASSERT_TRUE(c.new_activations(m));
+        const std::vector<double> ref = tlt::reference_gemm(c.x, m, c.w, {});
+        for (const tl::Dtype dtype : {tl::Dtype::F16, tl::Dtype::BF16}) {
+            const bool bf16 = dtype == tl::Dtype::BF16;
+            SCOPED_TRACE(std::string(bf16 ? "BF16" : "FP16") + ", M = " + std::to_string(m));
+            CUDA_OK(dwd.upload(bf16 ? wbf : w16));
+            CUDA_OK(dyc.poison());
+            ASSERT_EQ(0, tl::gpu::cublas_gemm(handle, bf16 ? c.dxb.get() : c.dx.get(), dwd.get(), dyc.get(), m, n, k,
+                                              dtype, nullptr));
+            std::vector<uint16_t> y;
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(dyc.download(y));
+            y.resize(static_cast<size_t>(m) * n);
+            const double cublas_error = tlt::relative_error(y, m, n, ref, dtype);
+            ASSERT_TRUE(std::isfinite(cublas_error));
+            const tl::MarlinPlan classic = tl::classic_plan(m);
+            for (const tl::MarlinPlan *plan : {static_cast<const tl::MarlinPlan *>(nullptr), &classic}) {
+                ASSERT_EQ(0, c.run(true, plan, dtype));
+                CUDA_OK(c.result(y));
+                y.resize(static_cast<size_t>(m) * n);
+                const double error = tlt::relative_error(y, m, n, ref, dtype);
+                std::printf("[precision] %s M = %3d, %-8s: relative error %.3g, cuBLAS %.3g, ratio %.2f\n",
+                            bf16 ? "BF16" : "FP16", m, plan == nullptr ? "policy" : "classic", error, cublas_error,
+                            error / cublas_error);
+                EXPECT_LE(error, 1.5 * cublas_error) << (plan == nullptr ? "the policy's kernel" : "the classic kernel");
+            }
+        }
+    }
+    cublasDestroy(handle);
 }
 
 // Unsupported or invalid arguments: a non-zero rc and nothing launched (the output keeps its poison).
@@ -328,6 +396,8 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
         int x_offset;
         bool zeros;
         size_t ws;
+        bool symmetric = false;
+        tl::Dtype dtype = tl::Dtype::F16;
     };
     const Case cases[] = {
         {"N = 50257 (the head)", m, 50257, 2048, 128, 0, true, ws_bytes},
@@ -340,12 +410,14 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
         {"fused without zeros", m, 128, 256, 128, 0, false, ws_bytes},
         {"misaligned X", m, 128, 256, 128, 1, true, ws_bytes},
         {"workspace too small", m, 4096, 4096, 128, 0, true, 1024},
+        {"BF16 in the symmetric form (FP16 alone)", m, 128, 256, 128, 0, true, ws_bytes, true, tl::Dtype::BF16},
     };
     for (const Case &c : cases) {
         SCOPED_TRACE(c.what);
         CUDA_OK(dy.poison());
-        const int rc = tl::gpu::marlin_gemm(dx.get() + c.x_offset, dw.get(), ds.get(), c.zeros ? dz.get() : nullptr,
-                                            dy.get(), c.m, c.n, c.k, c.gs, true, work.get(), c.ws, nullptr);
+        const int rc =
+            tl::gpu::marlin_gemm(dx.get() + c.x_offset, dw.get(), ds.get(), c.zeros ? dz.get() : nullptr, dy.get(),
+                                 c.m, c.n, c.k, c.gs, !c.symmetric, c.dtype, work.get(), c.ws, nullptr);
         EXPECT_NE(0, rc);
         EXPECT_LT(rc, 0) << "refusals are negative rc values, not CUDA errors";
         CUDA_OK(cudaDeviceSynchronize());
@@ -354,7 +426,8 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
         EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](uint16_t v) { return v == 0xFFFF; })) << "output was written";
     }
     EXPECT_EQ(tl::gpu::kRcBadArgument, tl::gpu::marlin_gemm(nullptr, dw.get(), ds.get(), dz.get(), dy.get(), m, 128,
-                                                             256, 128, true, work.get(), ws_bytes, nullptr));
+                                                             256, 128, true, tl::Dtype::F16, work.get(), ws_bytes,
+                                                             nullptr));
     CUDA_OK(cudaGetLastError());
 }
 
@@ -403,14 +476,14 @@ TEST(MarlinWgmma, EveryTileFormMatchesReference) {
         for (const tl::MarlinPlan &plan : forms) {
             SCOPED_TRACE(std::to_string(plan.rows) + "-row tiles on " + std::to_string(plan.wgmma_warpgroups) +
                          " warpgroup(s)" + (plan.wgmma_warp_specialized ? " and a copying one" : ""));
-            for (const bool fused_mode : {true, false}) {
-                SCOPED_TRACE(fused_mode ? "fused q*s+z" : "symmetric + correction");
+            for (const Variant &v : kVariants) {
+                SCOPED_TRACE(v.name);
                 const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma);
-                EXPECT_EQ(0, c.run(fused_mode, &plan));
+                EXPECT_EQ(0, c.run(v.fused, &plan, v.dtype));
                 EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma), before + (runs ? 1 : 0));
                 std::vector<uint16_t> y;
                 CUDA_OK(c.result(y));
-                EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, 2e-3)) << "vs FP64";
+                EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, v.tol(), v.dtype)) << "vs FP64";
             }
         }
         // Every call leaves the workspace zeroed.
@@ -449,7 +522,7 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
         std::unique_ptr<tl_weight, void (*)(tl_weight *)> owner(weight, tl_weight_free);
         tl_pack_options popts;
         ASSERT_EQ(TL_OK, tl_pack_options_init(&popts, sizeof popts));
-        popts.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+        popts.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
         tl_pack_report report;
         ASSERT_EQ(TL_OK, tl_pack_report_init(&report, sizeof report));
         ASSERT_EQ(TL_OK, tl_weight_pack_marlin(weight, &popts, &report)) << tl_last_error_message();
@@ -463,15 +536,15 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
             EXPECT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &c)) << tl_last_error_message();
             return c;
         };
-        auto run = [&](const DeviceBuffer<uint16_t> &dx, DeviceBuffer<uint16_t> &dy, int m,
-                       std::vector<uint16_t> &out) {
+        auto run = [&](const DeviceBuffer<uint16_t> &dx, DeviceBuffer<uint16_t> &dy, int m, std::vector<uint16_t> &out,
+                       int32_t dtype = TL_DTYPE_FP16) {
             size_t ws_bytes = 0;
             ASSERT_EQ(TL_OK, tl_quant_gemm_workspace_size(weight, m, &ws_bytes));
             DeviceBuffer<uint8_t> work(ws_bytes);
             ASSERT_TRUE(work.ok());
             CUDA_OK(cudaMemset(work.get(), 0, ws_bytes));
             CUDA_OK(dy.poison());
-            ASSERT_EQ(TL_OK, tl_quant_gemm(weight, dx.get(), dy.get(), m, nullptr, work.get(), ws_bytes))
+            ASSERT_EQ(TL_OK, tl_quant_gemm_dtype(weight, dtype, dx.get(), dy.get(), m, nullptr, work.get(), ws_bytes))
                 << tl_last_error_message();
             CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(dy.download(out));
@@ -486,10 +559,11 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
         for (const int m : wc.ms) {
             SCOPED_TRACE("M = " + std::to_string(m));
-            const std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(m) * k);
-            DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(m) * n);
-            ASSERT_TRUE(dx.ok() && dy.ok());
+            const std::vector<uint16_t> x = tlt::random_normal_both(static_cast<size_t>(m) * k);
+            DeviceBuffer<uint16_t> dx(x.size()), dxb(x.size()), dy(static_cast<size_t>(m) * n);
+            ASSERT_TRUE(dx.ok() && dxb.ok() && dy.ok());
             CUDA_OK(dx.upload(x));
+            CUDA_OK(dxb.upload(tlt::bf16_bits(x)));
             std::vector<double> ref(static_cast<size_t>(m) * n, 0.0);
             for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j) {
@@ -526,6 +600,34 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
                 EXPECT_TRUE(tlt::matches_half(y, native, m, n, 2e-3)) << "vs the native fallback";
                 EXPECT_TRUE(tlt::matches(y, m, n, ref, {}, 2e-3)) << "vs FP64";
             }
+            // BF16: the fused form whatever the mode (the correction form and the FP16 body are FP16 alone, so a BF16
+            // call passes them by without counting a fallback), then the native kernel.
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 1));
+            for (const int mode : {0, 2}) {
+                SCOPED_TRACE("BF16, mode " + std::to_string(mode));
+                ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, mode));
+                const tl_dispatch_counts before = counts();
+                const tl::MarlinKernel expected = kernel_for(m);
+                const uint64_t launches = tl::gpu::marlin_launch_count(expected);
+                std::vector<uint16_t> y;
+                run(dxb, dy, m, y, TL_DTYPE_BF16);
+                const tl_dispatch_counts after = counts();
+                EXPECT_EQ(tl::gpu::marlin_launch_count(expected), launches + 1);
+                EXPECT_EQ(after.marlin_fused, before.marlin_fused + 1);
+                EXPECT_EQ(after.fallbacks, before.fallbacks);
+                EXPECT_TRUE(tlt::matches(y, m, n, ref, {}, 8e-3, tl::Dtype::BF16)) << "vs FP64";
+            }
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 0));
+            {
+                SCOPED_TRACE("BF16, native");
+                const tl_dispatch_counts before = counts();
+                std::vector<uint16_t> y;
+                run(dxb, dy, m, y, TL_DTYPE_BF16);
+                EXPECT_EQ(counts().native, before.native + 1);
+                EXPECT_TRUE(tlt::matches(y, m, n, ref, {}, 8e-3, tl::Dtype::BF16)) << "vs FP64";
+            }
+            ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
         }
     }
     for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));

@@ -206,6 +206,11 @@ TEST(GpuApi, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
               TL_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(tl_quant_gemm(w.get(), x.ptr, y.ptr, 0, nullptr, ws.ptr, ws_bytes), TL_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(tl_quant_gemm(w.get(), x.ptr, y.ptr, 4, nullptr, nullptr, 64), TL_ERR_INVALID_ARGUMENT);
+    for (const int32_t dtype : {-1, 2, 100}) {
+        EXPECT_EQ(tl_quant_gemm_dtype(w.get(), dtype, x.ptr, y.ptr, 4, nullptr, ws.ptr, ws_bytes),
+                  TL_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(tl_last_error_message()).find("dtype"), std::string::npos) << tl_last_error_message();
+    }
     CUDA_OK(cudaDeviceSynchronize());  // the device is still healthy
     CUDA_OK(cudaGetLastError());
     WeightPtr unpacked = random_weight(256, 128, 64);

@@ -230,6 +230,11 @@ c_constants! {
     /// Dispatcher setting: M from which dequantize + cuBLAS is used (0 = never).
     pub const TL_DISPATCH_CUBLAS_MIN_M: i32 = 4;
 
+    /// Element type of x and y for `tl_quant_gemm_dtype`: IEEE half precision.
+    pub const TL_DTYPE_FP16: i32 = 0;
+    /// Element type of x and y for `tl_quant_gemm_dtype`: bfloat16.
+    pub const TL_DTYPE_BF16: i32 = 1;
+
     /// CUDA where available, else the CPU.
     pub const TL_BACKEND_AUTO: i32 = 0;
     /// The CPU reference backend.
@@ -588,6 +593,17 @@ c_functions! {
     /// Y = X * W on the GPU (device pointers, FP16).
     pub fn tl_quant_gemm(
         weight: *const tl_weight,
+        x: *const c_void,
+        y: *mut c_void,
+        m: i64,
+        stream: *mut c_void,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    ) -> tl_status;
+    /// `tl_quant_gemm` with x and y of type `dtype` (`TL_DTYPE_*`).
+    pub fn tl_quant_gemm_dtype(
+        weight: *const tl_weight,
+        dtype: i32,
         x: *const c_void,
         y: *mut c_void,
         m: i64,

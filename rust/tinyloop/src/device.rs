@@ -189,7 +189,8 @@ mod sealed {
 
 /// Element types a [`DeviceBuffer`] may hold: plain numbers, for which every bit pattern is a valid value, so
 /// that whatever the device holds can be read back safely. Sealed: implemented for the integer and float types
-/// and [`half::f16`] (FP16, `#[repr(transparent)]` over its `u16` bit pattern, as the device's `__half` is).
+/// and [`half::f16`] / [`half::bf16`] (FP16 / BF16, `#[repr(transparent)]` over their `u16` bit patterns, as the
+/// device's `__half` / `__nv_bfloat16` are).
 pub trait DeviceCopy: sealed::Sealed + Copy + Send + 'static {}
 
 macro_rules! device_copy {
@@ -198,7 +199,7 @@ macro_rules! device_copy {
         impl DeviceCopy for $t {}
     )*};
 }
-device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, half::f16);
+device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, half::f16, half::bf16);
 
 /// A typed array in device memory on one [`Stream`]'s device, of a fixed length, freed on drop.
 ///

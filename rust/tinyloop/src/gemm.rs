@@ -3,7 +3,6 @@
 
 use std::ptr::{self, NonNull};
 
-use half::f16;
 use tinyloop_sys as sys;
 
 use crate::device::{DeviceBuffer, SharedStream, Stream};
@@ -291,8 +290,28 @@ impl Workspace {
     }
 }
 
-/// `Y = X · W` on the GPU: `x` holds FP16 `[m][k]` row-major, `y` receives FP16 `[m][n]` row-major
-/// ([`f16`](crate::f16)). The weight must have been packed on the stream's device ([`Model::pack`] /
+/// The element types [`quant_gemm`] takes for its activations and results: [`f16`](crate::f16) (FP16) and
+/// [`bf16`](crate::bf16) (BF16). Sealed.
+pub trait GemmElement: crate::DeviceCopy + private::Sealed {
+    /// The C API's `TL_DTYPE_*` value of the type.
+    #[doc(hidden)]
+    const DTYPE: i32;
+}
+mod private {
+    pub trait Sealed {}
+}
+impl private::Sealed for half::f16 {}
+impl private::Sealed for half::bf16 {}
+impl GemmElement for half::f16 {
+    const DTYPE: i32 = sys::TL_DTYPE_FP16;
+}
+impl GemmElement for half::bf16 {
+    const DTYPE: i32 = sys::TL_DTYPE_BF16;
+}
+
+/// `Y = X · W` on the GPU: `x` holds `[m][k]` row-major, `y` receives `[m][n]` row-major, both FP16
+/// ([`f16`](crate::f16)) or both BF16 ([`bf16`](crate::bf16); `tl_quant_gemm_dtype`, whose header comment says how
+/// each path rounds). The weight must have been packed on the stream's device ([`Model::pack`] /
 /// [`Weight::pack`]).
 ///
 /// Checked here before the library is called: `m >= 1`, `x.len() == m * k`, `y.len() == m * n`, and that `x`,
@@ -304,10 +323,10 @@ impl Workspace {
 ///
 /// Freeing a packed weight (dropping a [`Weight`] or [`Model`]) while calls on it are still queued is safe: the
 /// library frees device memory with `cudaFree`, which waits for the device first.
-pub fn quant_gemm<W: QuantWeight + ?Sized>(
+pub fn quant_gemm<W: QuantWeight + ?Sized, E: GemmElement>(
     weight: &W,
-    x: &DeviceBuffer<f16>,
-    y: &mut DeviceBuffer<f16>,
+    x: &DeviceBuffer<E>,
+    y: &mut DeviceBuffer<E>,
     m: usize,
     stream: &Stream,
     workspace: &mut Workspace,
@@ -339,11 +358,12 @@ pub fn quant_gemm<W: QuantWeight + ?Sized>(
     let m = i64::try_from(m).map_err(|_| Error::InvalidArgument(format!("m = {m} does not fit in an int64_t")))?;
     // SAFETY: the weight is live; x, y and the workspace are device allocations of the checked sizes on
     // `stream`, so everything later queued on them (copies, frees) runs after this call; `&mut y` and
-    // `&mut workspace` exclude other host-side writers while the call is queued. x and y hold `half::f16`
-    // elements, `#[repr(transparent)]` over u16: the IEEE half bit patterns the C API's FP16 pointers expect.
+    // `&mut workspace` exclude other host-side writers while the call is queued. x and y hold `half::f16` or
+    // `half::bf16` elements, `#[repr(transparent)]` over u16: the bit patterns of the type E::DTYPE names.
     check(unsafe {
-        sys::tl_quant_gemm(
+        sys::tl_quant_gemm_dtype(
             weight.raw().as_ptr(),
+            E::DTYPE,
             x.as_ptr(),
             y.as_mut_ptr(),
             m,

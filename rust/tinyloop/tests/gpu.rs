@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use common::{build_without_cuda, f16_bits, fixture, Rng};
 use tinyloop::{
-    f16, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting, Error, Model,
+    bf16, f16, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting, Error, Model,
     PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, WeightDesc, Workspace,
 };
 use tinyloop_sys as sys;
@@ -234,8 +234,7 @@ struct Reference {
 }
 
 impl Reference {
-    fn new(x: &[f16], w_nk: &[f32], m: usize, k: usize, n: usize) -> Reference {
-        let x: Vec<f64> = x.iter().map(|&h| f64::from(h)).collect();
+    fn new(x: &[f64], w_nk: &[f32], m: usize, k: usize, n: usize) -> Reference {
         let mut y = vec![0.0; m * n];
         let mut magnitude = vec![0.0; m * n];
         for i in 0..m {
@@ -254,17 +253,16 @@ impl Reference {
     }
 
     /// The error bound of output `index`: FP16 rounding of Y, of W (the FP16-body and cuBLAS paths) and FP32
-    /// accumulation.
-    fn bound(&self, index: usize) -> f64 {
-        self.y[index].abs() / 1024.0 + self.magnitude[index] / 512.0 + 1e-6
+    /// accumulation, times `scale` (1 for FP16 results, 8 for BF16's three fewer bits).
+    fn bound(&self, index: usize, scale: f64) -> f64 {
+        scale * (self.y[index].abs() / 1024.0 + self.magnitude[index] / 512.0) + 1e-6
     }
 
-    /// Checks every element of an FP16 result against the reference.
-    fn check(&self, actual: &[f16], n: usize, what: &str) {
+    /// Checks every element of a result (its values) against the reference.
+    fn check(&self, actual: &[f64], n: usize, scale: f64, what: &str) {
         assert_eq!(actual.len(), self.y.len(), "{what}: output length");
         for (index, (&got, want)) in actual.iter().zip(&self.y).enumerate() {
-            let got = f64::from(got);
-            let tolerance = self.bound(index);
+            let tolerance = self.bound(index, scale);
             assert!(
                 (got - want).abs() <= tolerance,
                 "{what}: y[{}][{}] = {got}, reference {want} (tolerance {tolerance})",
@@ -295,9 +293,32 @@ fn check_gemm<W: QuantWeight>(
     let mut y = DeviceBuffer::<f16>::zeroed(stream, m * n).unwrap();
     y.fill_bytes(0xff).unwrap(); // NaN: an output left unwritten cannot pass
     quant_gemm(weight, &x, &mut y, m, stream, workspace).unwrap();
-    let actual = y.to_vec().unwrap();
-    let reference = Reference::new(&x_host, &weight.dequantize().unwrap(), m, k, n);
-    reference.check(&actual, n, &format!("{what}: '{}' k {k} n {n} m {m}", info.name));
+    let actual: Vec<f64> = y.to_vec().unwrap().into_iter().map(f64::from).collect();
+    let x_values: Vec<f64> = x_host.iter().map(|&h| f64::from(h)).collect();
+    let reference = Reference::new(&x_values, &weight.dequantize().unwrap(), m, k, n);
+    reference.check(&actual, n, 1.0, &format!("{what}: '{}' k {k} n {n} m {m}", info.name));
+}
+
+/// The same with BF16 activations and results, within BF16's rounding (8 significant bits: 8 times FP16's bound).
+fn check_gemm_bf16<W: QuantWeight>(
+    weight: &W,
+    m: usize,
+    stream: &Stream,
+    workspace: &mut Workspace,
+    rng: &mut Rng,
+    what: &str,
+) {
+    let info = weight.info();
+    let (k, n) = (info.k, info.n);
+    let x_host: Vec<bf16> = (0..m * k).map(|_| bf16::from_f32(rng.uniform(-1.0, 1.0))).collect();
+    let x = DeviceBuffer::from_slice(stream, &x_host).unwrap();
+    let mut y = DeviceBuffer::<bf16>::zeroed(stream, m * n).unwrap();
+    y.fill_bytes(0xff).unwrap(); // NaN: an output left unwritten cannot pass
+    quant_gemm(weight, &x, &mut y, m, stream, workspace).unwrap();
+    let actual: Vec<f64> = y.to_vec().unwrap().into_iter().map(f64::from).collect();
+    let x_values: Vec<f64> = x_host.iter().map(|&h| f64::from(h)).collect();
+    let reference = Reference::new(&x_values, &weight.dequantize().unwrap(), m, k, n);
+    reference.check(&actual, n, 8.0, &format!("{what} (BF16): '{}' k {k} n {n} m {m}", info.name));
 }
 
 /// A dispatcher path, the settings that select it, and the counter it bumps.
@@ -371,6 +392,8 @@ fn quant_gemm_matches_an_fp64_reference_on_every_path() {
                 let marlin_path = path.name.starts_with("marlin") || path.name.starts_with("dequantize");
                 let counter = if marlin_path && !packable { |c: &DispatchCounts| c.native } else { path.counter };
                 assert_eq!(counter(&after), counter(&before) + 1, "{} at m {m}, k {k} n {n}: {after:?}", path.name);
+                // BF16 under the same settings (the paths that hold FP16 weights pass it on to the next).
+                check_gemm_bf16(&weight, m, &stream, &mut workspace, &mut rng, path.name);
             }
         }
         assert!(workspace.bytes() >= weight.workspace_size(130).unwrap());
@@ -577,8 +600,10 @@ fn quant_gemm_through_the_safe_api_matches_the_raw_c_calls_on_every_path() {
                 };
                 assert_eq!(served(&safe_before, &safe_after), served(&c_before, &c_after), "{what}");
 
-                let reference = Reference::new(&x_host, &w_nk, m, k, n);
-                reference.check(&from_c, n, &format!("{what}, raw C call"));
+                let x_values: Vec<f64> = x_host.iter().map(|&h| f64::from(h)).collect();
+                let reference = Reference::new(&x_values, &w_nk, m, k, n);
+                let from_c_values: Vec<f64> = from_c.iter().map(|&h| f64::from(h)).collect();
+                reference.check(&from_c_values, n, 1.0, &format!("{what}, raw C call"));
                 // Same kernel, same inputs: they may differ only where split-K partial sums (FP32 atomics) are added
                 // in another order, which can move the FP16 result by an ulp.
                 for (index, (&a, &b)) in from_safe.iter().zip(&from_c).enumerate() {
