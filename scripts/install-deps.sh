@@ -12,6 +12,7 @@ packages=(
   libgtest-dev         # C++ unit tests
   libcriterion-dev     # C API conformance suite
   librust-cc-dev       # Rust build script: compiles the C++ core
+  librust-jobserver-dev  # Rust build script: the cc crate's parallel compilation
   librust-log-dev      # Rust crate: destructors log the errors they cannot return
   librust-serde-json-dev  # Rust scoring-service example: line-delimited JSON
   librust-criterion-dev   # Rust benchmarks (cargo bench)

@@ -10,7 +10,7 @@
 //!    TinyLoop repository's when the crate sits in it (`../../cpp/sources.txt` exists), else the copy in `csrc/`
 //!    that `vendor-sources.sh` makes for `cargo package`. With the `cuda` feature: also the CUDA sources of
 //!    `cuda/sources.txt` through nvcc (the `cc` crate's CUDA support), for the architectures of
-//!    `TINYLOOP_CUDA_ARCHS` (default `80;86;89;90`), linking the static CUDA runtime and cuBLAS.
+//!    `TINYLOOP_CUDA_ARCHS` (default `80;90`: SASS for 8.0 runs on 8.6 and 8.9), linking the static CUDA runtime and cuBLAS.
 //!
 //! No path needs a GPU or `nvidia-smi`.
 
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The GPUs the project supports: Ampere (80, 86), Ada (89), Hopper (90). Same default as CMakeLists.txt.
-const DEFAULT_CUDA_ARCHS: &str = "80;86;89;90";
+const DEFAULT_CUDA_ARCHS: &str = "80;90";
 
 /// What CMake's Release configuration passes to the C++ compiler besides includes and definitions
 /// (`CMAKE_CXX_FLAGS_RELEASE` is `-O3 -DNDEBUG`; the visibility flags come from CMakeLists.txt's presets). `-O3`
