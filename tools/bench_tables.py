@@ -9,6 +9,9 @@ others compare kernel variants (A/B runs, two builds, the read probe).
       the target and whether it is met.
   tools/bench_tables.py targets BENCH_CSV
       per group size and target class, how many of the Llama/Qwen2 cells meet the target, and the worst one.
+  tools/bench_tables.py bf16 BENCH_CSV
+      BF16 against FP16 per M over tl_bench's layers (group 128): the fused Marlin-class kernel's time in BF16 over
+      its time in FP16, and dense cuBLAS BF16's time over it (median, least and greatest).
   tools/bench_tables.py builds CSV NEW_BUILD OLD_BUILD
       one kernel column of tl_bench measured with two builds in one call (a CSV of tl_bench rows with `build` and
       `pass` columns): per layer, M and group, the median over the passes of each build, the speed-up and the SOL
@@ -215,6 +218,24 @@ def score_table(path, model=None):
         print(f"| {key[0]} | {key[1]} | {config} | {tps('0')} | {tps('1')} | {mib} | {any_row['gemm_fallbacks']} |")
 
 
+def bf16_table(path):
+    cells, order = cells_of(path, "128")
+    ms = sorted({m for _, m in order})
+    print("| M | layers | fused BF16 / fused FP16 time: median (range) | cuBLAS BF16 / fused BF16 time: median (range) |")
+    print("|---|---|---|---|")
+
+    def summary(values):
+        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+    for m in ms:
+        both = [cells[k] for k in order if k[1] == m and {"marlin_fused", "marlin_fused_bf16", "cublas_bf16"} <= set(cells[k])]
+        if not both:
+            continue
+        own = [c["marlin_fused_bf16"] / c["marlin_fused"] for c in both]
+        peer = [c["cublas_bf16"] / c["marlin_fused_bf16"] for c in both]
+        print(f"| {m} | {len(both)} | {summary(own)} | {summary(peer)} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -222,6 +243,7 @@ def main():
     g.add_argument("csv")
     g.add_argument("--group", default="128", choices=GROUPS)
     sub.add_parser("targets").add_argument("csv")
+    sub.add_parser("bf16").add_argument("csv")
     b = sub.add_parser("builds")
     b.add_argument("csv")
     b.add_argument("new_build")
@@ -235,6 +257,8 @@ def main():
         gemm_table(args.csv, args.group)
     elif args.what == "targets":
         targets_table(args.csv)
+    elif args.what == "bf16":
+        bf16_table(args.csv)
     elif args.what == "builds":
         builds_table(args.csv, args.new_build, args.old_build)
     elif args.what == "probe":

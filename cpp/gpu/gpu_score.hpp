@@ -7,7 +7,7 @@
 // ONE weight (N = 2·ffn; one GEMM, then SwiGLU), and a quantized head packed with N padded to a multiple of 64 (zero
 // codes, scales and zeros in the padding rows, whose logits the softmax ignores), so V = 50257 takes the
 // Marlin-class path. A dense or tied head is not INT4: it is an FP16 copy of its values (the embedding table itself
-// when that is F16) multiplied through cuBLAS (gpu::cublas_gemm_fp16), its rows padded to a multiple of 64 as well
+// when that is F16) multiplied through cuBLAS (gpu::cublas_gemm), its rows padded to a multiple of 64 as well
 // so that cuBLAS's aligned kernels serve it; dense block linears likewise.
 // Precision: FP32 residual stream, FP16 GEMM inputs and outputs, FP32 math in every other kernel, NLL reduced in
 // FP32 per position and summed in double (cuda/forward/forward_kernels.hpp).
