@@ -82,13 +82,13 @@ pub use gemm::{
 /// The `half` crate, whose [`f16`] is the type of every FP16 value the API takes or returns (re-exported so that
 /// callers use the same version).
 pub use half;
+/// bfloat16: the other element type [`quant_gemm`] takes (FP32's exponent range, 8 significant bits).
+/// `#[repr(transparent)]` over its `u16` bit pattern.
+pub use half::bf16;
 /// IEEE half precision: the element type of FP16 device buffers ([`quant_gemm`]'s activations and results) and of
 /// [`WeightDesc`]'s scales and zero points. `#[repr(transparent)]` over its `u16` bit pattern, the C API's
 /// `uint16_t`; `f16::from_f32` rounds to nearest (ties to even), `f32::from(h)` is exact.
 pub use half::f16;
-/// bfloat16: the other element type [`quant_gemm`] takes (FP32's exponent range, 8 significant bits).
-/// `#[repr(transparent)]` over its `u16` bit pattern.
-pub use half::bf16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{import_checkpoint, HeadKind, ImportOptions, LoadOptions, Model, ModelInfo};
 pub use score::{Backend, ScoreOptions, ScoreResult, Sequence, SequenceScore};

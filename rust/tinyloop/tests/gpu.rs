@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use common::{build_without_cuda, f16_bits, fixture, Rng};
 use tinyloop::{
-    bf16, f16, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting, Error, Model,
-    PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, WeightDesc, Workspace,
+    bf16, f16, get_dispatch, quant_gemm, set_dispatch, Device, DeviceBuffer, DispatchCounts, DispatchSetting, Error,
+    GemmElement, Model, PackForms, PackOptions, QuantWeight, QuantizeOptions, Stream, Weight, WeightDesc, Workspace,
 };
 use tinyloop_sys as sys;
 
@@ -277,7 +277,7 @@ fn random_halves(rng: &mut Rng, count: usize) -> Vec<f16> {
     (0..count).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect()
 }
 
-/// Runs quant_gemm into a poisoned output and checks every element against the reference.
+/// Runs quant_gemm into a poisoned output and checks every element against the reference: FP16 activations.
 fn check_gemm<W: QuantWeight>(
     weight: &W,
     m: usize,
@@ -286,17 +286,7 @@ fn check_gemm<W: QuantWeight>(
     rng: &mut Rng,
     what: &str,
 ) {
-    let info = weight.info();
-    let (k, n) = (info.k, info.n);
-    let x_host = random_halves(rng, m * k);
-    let x = DeviceBuffer::from_slice(stream, &x_host).unwrap();
-    let mut y = DeviceBuffer::<f16>::zeroed(stream, m * n).unwrap();
-    y.fill_bytes(0xff).unwrap(); // NaN: an output left unwritten cannot pass
-    quant_gemm(weight, &x, &mut y, m, stream, workspace).unwrap();
-    let actual: Vec<f64> = y.to_vec().unwrap().into_iter().map(f64::from).collect();
-    let x_values: Vec<f64> = x_host.iter().map(|&h| f64::from(h)).collect();
-    let reference = Reference::new(&x_values, &weight.dequantize().unwrap(), m, k, n);
-    reference.check(&actual, n, 1.0, &format!("{what}: '{}' k {k} n {n} m {m}", info.name));
+    check_gemm_as(weight, m, stream, workspace, rng, f16::from_f32, 1.0, what);
 }
 
 /// The same with BF16 activations and results, within BF16's rounding (8 significant bits: 8 times FP16's bound).
@@ -308,17 +298,33 @@ fn check_gemm_bf16<W: QuantWeight>(
     rng: &mut Rng,
     what: &str,
 ) {
+    check_gemm_as(weight, m, stream, workspace, rng, bf16::from_f32, 8.0, &format!("{what} (BF16)"));
+}
+
+/// quant_gemm on activations of type E (`from_f32` rounds to it), against the FP64 reference of those activations,
+/// with the error bound scaled by `scale`.
+#[allow(clippy::too_many_arguments)]
+fn check_gemm_as<W: QuantWeight, E: GemmElement + Into<f64>>(
+    weight: &W,
+    m: usize,
+    stream: &Stream,
+    workspace: &mut Workspace,
+    rng: &mut Rng,
+    from_f32: fn(f32) -> E,
+    scale: f64,
+    what: &str,
+) {
     let info = weight.info();
     let (k, n) = (info.k, info.n);
-    let x_host: Vec<bf16> = (0..m * k).map(|_| bf16::from_f32(rng.uniform(-1.0, 1.0))).collect();
+    let x_host: Vec<E> = (0..m * k).map(|_| from_f32(rng.uniform(-1.0, 1.0))).collect();
     let x = DeviceBuffer::from_slice(stream, &x_host).unwrap();
-    let mut y = DeviceBuffer::<bf16>::zeroed(stream, m * n).unwrap();
+    let mut y = DeviceBuffer::<E>::zeroed(stream, m * n).unwrap();
     y.fill_bytes(0xff).unwrap(); // NaN: an output left unwritten cannot pass
     quant_gemm(weight, &x, &mut y, m, stream, workspace).unwrap();
-    let actual: Vec<f64> = y.to_vec().unwrap().into_iter().map(f64::from).collect();
-    let x_values: Vec<f64> = x_host.iter().map(|&h| f64::from(h)).collect();
+    let actual: Vec<f64> = y.to_vec().unwrap().into_iter().map(Into::into).collect();
+    let x_values: Vec<f64> = x_host.into_iter().map(Into::into).collect();
     let reference = Reference::new(&x_values, &weight.dequantize().unwrap(), m, k, n);
-    reference.check(&actual, n, 8.0, &format!("{what} (BF16): '{}' k {k} n {n} m {m}", info.name));
+    reference.check(&actual, n, scale, &format!("{what}: '{}' k {k} n {n} m {m}", info.name));
 }
 
 /// A dispatcher path, the settings that select it, and the counter it bumps.
