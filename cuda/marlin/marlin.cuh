@@ -37,7 +37,7 @@ struct Params {
     const uint16_t *zeros;
     uint16_t *y;
     float *partials;  // [grid][MB * kPartialFloats], zero between calls
-    int *counters;    // [grid], zero between calls
+    int *counters;    // [grid], zero between calls (the classic kernel's stream-K arrivals)
     int m, n, k;
     int group_size;   // effective: K for per-column scales
     int m_slices, k_tiles;

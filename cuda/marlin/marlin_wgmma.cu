@@ -647,17 +647,13 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     // Stream-K: at least 8 k slices per block (or a whole tile), fewer contributors to each cut tile's FP32 sums.
     const long long min_iters = std::min(8, p.k_tiles);
     long long grid = std::max(1LL, std::min(slots, p.total_iters / min_iters));
+    // The cut tiles' partial sums, one slot per block, from the workspace's start (no arrival counters: the fix-up
+    // grid writes the cut tiles); as many blocks as the workspace holds slots.
     const size_t partial_bytes = static_cast<size_t>(L::kPartialFloats) * sizeof(float);
-    auto counter_bytes = [](long long blocks) { return (static_cast<size_t>(blocks) * sizeof(int) + 255) / 256 * 256; };
-    // As many blocks as the workspace holds (counters rounded up to 256 bytes: at most 256 more than 4 per block).
-    if (env.workspace_bytes > 256) {
-        grid = std::min(grid, static_cast<long long>((env.workspace_bytes - 256) / (sizeof(int) + partial_bytes)));
-    }
-    if (grid < 1 || counter_bytes(grid) + static_cast<size_t>(grid) * partial_bytes > env.workspace_bytes) {
-        return kRcWorkspace;
-    }
-    p.counters = static_cast<int *>(env.workspace);
-    p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes(grid));
+    grid = std::min(grid, static_cast<long long>(env.workspace_bytes / partial_bytes));
+    if (grid < 1) return kRcWorkspace;
+    p.counters = nullptr;
+    p.partials = static_cast<float *>(env.workspace);
     kernel<<<static_cast<unsigned>(grid), kBlockThreads, kSmem, env.stream>>>(p);
     TL_GPU_CHECK_LAUNCH();
     if (p.whole_tiles) return 0;

@@ -82,7 +82,8 @@ std::vector<int> sample_columns(int n, int count);
 
 // Every element of y [m][n] (FP16 bits) is finite; on the columns `cols` (empty = all) of the reference
 // ref[m][cols.size()], ||y - ref|| / ||ref|| <= rel_tol and each element within 4 * rel_tol * rms(ref) +
-// 2e-3 * |ref| (a single misplaced element fails even where the norm would not notice); y's elements of `dtype`.
+// 2e-3 * |ref| (1.6e-2 * |ref| for BF16; a single misplaced element fails even where the norm would not notice); y's
+// elements of `dtype`.
 ::testing::AssertionResult matches(const std::vector<uint16_t> &y, int m, int n, const std::vector<double> &ref,
                                    const std::vector<int> &cols, double rel_tol, tl::Dtype dtype = tl::Dtype::F16);
 // The same against another output of the same type (all columns).

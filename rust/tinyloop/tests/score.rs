@@ -65,7 +65,10 @@ fn without_token_nll_the_totals_are_the_same() {
 }
 
 /// A window of w tokens starting at s predicts tokens s+1 .. s+w-1 from the tokens before them in the window
-/// only, so scoring that slice on its own must give the same per-token NLLs.
+/// only, so scoring that slice on its own must give the same per-token NLLs: to 1e-4 on the CPU; on the GPU to FP16's
+/// precision, because the windows are scored together there, as GEMMs of more rows than a window alone, which the
+/// dispatcher may send to other kernels (they differ by the FP16 rounding of the dequantized weights; measured on the
+/// H200: 1.5e-4 apart on one token).
 #[test]
 fn each_window_scores_like_its_slice_on_its_own() {
     let model = Model::load(fixture()).unwrap();
@@ -75,6 +78,7 @@ fn each_window_scores_like_its_slice_on_its_own() {
     let windowed = model.score(&tokens, &ScoreOptions { window, ..with_nll() }).unwrap();
     check_invariants(&windowed, n);
     assert_eq!(windowed.n_windows, windows_for(n, window));
+    let tolerance = if windowed.backend == Backend::Cuda { 2e-3 } else { 1e-4 };
     let windowed_nll = windowed.token_nll.unwrap();
 
     let mut start = 0;
@@ -82,7 +86,11 @@ fn each_window_scores_like_its_slice_on_its_own() {
         let end = (start + window).min(n);
         let alone = model.score(&tokens[start..end], &with_nll()).unwrap();
         for (offset, (a, b)) in alone.token_nll.unwrap().iter().zip(&windowed_nll[start..end - 1]).enumerate() {
-            assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "token {}: alone {a}, windowed {b}", start + offset + 1);
+            assert!(
+                (a - b).abs() <= tolerance * a.abs().max(1.0),
+                "token {}: alone {a}, windowed {b}",
+                start + offset + 1
+            );
         }
         start += window - 1;
     }
