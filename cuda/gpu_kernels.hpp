@@ -85,9 +85,9 @@ int gather_columns(const uint16_t *x, int k_in, const int32_t *index, uint16_t *
 // w [N][K] = q*s + z rounded once to dtype; the file layout as in native_int4_gemm (K even).
 int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
                  int group_size, Dtype dtype, cudaStream_t stream);
-// Y = X @ W with W given as [N][K] of dtype, like x and y (cublasGemmEx, FP32 compute). Sets the handle's stream
-// and, when `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that moves
-// between streams while earlier GEMMs still run must be given a workspace that no concurrent call uses).
+// Y = X @ W with W given as [N][K] of dtype, like x and y (cublasGemmEx, FP32 compute). Sets the handle's stream and,
+// when `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that
+// moves between streams while earlier GEMMs still run must be given a workspace that no concurrent call uses).
 int cublas_gemm(cublasHandle_t handle, const uint16_t *x, const uint16_t *w, uint16_t *y, int m, int n, int k,
                 Dtype dtype, cudaStream_t stream, void *cublas_workspace = nullptr, size_t cublas_workspace_bytes = 0);
 // dequant_int4 into `scratch` (>= N*K*2 bytes), then cublas_gemm with the workspace given.

@@ -10,9 +10,9 @@ namespace {
 constexpr int kNativeThreads = 128;  // outputs (columns) per block
 constexpr int kNativeChunk = 1024;   // k values of the X row staged in shared memory at a time
 
-// Y[m, n] for m = blockIdx.x, n = blockIdx.y * 128 + threadIdx.x; x and y of type D. The block stages
-// X[m, k0:k0+1024] in shared memory as FP32; each thread walks its own weight row. `vector_path` (K and the group size multiples of 32, rows
-// 16-byte aligned): 16-byte code loads and one group lookup per 32 codes; otherwise one code at a time.
+// Y[m, n] for m = blockIdx.x, n = blockIdx.y * 128 + threadIdx.x; x and y of type D. The block stages X[m, k0:k0+1024]
+// in shared memory as FP32; each thread walks its own weight row. `vector_path` (K and the group size multiples of 32,
+// rows 16-byte aligned): 16-byte code loads and one group lookup per 32 codes; otherwise one code at a time.
 template <Dtype D>
 __global__ void __launch_bounds__(kNativeThreads) native_int4_kernel(const typename Element<D>::T *x,
                                                                      const uint8_t *codes, const __half *scales,

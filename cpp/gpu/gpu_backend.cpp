@@ -485,11 +485,7 @@ void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream) {
 
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, void *stream_ptr,
                 void *workspace, size_t workspace_bytes, void *cublas_handle, const uint16_t *dequantized) {
-    if (dtype != Dtype::F16 && dtype != Dtype::BF16) {
-        fail(TL_ERR_INVALID_ARGUMENT, "dtype must be TL_DTYPE_FP16 or TL_DTYPE_BF16, got " +
-                                          std::to_string(static_cast<int>(dtype)));
-    }
-    const bool f16 = dtype == Dtype::F16;
+    const bool f16 = dtype == Dtype::F16;  // (the C API checked the value)
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
     if (y == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "y is NULL");

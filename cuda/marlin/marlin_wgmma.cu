@@ -7,20 +7,20 @@
 // per warp of a warpgroup) x R rows of X (R = 32 on one warpgroup or two, 64 or 128 on two). Per k16 step, warp j of a
 // warpgroup reads its strip's cell, whose word w (of 4) is the mma A fragment of the 16 x 16 tile of columns 16w .. 16w
 // + 15, and dequantizes its warpgroup's share of the words (all 4, or 2 each with two warpgroups) to the activations'
-// type in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one wgmma m64nRk16 whose B
-// operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a descriptor; each word has its
-// own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4; columns: activation rows, as in
-// the stream kernel's swapped mma): R / 2 registers a thread per word. Splitting the words between warpgroups (rather
-// than the rows) dequantizes each weight once per tile and issues half as many, twice as large wgmma. wgmma runs
-// asynchronously: step i + 1 is dequantized while the tensor cores work on steps i, i - 1, ... (A fragments in 2 or 4
-// buffers; wait_group frees the oldest).
+// type in registers (dequant_word: q*s + z, or (q - 8)*s). Word w of the four warps is the 64-row A operand of one
+// wgmma m64nRk16 whose B operand (all R rows of X, 16 deep) the tensor cores read from shared memory through a
+// descriptor; each word has its own 64 x R FP32 accumulator (rows: the strip's columns 16w + L/4 and 16w + 8 + L/4;
+// columns: activation rows, as in the stream kernel's swapped mma): R / 2 registers a thread per word. Splitting the
+// words between warpgroups (rather than the rows) dequantizes each weight once per tile and issues half as many, twice
+// as large wgmma. wgmma runs asynchronously: step i + 1 is dequantized while the tensor cores work on steps i, i - 1,
+// ... (A fragments in 2 or 4 buffers; wait_group frees the oldest).
 //
-// X in shared memory: [row][64 k] FP16, 128-byte rows whose 16-byte chunks are XOR-swizzled by row % 8, which is
-// the hardware's 128-byte swizzle for K-major operands (descriptor mode 1): the cp.async copies and the tensor
-// cores agree on it and neither meets bank conflicts. Stages start on 1024-byte boundaries (the swizzle repeats
-// every 8 rows). A stage is refilled two slices after it was consumed, because the last wgmma reading it may still
-// run during the next slice. Stream-K partitioning and the reduction of cut tiles as in the other kernels; with many
-// tiles, whole tiles round robin instead (see launch_wgmma_kernel).
+// X in shared memory: [row][64 k] FP16 or BF16, 128-byte rows whose 16-byte chunks are XOR-swizzled by row % 8, which
+// is the hardware's 128-byte swizzle for K-major operands (descriptor mode 1): the cp.async copies and the tensor cores
+// agree on it and neither meets bank conflicts. Stages start on 1024-byte boundaries (the swizzle repeats every 8
+// rows). A stage is refilled two slices after it was consumed, because the last wgmma reading it may still run during
+// the next slice. Stream-K partitioning and the reduction of cut tiles as in the other kernels; with many tiles, whole
+// tiles round robin instead (see launch_wgmma_kernel).
 //
 // One mainloop (WgmmaCopier copies a stage, WgmmaTile computes it and writes the tile), scheduled two ways:
 // marlin_wgmma_kernel, where every thread copies and computes and one block barrier per slice orders the ring (32-row
@@ -376,8 +376,8 @@ struct WgmmaTile {
 #pragma unroll
                 for (int wi = 0; wi < kWords; ++wi) {
                     const float *d = &acc[wi][4 * nb];
-                    store_quad<L::kDtype>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, d[0], d[2], d[1],
-                               d[3], quad_rows(row, p.m));
+                    store_quad<L::kDtype>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, d[0],
+                                          d[2], d[1], d[3], quad_rows(row, p.m));
                 }
             }
             return;
@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(L::kThreads) marlin_wgmma_fixup_kernel(const P
 #pragma unroll
         for (int wi = 0; wi < kWords; ++wi) {
             const float4 v = sums[wi][nb];
-            store_quad<L::kDtype>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, v.x, v.y, v.z, v.w,
-                       quad_rows(row0 + nb * 8, p.m));
+            store_quad<L::kDtype>(y0 + static_cast<size_t>(nb * 8) * p.n + 16 * (wg * kWords + wi), p.n, v.x, v.y,
+                                  v.z, v.w, quad_rows(row0 + nb * 8, p.m));
         }
 }
 
