@@ -221,14 +221,16 @@ def score_table(path, model=None):
 def bf16_table(path):
     cells, order = cells_of(path, "128")
     ms = sorted({m for _, m in order})
-    print("| M | layers | fused BF16 / fused FP16 time: median (range) | cuBLAS BF16 / fused BF16 time: median (range) |")
+    print("| M | layers | fused BF16 / fused FP16 time: median (range) "
+          "| cuBLAS BF16 / fused BF16 time: median (range) |")
     print("|---|---|---|---|")
 
     def summary(values):
         return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
     for m in ms:
-        both = [cells[k] for k in order if k[1] == m and {"marlin_fused", "marlin_fused_bf16", "cublas_bf16"} <= set(cells[k])]
+        needed = {"marlin_fused", "marlin_fused_bf16", "cublas_bf16"}
+        both = [cells[k] for k in order if k[1] == m and needed <= set(cells[k])]
         if not both:
             continue
         own = [c["marlin_fused_bf16"] / c["marlin_fused"] for c in both]

@@ -289,18 +289,6 @@ fn check_gemm<W: QuantWeight>(
     check_gemm_as(weight, m, stream, workspace, rng, f16::from_f32, 1.0, what);
 }
 
-/// The same with BF16 activations and results, within BF16's rounding (8 significant bits: 8 times FP16's bound).
-fn check_gemm_bf16<W: QuantWeight>(
-    weight: &W,
-    m: usize,
-    stream: &Stream,
-    workspace: &mut Workspace,
-    rng: &mut Rng,
-    what: &str,
-) {
-    check_gemm_as(weight, m, stream, workspace, rng, bf16::from_f32, 8.0, &format!("{what} (BF16)"));
-}
-
 /// quant_gemm on activations of type E (`from_f32` rounds to it), against the FP64 reference of those activations,
 /// with the error bound scaled by `scale`.
 #[allow(clippy::too_many_arguments)]
@@ -399,7 +387,9 @@ fn quant_gemm_matches_an_fp64_reference_on_every_path() {
                 let counter = if marlin_path && !packable { |c: &DispatchCounts| c.native } else { path.counter };
                 assert_eq!(counter(&after), counter(&before) + 1, "{} at m {m}, k {k} n {n}: {after:?}", path.name);
                 // BF16 under the same settings (the paths that hold FP16 weights pass it on to the next).
-                check_gemm_bf16(&weight, m, &stream, &mut workspace, &mut rng, path.name);
+                // BF16's error bound: 8 times FP16's (8 significant bits instead of 11).
+                let what = format!("{} (BF16)", path.name);
+                check_gemm_as(&weight, m, &stream, &mut workspace, &mut rng, bf16::from_f32, 8.0, &what);
             }
         }
         assert!(workspace.bytes() >= weight.workspace_size(130).unwrap());
