@@ -939,6 +939,11 @@ TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequen
         if (n_sequences > 0) require_not_null(out_scores, "out_scores");
         if (out_result != nullptr) require_output_struct(out_result, "out_result");
         const tl_score_options opts = read_score_options(options);
+        // Decided before anything is allocated: no array of tl_sequence can be this long.
+        if (n_sequences > static_cast<size_t>(PTRDIFF_MAX) / sizeof(tl_sequence)) {
+            tl::fail(TL_ERR_INVALID_ARGUMENT, "n_sequences = " + std::to_string(n_sequences) +
+                                                  " is longer than any array of tl_sequence can be");
+        }
         std::vector<tl::Sequence> batch(sequences != nullptr ? n_sequences : 0);
         for (size_t i = 0; i < batch.size(); ++i) {
             batch[i].tokens = sequences[i].tokens;

@@ -29,6 +29,7 @@
 #include "gptq/gptq.hpp"
 #include "quant/quant.hpp"
 #include "quant/synthetic.hpp"
+#include "cli/requests.hpp"
 #include "tinyloop.h"
 
 namespace {
@@ -408,156 +409,167 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
 
 // ---- score-batch: requests as JSON lines ----
 
-// One request: its tokens, how many of them are context only, and the input line it came from.
-struct BatchRequest {
-    std::vector<int32_t> tokens;
-    size_t n_context = 0;
-    size_t line = 0;
+// Requests are scored in chunks of about this many tokens, each chunk's results written before the next is read:
+// memory stays bounded whatever the input's length, and results stream out as they are ready.
+constexpr size_t kChunkTokens = size_t{1} << 20;
+
+// A chunk's progress as part of the whole run: the tokens of earlier chunks count as done, and the total is what
+// has been read so far.
+struct ChunkProgress {
+    tl_progress_fn inner = nullptr;
+    void *inner_user = nullptr;
+    uint64_t done_before = 0;
 };
 
-// A request's JSON array of token ids (int32; the library checks them against the vocabulary).
-std::vector<int32_t> json_tokens(const nlohmann::json &request, const char *key) {
-    const nlohmann::json &value = request.at(key);
-    if (!value.is_array()) throw CliError(std::string("\"") + key + "\" must be an array of token ids");
-    std::vector<int32_t> tokens;
-    tokens.reserve(value.size());
-    for (size_t i = 0; i < value.size(); ++i) {
-        const nlohmann::json &v = value[i];
-        const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
-                                                 : v.is_number_integer() && v.get<int64_t>() >= INT32_MIN;
-        if (!fits) {
-            throw CliError(std::string("\"") + key + "\"[" + std::to_string(i) + "] = " + v.dump() +
-                           " is not a token id (an int32)");
-        }
-        tokens.push_back(v.get<int32_t>());
-    }
-    return tokens;
+int32_t chunk_progress(void *user, uint64_t done, uint64_t total) {
+    const auto &p = *static_cast<ChunkProgress *>(user);
+    return p.inner(p.inner_user, p.done_before + done, p.done_before + total);
 }
 
-// Byte-level tokens of a request's string, one per byte (as score --text reads a file).
-void append_text_tokens(const nlohmann::json &request, const char *key, std::vector<int32_t> &tokens) {
-    const nlohmann::json &value = request.at(key);
-    if (!value.is_string()) throw CliError(std::string("\"") + key + "\" must be a string");
-    for (const char c : value.get_ref<const std::string &>()) tokens.push_back(static_cast<unsigned char>(c));
-}
+// One input line's request, or why it cannot be scored.
+struct PendingRequest {
+    tl::cli::BatchRequest request;
+    size_t line = 0;
+    std::string error;  // empty: scored
+    tl_sequence_score score{};
+};
 
-// One line's request, in one of three forms: {"tokens": [ids], "n_context": k (optional, default 0)},
-// {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}.
-BatchRequest parse_request(const std::string &line) {
-    const nlohmann::json request = nlohmann::json::parse(line, nullptr, false);
-    if (request.is_discarded()) throw CliError("not valid JSON");
-    if (!request.is_object()) throw CliError(std::string("expected a JSON object, got ") + request.type_name());
-    const auto only = [&request](const char *form, std::initializer_list<std::string> keys) {
-        for (auto it = request.begin(); it != request.end(); ++it) {
-            if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
-                throw CliError("unexpected key \"" + it.key() + "\" in a request with \"" + form + "\"");
-            }
-        }
-    };
-    BatchRequest r;
-    if (request.contains("tokens")) {
-        only("tokens", {"tokens", "n_context"});
-        r.tokens = json_tokens(request, "tokens");
-        if (request.contains("n_context")) {
-            if (!request["n_context"].is_number_unsigned()) {
-                throw CliError("\"n_context\" must be a non-negative integer, got " + request["n_context"].dump());
-            }
-            r.n_context = request["n_context"].get<size_t>();
-        }
-    } else if (request.contains("context") || request.contains("continuation")) {
-        only("context", {"context", "continuation"});
-        if (!request.contains("context") || !request.contains("continuation")) {
-            throw CliError("\"context\" and \"continuation\" go together");
-        }
-        r.tokens = json_tokens(request, "context");
-        r.n_context = r.tokens.size();
-        const std::vector<int32_t> continuation = json_tokens(request, "continuation");
-        r.tokens.insert(r.tokens.end(), continuation.begin(), continuation.end());
-    } else if (request.contains("text")) {
-        only("text", {"text", "context_text"});
-        if (request.contains("context_text")) append_text_tokens(request, "context_text", r.tokens);
-        r.n_context = r.tokens.size();
-        append_text_tokens(request, "text", r.tokens);
-    } else {
-        throw CliError("expected \"tokens\", \"context\" and \"continuation\", or \"text\"");
-    }
-    return r;
-}
-
-// Every request of the input, one per line; blank lines are skipped. A bad line fails naming its number.
-std::vector<BatchRequest> read_requests(std::istream &in, const std::string &name) {
-    std::vector<BatchRequest> requests;
-    std::string line;
-    for (size_t number = 1; std::getline(in, line); ++number) {
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        try {
-            requests.push_back(parse_request(line));
-        } catch (const CliError &e) {
-            throw CliError(name + " line " + std::to_string(number) + ": " + e.what());
-        }
-        requests.back().line = number;
-    }
-    if (in.bad()) throw CliError("cannot read " + name);
-    return requests;
-}
-
-// The library names a bad sequence "sequences[i]"; the user knows it by its input line.
-std::string name_input_line(const std::string &message, const std::vector<BatchRequest> &requests,
-                            const std::string &name) {
+// The sequence a library message names ("sequences[i]..."), or SIZE_MAX.
+size_t named_sequence(const std::string &message) {
     const std::string key = "sequences[";
     const size_t at = message.find(key);
-    if (at == std::string::npos) return message;
-    const size_t i = std::strtoull(message.c_str() + at + key.size(), nullptr, 10);
-    return i < requests.size() ? name + " line " + std::to_string(requests[i].line) + ": " + message : message;
+    if (at == std::string::npos) return SIZE_MAX;
+    return std::strtoull(message.c_str() + at + key.size(), nullptr, 10);
+}
+
+// Scores the chunk's valid requests in one tl_score_batch call. A request the library refuses (a token outside the
+// vocabulary, one longer than max_seq) gets the library's message as its error, and the others are scored again
+// without it; any other failure ends the run.
+void score_chunk(const tl_model *model, const tl_score_options &base, std::vector<PendingRequest> &chunk,
+                 ChunkProgress &progress) {
+    tl_score_options opts = base;
+    if (opts.progress != nullptr) {
+        progress.inner = base.progress;
+        progress.inner_user = base.progress_user_data;
+        opts.progress = chunk_progress;
+        opts.progress_user_data = &progress;
+    }
+    for (;;) {
+        std::vector<size_t> members;
+        std::vector<tl_sequence> sequences;
+        for (size_t i = 0; i < chunk.size(); ++i) {
+            if (!chunk[i].error.empty()) continue;
+            members.push_back(i);
+            const tl::cli::BatchRequest &r = chunk[i].request;
+            sequences.push_back(tl_sequence{r.tokens.data(), r.tokens.size(), r.n_context});
+        }
+        if (sequences.empty()) return;
+        std::vector<tl_sequence_score> scores(sequences.size());
+        const tl_status status = tl_score_batch(model, sequences.data(), sequences.size(), &opts, scores.data(), nullptr);
+        if (status == TL_OK) {
+            for (size_t j = 0; j < members.size(); ++j) {
+                chunk[members[j]].score = scores[j];
+                progress.done_before += scores[j].tokens_scored;
+            }
+            return;
+        }
+        const std::string message = tl_last_error_message();
+        const size_t j = named_sequence(message);
+        if (status != TL_ERR_INVALID_ARGUMENT || j >= members.size()) {
+            throw CliError(std::string("score-batch: ") + tl_status_string(status) + ": " + message);
+        }
+        // The library numbers the sequences of this call; the user knows a request by its input line.
+        const std::string key = "sequences[" + std::to_string(j) + "].";
+        chunk[members[j]].error = message.compare(0, key.size(), key) == 0 ? message.substr(key.size()) : message;
+    }
 }
 
 int cmd_score_batch(const std::string &model_path, const std::string &input, const std::string &output,
                     const std::string &backend, int threads, int device, double progress_interval) {
-    std::vector<BatchRequest> requests;
     const std::string input_name = input == "-" ? "stdin" : "'" + input + "'";
-    if (input == "-") {
-        requests = read_requests(std::cin, input_name);
-    } else {
-        std::ifstream in(input);
-        if (!in) throw CliError("cannot open input file '" + input + "'");
-        requests = read_requests(in, input_name);
+    std::FILE *in = stdin;
+    if (input != "-") {
+        in = std::fopen(input.c_str(), "rb");
+        if (in == nullptr) throw CliError("cannot open input file '" + input + "': " + errno_text(errno));
     }
+    const struct Closer {
+        std::FILE *file;
+        ~Closer() {
+            if (file != stdin) std::fclose(file);
+        }
+    } closer{in};
+    // The output is opened before any scoring, so that a path that cannot be written costs no work.
+    std::ofstream file;
+    if (output != "-") {
+        file.open(output);
+        if (!file) throw CliError("cannot open output file '" + output + "': " + errno_text(errno));
+    }
+    std::ostream &out = output == "-" ? std::cout : file;
     ModelHandle h(model_path);
 
     ProgressLog progress_log;
     tl_score_options opts = scoring_options(backend, threads, progress_interval, progress_log);
     opts.device = device;
-    std::vector<tl_sequence> sequences(requests.size());
-    for (size_t i = 0; i < requests.size(); ++i) {
-        sequences[i].tokens = requests[i].tokens.data();
-        sequences[i].n_tokens = requests[i].tokens.size();
-        sequences[i].n_context = requests[i].n_context;
-    }
-    std::vector<tl_sequence_score> scores(requests.size());
-    progress_log.start = progress_log.last = std::chrono::steady_clock::now();
-    const tl_status status = tl_score_batch(h.model, sequences.data(), sequences.size(), &opts, scores.data(), nullptr);
-    if (status != TL_OK) {
-        throw CliError(std::string("score-batch: ") + tl_status_string(status) + ": " +
-                       name_input_line(tl_last_error_message(), requests, input_name));
-    }
+    ChunkProgress progress;
+    size_t index = 0, failed = 0;
+    std::vector<PendingRequest> chunk;
+    size_t chunk_tokens = 0;
+    const auto flush = [&] {
+        score_chunk(h.model, opts, chunk, progress);
+        for (PendingRequest &p : chunk) {
+            nlohmann::ordered_json j;
+            if (p.error.empty()) {
+                const tl_sequence_score &s = p.score;
+                const double mean = s.nll_sum / static_cast<double>(s.tokens_scored);
+                j = {{"index", index},         {"nll_sum", s.nll_sum},           {"tokens_scored", s.tokens_scored},
+                     {"mean_nll", mean},       {"perplexity", std::exp(mean)},   {"greedy", s.greedy != 0}};
+            } else {
+                ++failed;
+                std::fprintf(stderr, "tinyloop: %s line %zu: %s\n", input_name.c_str(), p.line, p.error.c_str());
+                j = {{"index", index}, {"line", p.line}, {"error", p.error}};
+            }
+            out << j.dump() << '\n';
+            ++index;
+        }
+        out.flush();
+        if (!out) {
+            throw CliError(output == "-" ? std::string("cannot write the results to stdout")
+                                         : "cannot write '" + output + "'");
+        }
+        chunk.clear();
+        chunk_tokens = 0;
+    };
 
-    std::ofstream file;
-    if (output != "-") {
-        file.open(output);
-        if (!file) throw CliError("cannot open output file '" + output + "'");
+    tl::cli::LineReader reader(in, tl::cli::kMaxRequestLineBytes);
+    std::string line;
+    progress_log.start = progress_log.last = std::chrono::steady_clock::now();
+    try {
+        while (reader.next(line)) {
+            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+            PendingRequest p;
+            p.line = reader.line_number();
+            try {
+                p.request = tl::cli::parse_request(line);
+            } catch (const tl::cli::RequestError &e) {
+                p.error = e.what();
+            }
+            chunk_tokens += p.request.tokens.size();
+            chunk.push_back(std::move(p));
+            if (chunk_tokens >= kChunkTokens) flush();
+        }
+    } catch (const tl::cli::RequestError &e) {
+        flush();  // the lines before the bad one still get their results
+        throw CliError(input_name + ": " + e.what());
     }
-    std::ostream &out = output == "-" ? std::cout : file;
-    for (size_t i = 0; i < scores.size(); ++i) {
-        const tl_sequence_score &s = scores[i];
-        const double mean = s.nll_sum / static_cast<double>(s.tokens_scored);
-        const nlohmann::ordered_json j = {{"index", i},         {"nll_sum", s.nll_sum},
-                                          {"tokens_scored", s.tokens_scored}, {"mean_nll", mean},
-                                          {"perplexity", std::exp(mean)},     {"greedy", s.greedy != 0}};
-        out << j.dump() << '\n';
+    if (reader.failed()) {
+        flush();
+        throw CliError("cannot read " + input_name + ": " + errno_text(errno));
     }
-    out.flush();
-    if (!out) throw CliError(output == "-" ? std::string("cannot write the results to stdout")
-                                           : "cannot write '" + output + "'");
+    flush();
+    if (failed > 0) {
+        throw CliError(std::to_string(failed) + " of " + std::to_string(index) + " requests failed; their output " +
+                       "lines hold \"error\"");
+    }
     return 0;
 }
 
@@ -600,6 +612,13 @@ int main(int argc, char **argv) {
     make->add_flag("--frac4", synth.frac4, "write frac4 channels");
     make->add_flag("--sign-bit", synth.sign_bit, "write sign_bit channels");
 
+    // A count where 0 means "all": a negative value is a usage error, not wrapped or passed on.
+    const CLI::Validator non_negative(
+        [](std::string &value) {
+            return !value.empty() && value.front() == '-' ? "must be 0 (all) or a positive count, not " + value
+                                                          : std::string();
+        },
+        "N >= 0");
     std::string in_path;
     std::string method = "minmax", calib_path;
     tl::QuantizeOptions quant;
@@ -613,7 +632,7 @@ int main(int argc, char **argv) {
         ->capture_default_str();
     quantize->add_flag("--act-order", quant.gptq.act_order, "GPTQ: quantize inputs by decreasing activation energy");
     quantize->add_option("--calib-window", quant.calib_window, "calibration window, 0 = the model's max_seq");
-    quantize->add_option("--threads", quant.n_threads, "CPU threads for calibration, 0 = all");
+    quantize->add_option("--threads", quant.n_threads, "CPU threads for calibration, 0 = all")->check(non_negative);
     quantize->add_option("--group-size", group_size, "0 = per row (default 128)");
     quantize->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric INT4");
     quantize->add_flag("--quantize-head", quant.quantize_head, "also quantize a dense head");
@@ -647,12 +666,6 @@ int main(int argc, char **argv) {
     auto *tokens_opt = score->add_option("--tokens", token_file, "a file of whitespace-separated token ids");
     text_opt->excludes(tokens_opt);
     score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
-    const CLI::Validator non_negative(
-        [](std::string &value) {
-            return !value.empty() && value.front() == '-' ? "must be 0 (all) or a positive count, not " + value
-                                                          : std::string();
-        },
-        "N >= 0");
     score->add_option("--max-tokens", max_tokens, "score at most this many tokens (read only those), 0 = all")
         ->check(non_negative);
     score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
@@ -662,7 +675,7 @@ int main(int argc, char **argv) {
     const auto add_run_options = [&](CLI::App *sub, const std::string &zero_means) {
         sub->add_option("--backend", backend, "auto | cpu | cuda")
             ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
-        sub->add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
+        sub->add_option("--threads", threads, "CPU threads, 0 = all")->check(non_negative)->capture_default_str();
         sub->add_option("--progress-interval", progress_interval,
                         "seconds between progress lines when stderr is not a terminal (0 = " + zero_means + ")")
             ->check(CLI::Validator(

@@ -3,12 +3,15 @@
 // arithmetic is overflow-checked.
 #include "format/format.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -21,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.hpp"
+#include "util/json.hpp"
 
 namespace tl {
 namespace {
@@ -32,6 +36,9 @@ using ordered_json = nlohmann::ordered_json;
 // 100 MB limit let one hostile header cost gigabytes of parsed JSON per load; 16 MiB stays generous but bounded.
 constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
 constexpr const char *kMaxHeaderText = "16 MiB";
+// A tensor's entry is about 8 JSON values, so this leaves room for 32k tensors while a header of small values
+// costs tens of MB to parse, not the ~20x its size that a DOM of small values would.
+constexpr JsonLimits kHeaderJsonLimits{kMaxHeaderBytes, 64, uint64_t{1} << 18};
 constexpr const char *kMetadataKey = "__metadata__";
 constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".k_perm", ".weight"};
 
@@ -160,6 +167,37 @@ FileBytes open_file(const std::string &path, bool use_mmap) {
 
 // The process's file-creation mask, read without umask(2), which would change it for every thread meanwhile.
 // Linux reports it in /proc/self/status; where that is unavailable, assume the usual 022.
+// Deletes the temporaries of earlier writes to the same path (`.NAME.` + mkostemp's six characters, in `dir`) that
+// no live writer holds locked: a writer killed midway leaves one behind, and the next write to that path removes it.
+// Best effort: what cannot be opened, locked or removed stays.
+void remove_stale_temporaries(const std::string &dir, const std::string &prefix, const std::string &own) {
+    DIR *d = ::opendir(dir.c_str());
+    if (d == nullptr) return;
+    const std::string own_name = own.substr(own.rfind('/') == std::string::npos ? 0 : own.rfind('/') + 1);
+    std::vector<std::string> candidates;
+    while (const dirent *e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0 && name != own_name &&
+            std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                        [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; })) {
+            candidates.push_back(name);
+        }
+    }
+    ::closedir(d);
+    for (const std::string &name : candidates) {
+        const std::string file = dir + "/" + name;
+        const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        const FdCloser closer{fd};
+        struct stat held, named;
+        // Unlocked: its writer is gone. The name must still be this file when it is removed.
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && S_ISREG(held.st_mode) &&
+            ::lstat(file.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) {
+            ::unlink(file.c_str());
+        }
+    }
+}
+
 mode_t process_umask() {
     FILE *status = std::fopen("/proc/self/status", "re");
     if (!status) return 022;
@@ -305,11 +343,7 @@ Header parse_header(const FileBytes &file, bool require_metadata = true) {
     }
     uint64_t json_len = header_len;
     while (json_len > 0 && text[json_len - 1] == ' ') --json_len;
-    try {
-        header.root = json::parse(text, text + json_len);
-    } catch (const json::exception &e) {
-        fail(TL_ERR_FORMAT, std::string("header is not valid JSON: ") + e.what());
-    }
+    header.root = parse_json(reinterpret_cast<const char *>(text), json_len, kHeaderJsonLimits, "header");
     if (!header.root.is_object()) fail(TL_ERR_FORMAT, "header JSON is not an object");
     if (text[json_len - 1] != '}') {  // the parse accepted trailing tabs or newlines
         uint64_t end = json_len;
@@ -638,12 +672,7 @@ std::string config_to_json(const ModelConfig &config) {
 }
 
 ModelConfig config_from_json(const std::string &text) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception &e) {
-        fail(TL_ERR_FORMAT, std::string("config is not valid JSON: ") + e.what());
-    }
+    const json j = parse_json(text, kHeaderJsonLimits, "config");
     if (!j.is_object()) fail(TL_ERR_FORMAT, "config is not a JSON object");
     auto field = [&](const char *name) -> const json & {
         const auto it = j.find(name);
@@ -798,13 +827,26 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
     const size_t slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-    std::string tmp_name = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." + base + ".XXXXXX";
-    const int fd = ::mkostemp(tmp_name.data(), O_CLOEXEC);
+    const std::string prefix = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." + base + ".";
+    std::string tmp_name;
+    int fd = -1;
+    // The writer holds an exclusive lock on its temporary until it is renamed, so a temporary nobody holds was left
+    // by a writer that died, and remove_stale_temporaries may delete it. A cleaner can take a fresh file's lock
+    // before its creator does and delete it; the creator then sees no link left and makes another.
+    for (;;) {
+        tmp_name = prefix + "XXXXXX";
+        fd = ::mkostemp(tmp_name.data(), O_CLOEXEC);
+        if (fd < 0) break;
+        struct stat st;
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 && st.st_nlink > 0) break;
+        ::close(fd);
+    }
     const std::string &tmp = tmp_name;  // const: on a mutable string, quoted() below would resolve to std::quoted
     if (fd < 0) {
         fail(TL_ERR_IO, "cannot create a temporary file in " + quoted(dir) + " to write " + quoted(path) + ": " +
                             errno_text(errno));
     }
+    remove_stale_temporaries(dir, "." + base + ".", tmp);
     // Until the rename succeeds, any failure closes and removes the temporary file.
     struct TmpGuard {
         int fd;
@@ -833,12 +875,13 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
     write_all(text.data(), text.size());
     for (size_t i = 0; i < order.size(); ++i) write_all(order[i]->data, sizes[i]);
     if (::fsync(fd) != 0) fail(TL_ERR_IO, "cannot sync " + quoted(tmp) + ": " + errno_text(errno));
-    guard.fd = -1;
-    if (::close(fd) != 0) fail(TL_ERR_IO, "cannot close " + quoted(tmp) + ": " + errno_text(errno));
+    // Still open, so still locked, until it has its final name: closing first would let a cleaner take it.
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         fail(TL_ERR_IO, "cannot rename " + quoted(tmp) + " to " + quoted(path) + ": " + errno_text(errno));
     }
     guard.committed = true;
+    guard.fd = -1;
+    if (::close(fd) != 0) fail(TL_ERR_IO, "wrote " + quoted(path) + " but cannot close it: " + errno_text(errno));
     // The rename is durable only once the directory entry is on disk. EINVAL: the file system cannot sync a
     // directory, and there is nothing more to do.
     const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

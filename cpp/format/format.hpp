@@ -36,7 +36,8 @@ struct TensorView {
 // Writes a safetensors file (wider dtypes first so every tensor is aligned, no holes) atomically: to a new, uniquely
 // named temporary file next to `path` (`.NAME.XXXXXX`, created exclusively), synced, renamed over `path`, then the
 // directory synced. Concurrent writers of one path each publish a whole file; a failure leaves `path` as it was and
-// no temporary behind. Throws TL_ERR_IO.
+// no temporary behind. A writer holds its temporary locked (flock); one killed midway leaves it behind unlocked, and
+// the next write to the same path removes every such `.NAME.XXXXXX` that no live writer holds. Throws TL_ERR_IO.
 void write_safetensors(const std::string &path, const std::map<std::string, std::string> &metadata,
                        const std::vector<TensorView> &tensors);
 

@@ -25,6 +25,7 @@
 #include "quant/int4_import.hpp"
 #include "quant/quant.hpp"
 #include "util/error.hpp"
+#include "util/json.hpp"
 
 namespace tl {
 namespace {
@@ -96,11 +97,7 @@ json read_json(const std::string &path) {
         }
     }
     if (in.bad()) fail(TL_ERR_IO, "cannot read " + squote(path));
-    try {
-        return json::parse(text);
-    } catch (const json::exception &e) {
-        fail(TL_ERR_FORMAT, squote(path) + ": not valid JSON: " + e.what());
-    }
+    return parse_json(text, JsonLimits{kMaxJsonBytes}, squote(path));
 }
 
 std::string describe(const json &value) {

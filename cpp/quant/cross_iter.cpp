@@ -51,7 +51,10 @@ Linear cross_iter_linear(const Linear &w, int32_t iteration, int32_t loops) {
             const bool negative = w.sign_bit && ((w.sign_bit[at / 8] >> (kk % 8)) & 1);
             const uint8_t q = code_at(w, kk, nn);
             const int32_t residual32 = cross_iter_residual32(frac, w.frac4 != nullptr, negative);
-            (*codes)[at / 2] |= static_cast<uint8_t>(cross_iter_code(q, residual32, nn, kk, iteration, loops) << shift);
+            // The phase follows the input index, so that a weight stored in another K order (k_perm) rounds alike.
+            const int32_t input = w.k_perm != nullptr ? w.k_perm[kk] : kk;
+            (*codes)[at / 2] |=
+                static_cast<uint8_t>(cross_iter_code(q, residual32, nn, input, iteration, loops) << shift);
         }
     }
     Linear out = w;

@@ -86,11 +86,12 @@ size_t check_sequences(const ModelConfig &c, const Sequence *sequences, size_t n
     for (size_t s = 0; s < n_sequences; ++s) {
         const Sequence &q = sequences[s];
         const std::string name = "sequences[" + std::to_string(s) + "]";
-        if (q.tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, name + ".tokens is NULL");
+        // The length first: an empty sequence's tokens are often NULL, and its length is what is wrong.
         if (q.n_tokens < 2 || q.n_tokens > static_cast<size_t>(c.max_seq)) {
             fail(TL_ERR_INVALID_ARGUMENT, name + ".n_tokens = " + std::to_string(q.n_tokens) +
                                               " is outside [2, max_seq = " + std::to_string(c.max_seq) + "]");
         }
+        if (q.tokens == nullptr) fail(TL_ERR_INVALID_ARGUMENT, name + ".tokens is NULL");
         if (q.n_context >= q.n_tokens) {
             fail(TL_ERR_INVALID_ARGUMENT, name + ".n_context = " + std::to_string(q.n_context) +
                                               " leaves nothing to score (n_tokens = " + std::to_string(q.n_tokens) +
@@ -113,16 +114,21 @@ uint64_t host_memory_bytes() {
     return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
 }
 
+// What the caller can change: the rows of a forward pass come from the window in tl_score and from the longest
+// sequence in tl_score_batch, which has no window.
+constexpr const char *kFewerRows = "; fewer tokens per forward pass need less (in tl_score a shorter window, in "
+                                   "tl_score_batch shorter sequences)";
+
 void check_memory_budget(uint64_t needed, uint64_t budget, uint64_t machine, const char *what) {
     if (budget != 0 && needed > budget) {
         fail(TL_ERR_OUT_OF_MEMORY, std::string("scoring needs about ") + std::to_string(needed) + " bytes of " + what +
                                        ", over the memory budget of " + std::to_string(budget) +
-                                       " bytes (max_memory_bytes); a shorter window needs less");
+                                       " bytes (max_memory_bytes)" + kFewerRows);
     }
     if (budget == 0 && needed > machine) {
         fail(TL_ERR_OUT_OF_MEMORY, std::string("scoring needs about ") + std::to_string(needed) + " bytes of " + what +
                                        ", more than the " + std::to_string(machine) +
-                                       " bytes this machine has; a shorter window needs less");
+                                       " bytes this machine has" + kFewerRows);
     }
 }
 

@@ -267,6 +267,9 @@ Test(score_batch, rejects_bad_sequences_naming_them) {
     assert_batch_fails(sequences, 3, &options, TL_ERR_INVALID_ARGUMENT, "sequences[1]", "n_tokens = 1");
     sequences[1].n_tokens = 0;
     assert_batch_fails(sequences, 3, &options, TL_ERR_INVALID_ARGUMENT, "sequences[1]", "n_tokens = 0");
+    sequences[1].tokens = NULL; /* an empty sequence's tokens: its length is what is wrong */
+    assert_batch_fails(sequences, 3, &options, TL_ERR_INVALID_ARGUMENT, "sequences[1]", "n_tokens = 0");
+    sequences[1].tokens = b;
     sequences[1].n_tokens = N;
     sequences[2].n_tokens = FIXTURE_MAX_SEQ + 1;
     assert_batch_fails(sequences, 3, &options, TL_ERR_INVALID_ARGUMENT, "sequences[2]", "max_seq");
@@ -308,6 +311,11 @@ Test(score_batch, rejects_bad_arguments) {
                         "sequences");
     ASSERT_FAILS_NAMING(tl_score_batch(model, sequences, 2, &options, NULL, &result), TL_ERR_INVALID_ARGUMENT,
                         "out_scores");
+    /* A length no array can have is an invalid argument, decided before allocating (not an internal error). */
+    ASSERT_FAILS_NAMING(tl_score_batch(model, sequences, SIZE_MAX, &options, scores, &result), TL_ERR_INVALID_ARGUMENT,
+                        "n_sequences");
+    ASSERT_FAILS_NAMING(tl_score_batch(model, sequences, SIZE_MAX / 2, &options, scores, &result),
+                        TL_ERR_INVALID_ARGUMENT, "n_sequences");
     tl_score_result too_small = fresh_result();
     too_small.struct_size = 4;
     ASSERT_FAILS_NAMING(tl_score_batch(model, sequences, 2, &options, scores, &too_small), TL_ERR_INVALID_ARGUMENT,

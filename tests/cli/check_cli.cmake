@@ -136,16 +136,20 @@ elseif(CASE STREQUAL "score_batch_stdin")
   set(expect_output "^({\"index\":[0-4],[^\n]*}\n)+$")  # stdout alone: one object a request
   set(stderr_file ${WORK}/stderr.txt)
 elseif(CASE STREQUAL "score_batch_bad_line")
-  # A line that is not a request: a runtime error naming the line (blank lines count).
-  file(WRITE ${WORK}/requests.jsonl "{\"tokens\": [1, 2, 3]}\n\n{\"tokens\": [1, 2,]}\n")
+  # A line that is not a request: its own output line holds the error, naming the input line (blank lines count),
+  # the other lines are scored, and the exit status is 1.
+  file(WRITE ${WORK}/requests.jsonl "{\"tokens\": [1, 2, 3]}\n\n{\"tokens\": [1, 2,]}\n{\"tokens\": [4, 5]}\n")
   set(args score-batch ${MODEL} --input ${WORK}/requests.jsonl --backend cpu)
-  set(expect_output "'${WORK}/requests.jsonl' line 3: not valid JSON")
+  set(expect_output "'${WORK}/requests.jsonl' line 3: the request is not valid JSON")
+  set(expect_also "{\"index\":0,\"nll_sum\":[^\n]*\n{\"index\":1,\"line\":3,\"error\":\"the request is not valid JSON"
+    "{\"index\":2,\"nll_sum\":" "1 of 3 requests failed")
 elseif(CASE STREQUAL "score_batch_bad_token")
   # A request the library refuses: its input line and the library's naming of it.
   file(WRITE ${WORK}/requests.jsonl "{\"text\": \"ok\"}\n{\"tokens\": [1, 300, 2], \"n_context\": 1}\n")
   set(input_file ${WORK}/requests.jsonl)
   set(args score-batch ${MODEL} --backend cpu)
-  set(expect_output "stdin line 2: sequences\\[1\\]\\.tokens\\[1\\] = 300 is outside the vocabulary")
+  set(expect_output "stdin line 2: tokens\\[1\\] = 300 is outside the vocabulary")
+  set(expect_also "{\"index\":0,\"nll_sum\":" "{\"index\":1,\"line\":2,\"error\":\"tokens\\[1\\] = 300 is outside")
 elseif(CASE STREQUAL "score_batch_progress")
   # Progress lines on stderr (a file), one per sequence on the CPU at interval 0, counting the scored tokens.
   file(WRITE ${WORK}/requests.jsonl "${batch_requests}")

@@ -10,6 +10,7 @@
 
 #include "util/error.hpp"
 #include "util/half.hpp"
+#include "quant/cross_iter.hpp"
 #include "quant/quant.hpp"
 #include "reference.hpp"
 
@@ -315,4 +316,42 @@ TEST(Quant, RejectsBadArguments) {
     EXPECT_EQ(status(64, 32, QuantMethod::Asymmetric), TL_ERR_INVALID_ARGUMENT);
     w[7] = 1e6f;  // the symmetric scale 1e6/7 exceeds FP16
     EXPECT_EQ(status(64, 32, QuantMethod::Symmetric), TL_ERR_INVALID_ARGUMENT);
+}
+
+// Cross-iteration rounding follows the input index: the same weights stored in another K order, with the k_perm
+// that undoes it, get the same weights on every iteration (it once took its phase from the stored row).
+TEST(Quant, CrossIterationRoundingFollowsKPerm) {
+    const int32_t k = 64, n = 24, loops = 5;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<int32_t> perm(k);
+    for (int32_t i = 0; i < k; ++i) perm[i] = (i * 23 + 5) % k;  // 23 is prime to 64
+    std::vector<float> w(static_cast<size_t>(k) * n), stored(w.size());
+    for (float &v : w) v = uniform(rng);
+    for (int32_t nn = 0; nn < n; ++nn)
+        for (int32_t kk = 0; kk < k; ++kk) stored[nn * k + kk] = w[nn * k + perm[kk]];
+    for (const bool frac4 : {true, false}) {
+        SCOPED_TRACE(frac4 ? "frac4" : "sign_bit");
+        // Per row: a row's scale and zero do not depend on the order of its inputs.
+        tl::QuantizedMatrix plain = tl::quantize_minmax(w.data(), k, n, 0, QuantMethod::Asymmetric);
+        tl::add_rounding_channels(w.data(), plain, frac4, !frac4);
+        tl::QuantizedMatrix permuted = tl::quantize_minmax(stored.data(), k, n, 0, QuantMethod::Asymmetric);
+        tl::add_rounding_channels(stored.data(), permuted, frac4, !frac4);
+        permuted.k_perm = perm;
+        const tl::Linear a = tl::make_quantized_linear("a", std::move(plain));
+        const tl::Linear b = tl::make_quantized_linear("b", std::move(permuted));
+        int moved = 0;
+        for (int32_t iteration = 0; iteration < loops; ++iteration) {
+            const tl::Linear ai = tl::cross_iter_linear(a, iteration, loops);
+            const tl::Linear bi = tl::cross_iter_linear(b, iteration, loops);
+            for (int32_t nn = 0; nn < n; ++nn) {
+                for (int32_t kk = 0; kk < k; ++kk) {
+                    ASSERT_EQ(tl::code_at(bi, kk, nn), tl::code_at(ai, perm[kk], nn))
+                        << "iteration " << iteration << ", stored row " << kk << ", column " << nn;
+                    moved += tl::code_at(ai, perm[kk], nn) != tl::code_at(a, perm[kk], nn);
+                }
+            }
+        }
+        EXPECT_GT(moved, 0) << "no code moved: the test cannot tell";
+    }
 }

@@ -199,6 +199,15 @@ TEST_F(Score, MemoryBudgetIsEnforced) {
     o.window = 16;
     o.max_memory_bytes = tl::cpu_score_bytes(*model_, 16, 1, false);
     EXPECT_EQ(tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o).tokens_scored, tokens_.size() - 1);
+    // A batch has no window: its message points at what sets a batch's rows.
+    o.window = 0;
+    o.max_memory_bytes = tl::cpu_score_bytes(*model_, 64, 1, false) - 1;
+    const tl::Sequence sequence{tokens_.data(), 64, 0};
+    tl::SequenceScore score;
+    const auto [batch_status, batch_message] =
+        error_of([&] { tl::score_batch_cpu(*model_, &sequence, 1, o, &score); });
+    EXPECT_EQ(batch_status, TL_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(batch_message.find("in tl_score_batch shorter sequences"), std::string::npos) << batch_message;
 }
 
 TEST(ThreadPool, WorkerExceptionsReachTheCallerAndThePoolSurvives) {

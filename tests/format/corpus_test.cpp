@@ -149,8 +149,15 @@ std::vector<CorpusCase> corpus() {
          header_text("{\"__metadata__\": {\"format\": \"tinyloop\",")},
         {"json_array", F, {"header JSON is not an object"},
          header_text("[1, 2, 3]")},
-        {"deeply_nested_json", F, {"header JSON is not an object"},
+        {"deeply_nested_json", F, {"header nests arrays and objects deeper than 64 levels (at byte 64)"},
          header_text(std::string(100000, '[') + std::string(100000, ']'))},
+        // A header of small values would cost ~20x its size to parse; the value count bounds it.
+        {"header_of_small_values", F, {"header holds more than 262144 values (array elements and object members)"},
+         header_text("{\"a\": [" + [] {
+             std::string zeros;
+             for (int i = 0; i < 300000; ++i) zeros += "0,";
+             return zeros;
+         }() + "0]}")},
         // ---- the bytes around the JSON: only spaces may follow it, no control byte anywhere ----
         {"header_nul_then_junk", F, {"header has control byte 0x00 at file offset"},
          header_framing("", std::string(1, '\0') + "{\"junk\": [1, 2]}")},

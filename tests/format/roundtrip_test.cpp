@@ -2,7 +2,10 @@
 // written; save_model of a loaded model gives a file with the same tensors; the writer's layout is checked by
 // an independent reader; config JSON, config bounds and writer errors.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,6 +13,7 @@
 #include <random>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include "util/error.hpp"
 #include "format_test_util.hpp"
@@ -607,6 +611,36 @@ TEST(Writer, ReplacesTheFileAtomicallyAndLeavesNoTemporary) {
     const tlt::RawFile raw = tlt::parse_raw(tlt::read_bytes(path));
     EXPECT_EQ(raw.header["__metadata__"]["k"], "second");
     EXPECT_EQ(tlt::tensors_of(raw).at("t").bytes, second);
+}
+
+// A writer killed midway leaves its temporary behind, unlocked: the next write to the same path removes it, and
+// leaves a live writer's (locked) temporary and every other file alone.
+TEST(Writer, RemovesTemporariesOfDeadWriters) {
+    const std::string dir = tlt::temp_dir() + "/stale";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directory(dir);
+    const std::string path = dir + "/out.tinyloop";
+    const auto make = [&](const std::string &name) {
+        const std::string file = dir + "/" + name;
+        const int fd = ::open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        EXPECT_GE(fd, 0) << file;
+        return fd;
+    };
+    ::close(make(".out.tinyloop.aB3xY9"));  // a dead writer's: nobody holds it
+    ::close(make(".out.tinyloop.Qz81kM"));
+    const int live = make(".out.tinyloop.L1veW7");  // a live writer's: locked
+    ASSERT_EQ(::flock(live, LOCK_EX | LOCK_NB), 0);
+    const std::vector<std::string> others = {".out.tinyloop.short", ".other.tinyloop.aB3xY9", "out.tinyloop.aB3xY9",
+                                             ".out.tinyloop.aB3x-9"};
+    for (const std::string &name : others) ::close(make(name));
+    const uint8_t byte = 7;
+    tl::write_safetensors(path, {}, {{"t", DType::U8, {1}, &byte}});
+    std::set<std::string> left;
+    for (const auto &entry : std::filesystem::directory_iterator(dir)) left.insert(entry.path().filename().string());
+    std::set<std::string> expected(others.begin(), others.end());
+    expected.insert({"out.tinyloop", ".out.tinyloop.L1veW7"});
+    EXPECT_EQ(left, expected);
+    ::close(live);
 }
 
 TEST(Writer, RejectsBadTensorLists) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -414,7 +415,24 @@ TEST(CheckpointImportRefuses, Files) {
     {
         dir = copy_of("dense_f16_tied");
         std::ofstream(dir + "/config.json") << "{\"hidden_size\": 64,";
-        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "config.json': not valid JSON");
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "config.json' is not valid JSON");
+    }
+    {  // nlohmann's parser takes a NUL for the end of its input: the junk after it must not pass unseen
+        dir = copy_of("dense_f16_tied");
+        std::string text;
+        {
+            std::ifstream in(dir + "/config.json", std::ios::binary);
+            text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        }
+        text += std::string("\0junk", 5);
+        std::ofstream(dir + "/config.json", std::ios::binary) << text;
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "config.json' has control byte 0x00 at byte");
+    }
+    {  // nesting deep enough to overflow a recursive printer's stack
+        dir = copy_of("dense_f16_tied");
+        std::ofstream(dir + "/config.json") << "{\"hidden_size\": " << std::string(100000, '[') << "1"
+                                            << std::string(100000, ']') << "}";
+        EXPECT_REFUSED(convert(dir, out), TL_ERR_FORMAT, "config.json' nests arrays and objects deeper than 64");
     }
     // The output's folder does not exist.
     EXPECT_REFUSED(convert(kData + "/dense_f16_tied", kData + "/no_such_folder/x.tinyloop"), TL_ERR_IO,

@@ -1,0 +1,125 @@
+#include "cli/requests.hpp"
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "util/error.hpp"
+#include "util/json.hpp"
+
+namespace tl::cli {
+
+namespace {
+
+using nlohmann::json;
+
+// A value as a message quotes it: numbers and booleans as written, anything else by its type, so that quoting a
+// hostile value costs nothing whatever its size or depth.
+std::string describe(const json &value) {
+    if (value.is_number() || value.is_boolean() || value.is_null()) return value.dump();
+    return std::string("a ") + value.type_name();
+}
+
+// A request's JSON array of token ids (int32; the library checks them against the vocabulary).
+std::vector<int32_t> json_tokens(const json &request, const char *key) {
+    const json &value = request.at(key);
+    if (!value.is_array()) {
+        throw RequestError(std::string("\"") + key + "\" must be an array of token ids, not " + describe(value));
+    }
+    std::vector<int32_t> tokens;
+    tokens.reserve(value.size());
+    for (size_t i = 0; i < value.size(); ++i) {
+        const json &v = value[i];
+        const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                                 : v.is_number_integer() && v.get<int64_t>() >= INT32_MIN;
+        if (!fits) {
+            throw RequestError(std::string("\"") + key + "\"[" + std::to_string(i) + "] = " + describe(v) +
+                               " is not a token id (an int32)");
+        }
+        tokens.push_back(v.get<int32_t>());
+    }
+    return tokens;
+}
+
+// Byte-level tokens of a request's string, one per byte (as score --text reads a file).
+void append_text_tokens(const json &request, const char *key, std::vector<int32_t> &tokens) {
+    const json &value = request.at(key);
+    if (!value.is_string()) throw RequestError(std::string("\"") + key + "\" must be a string, not " + describe(value));
+    for (const char c : value.get_ref<const std::string &>()) tokens.push_back(static_cast<unsigned char>(c));
+}
+
+void require_context(const std::vector<int32_t> &tokens, const char *key) {
+    if (tokens.empty()) {
+        throw RequestError(std::string("\"") + key +
+                           "\" is empty: the first continuation token would have no token before it to be scored "
+                           "from; give at least one context token (a beginning-of-text token, for one)");
+    }
+}
+
+}  // namespace
+
+BatchRequest parse_request(const std::string &line) {
+    json request;
+    try {
+        request = parse_json(line, JsonLimits{kMaxRequestLineBytes}, "the request");
+    } catch (const Error &e) {
+        throw RequestError(e.what());
+    }
+    if (!request.is_object()) throw RequestError(std::string("expected a JSON object, got ") + request.type_name());
+    const auto only = [&request](const char *form, std::initializer_list<std::string> keys) {
+        for (auto it = request.begin(); it != request.end(); ++it) {
+            if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
+                throw RequestError("unexpected key " + json(it.key()).dump() + " in a request with \"" + form + "\"");
+            }
+        }
+    };
+    BatchRequest r;
+    if (request.contains("tokens")) {
+        only("tokens", {"tokens", "n_context"});
+        r.tokens = json_tokens(request, "tokens");
+        if (request.contains("n_context")) {
+            const json &k = request["n_context"];
+            if (!k.is_number_unsigned()) {
+                throw RequestError("\"n_context\" must be a non-negative integer, not " + describe(k));
+            }
+            r.n_context = k.get<size_t>();
+        }
+    } else if (request.contains("context") || request.contains("continuation")) {
+        only("context", {"context", "continuation"});
+        if (!request.contains("context") || !request.contains("continuation")) {
+            throw RequestError("\"context\" and \"continuation\" go together");
+        }
+        r.tokens = json_tokens(request, "context");
+        require_context(r.tokens, "context");
+        r.n_context = r.tokens.size();
+        const std::vector<int32_t> continuation = json_tokens(request, "continuation");
+        r.tokens.insert(r.tokens.end(), continuation.begin(), continuation.end());
+    } else if (request.contains("text")) {
+        only("text", {"text", "context_text"});
+        if (request.contains("context_text")) {
+            append_text_tokens(request, "context_text", r.tokens);
+            require_context(r.tokens, "context_text");
+        }
+        r.n_context = r.tokens.size();
+        append_text_tokens(request, "text", r.tokens);
+    } else {
+        throw RequestError("expected \"tokens\", \"context\" and \"continuation\", or \"text\"");
+    }
+    return r;
+}
+
+bool LineReader::next(std::string &line) {
+    line.clear();
+    int c = getc_unlocked(file_);
+    if (c == EOF) return false;
+    ++line_number_;
+    for (; c != EOF && c != '\n'; c = getc_unlocked(file_)) {
+        if (line.size() == max_bytes_) {
+            throw RequestError("line " + std::to_string(line_number_) + " is longer than the limit of " +
+                               std::to_string(max_bytes_) + " bytes");
+        }
+        line.push_back(static_cast<char>(c));
+    }
+    return true;
+}
+
+}  // namespace tl::cli

@@ -1,0 +1,55 @@
+// score-batch's input: JSON lines, one request each, read with bounded memory. Kept apart from main.cpp so that
+// the fuzz target (tests/fuzz/fuzz_requests.cpp) runs the very code the tool does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tl::cli {
+
+// A line that is not a valid request; the message says why, without the line's number.
+struct RequestError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The longest request line: 4 MiB holds over half a million token ids, far more than any model's max_seq, and
+// bounds what one line's parse costs (a JSON array of small ids takes ~16x its text in memory).
+constexpr size_t kMaxRequestLineBytes = size_t{4} << 20;
+
+// One request: its tokens and how many of them are context only.
+struct BatchRequest {
+    std::vector<int32_t> tokens;
+    size_t n_context = 0;
+};
+
+// One line's request, in one of three forms: {"tokens": [ids], "n_context": k (optional, default 0)},
+// {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}. Throws
+// RequestError. An explicitly empty context is refused: the first continuation token would have nothing before it
+// to be scored from, and silently leaving it out would score a different continuation than the one asked for.
+BatchRequest parse_request(const std::string &line);
+
+// Reads lines of at most `max_bytes` bytes (the newline excluded) from a stream, holding no more than one line.
+class LineReader {
+public:
+    LineReader(std::FILE *file, size_t max_bytes) : file_(file), max_bytes_(max_bytes) {}
+    // The next line into `line` (without its newline; a last line without one counts). False at the end of the
+    // input. Throws RequestError for a line over the limit, having read only up to the limit, since an input
+    // with such a line (a binary file, /dev/zero) is not JSON lines and the rest of it cannot be trusted.
+    bool next(std::string &line);
+    // Lines returned so far, the current one included: the number of the line `next` returned last.
+    size_t line_number() const { return line_number_; }
+    bool failed() const { return std::ferror(file_) != 0; }
+
+private:
+    std::FILE *file_;
+    size_t max_bytes_;
+    size_t line_number_ = 0;
+};
+
+}  // namespace tl::cli
