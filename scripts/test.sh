@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the CTest suites (C++, C conformance, format corpus, ABI checks; GPU tests skip without a GPU),
 # cargo test, the whole CTest suite again under AddressSanitizer + UndefinedBehaviorSanitizer, a bounded libFuzzer
-# run of the model loader (tests/fuzz) and the concurrency tests under ThreadSanitizer.
+# run of every parser of outside input (tests/fuzz) and the concurrency tests under ThreadSanitizer.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -38,25 +38,28 @@ TL_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" -DTL_CUDA=OFF -DCMAKE_B
 # they check numbers, not memory, and their code runs here on smaller inputs.
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE slow
 
-# ---- Fuzzing (tests/fuzz): clang, libFuzzer + ASan + UBSan, CPU only; only the fuzz target is built ----
-echo "== fuzz: build tl_fuzz_model_load (clang, libFuzzer + ASan + UBSan, CPU build) =="
+# ---- Fuzzing (tests/fuzz): clang, libFuzzer + ASan + UBSan, CPU only; only the fuzz targets are built ----
+# One target per parser of outside input: NAME has tests/fuzz/fuzz_NAME.cpp, its seeds in tests/fuzz/corpus/NAME/ and
+# its dictionary in tests/fuzz/NAME.dict.
+fuzz_targets=(model_load requests import int4_import)
+fuzz_seconds=${TL_FUZZ_SECONDS:-45}  # of fuzzing per target
+echo "== fuzz: build ${fuzz_targets[*]} (clang, libFuzzer + ASan + UBSan, CPU build) =="
 step_start=$SECONDS
 fuzz_dir="$root/build-fuzz"
 cmake -S "$root" -B "$fuzz_dir" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTL_FUZZ=ON \
   -DTL_BUILD_TESTS=OFF -DTL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$sanitizer_flags" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$sanitizer_flags" \
   -DTL_SANITIZE=fuzzer-no-link,address,undefined >/dev/null
-cmake --build "$fuzz_dir" --target tl_fuzz_model_load -j"$jobs"
-fuzzer="$fuzz_dir/bin/tl_fuzz_model_load"
+cmake --build "$fuzz_dir" -j"$jobs" --target "${fuzz_targets[@]/#/tl_fuzz_}"
 echo "fuzz build: $((SECONDS - step_start)) s"
 
 # libFuzzer exits non-zero on a crash, leak, sanitizer report, timeout or over-limit allocation and writes the
 # input to artifacts/; the log stays in the build folder and only its end is shown on failure.
-# Per input: 2 GiB of RSS, 1 GiB in one allocation, 30 s.
-fuzz_limits=(-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30)
+# Per input: 2 GiB of RSS, 1 GiB in one allocation, 30 s; inputs up to 256 KiB (the checkpoint seeds' size).
+fuzz_limits=(-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 -max_len=262144)
 run_fuzzer() {
-  local log=$1
-  shift
+  local fuzzer=$1 log=$2
+  shift 2
   rm -rf "$fuzz_dir/artifacts" && mkdir -p "$fuzz_dir/artifacts"
   if ! TMPDIR="$fuzz_dir" UBSAN_OPTIONS=print_stacktrace=1 \
       "$fuzzer" "${fuzz_limits[@]}" -artifact_prefix="$fuzz_dir/artifacts/" "$@" >"$log" 2>&1; then
@@ -70,21 +73,21 @@ run_fuzzer() {
   fi
 }
 
-echo "== fuzz: 60 s of libFuzzer from a copy of the seed corpus =="
-step_start=$SECONDS
-# A fresh copy each run: the fuzzer adds inputs to its corpus folder, and tests/ must stay untouched.
-rm -rf "$fuzz_dir/corpus" && cp -r "$root/tests/fuzz/corpus" "$fuzz_dir/corpus"
-run_fuzzer "$fuzz_dir/fuzz.log" -max_total_time=60 -print_final_stats=1 -dict="$root/tests/fuzz/tinyloop.dict" \
-  "$fuzz_dir/corpus" || exit 1
-grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_dir/fuzz.log" || true
-grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)' "$fuzz_dir/fuzz.log" || true
-echo "fuzz run: $((SECONDS - step_start)) s"
-
-echo "== fuzz: every seed corpus file once under ASan + UBSan =="
-step_start=$SECONDS
-# Files (not a folder) as arguments: libFuzzer runs each once and writes nothing.
-run_fuzzer "$fuzz_dir/corpus-replay.log" "$root"/tests/fuzz/corpus/* || exit 1
-echo "$(grep -c '^Running: ' "$fuzz_dir/corpus-replay.log") seed files ran clean ($((SECONDS - step_start)) s)"
+for target in "${fuzz_targets[@]}"; do
+  fuzzer="$fuzz_dir/bin/tl_fuzz_$target"
+  echo "== fuzz $target: ${fuzz_seconds} s of libFuzzer from a copy of its seed corpus, then every seed once =="
+  step_start=$SECONDS
+  # A fresh copy each run: the fuzzer adds inputs to its corpus folder, and tests/ must stay untouched.
+  rm -rf "$fuzz_dir/corpus-$target" && cp -r "$root/tests/fuzz/corpus/$target" "$fuzz_dir/corpus-$target"
+  run_fuzzer "$fuzzer" "$fuzz_dir/fuzz-$target.log" -max_total_time="$fuzz_seconds" -print_final_stats=1 \
+    -dict="$root/tests/fuzz/$target.dict" "$fuzz_dir/corpus-$target" || exit 1
+  grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_dir/fuzz-$target.log" || true
+  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)' "$fuzz_dir/fuzz-$target.log" || true
+  # Files (not a folder) as arguments: libFuzzer runs each once and writes nothing.
+  run_fuzzer "$fuzzer" "$fuzz_dir/replay-$target.log" "$root/tests/fuzz/corpus/$target"/* || exit 1
+  echo "$target: $(grep -c '^Running: ' "$fuzz_dir/replay-$target.log") seed files ran clean;" \
+    "$((SECONDS - step_start)) s"
+done
 
 # ---- ThreadSanitizer: the concurrency tests (tests/cpp/concurrency_test.cpp), CPU only, nothing else built ----
 echo "== CTest -L concurrency under ThreadSanitizer (CPU build) =="

@@ -705,8 +705,11 @@ int main(int argc, char **argv) {
                     "The tokens after the context are scored (with no context, every token but the "
                     "first). Output: one JSON object per request, in order: {\"index\", \"nll_sum\", "
                     "\"tokens_scored\", \"mean_nll\", \"perplexity\", \"greedy\"}; greedy is true when every scored "
-                    "token is its position's most likely one. Each request must fit the model's max_seq. A line that "
-                    "is not a valid request is a runtime error naming its line number.\n\n") +
+                    "token is its position's most likely one. Each request must fit the model's max_seq; a context must "
+                    "not be empty. A line that is not a valid request, or that the library refuses, gets "
+                    "{\"index\", \"line\", \"error\"} instead, the other lines are still scored, and the exit "
+                    "status is 1. Lines are at most 4 MiB; requests are scored in chunks of about 2^20 tokens, each "
+                    "chunk's results written before the next is read.\n\n") +
         kExitStatus);
     score_batch->add_option("model", model_path, "the .tinyloop file")->required();
     score_batch->add_option("--input", input, "the requests, a JSON-lines file or - for stdin")->capture_default_str();

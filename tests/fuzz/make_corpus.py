@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Writes the fuzzer's seed corpus: small valid .tinyloop files (from `tinyloop make-model`) and malformed ones
 derived from them, one defect each, in the spirit of tests/format/corpus_test.cpp. Run once by hand; the output is
-committed as tests/fuzz/corpus/ (CI never regenerates it):
+committed as tests/fuzz/corpus/model_load/ (CI never regenerates it):
 
-    python3 tests/fuzz/make_corpus.py <build>/bin/tinyloop tests/fuzz/corpus
+    python3 tests/fuzz/make_corpus.py <build>/bin/tinyloop tests/fuzz/corpus/model_load
 """
 import json
 import os
