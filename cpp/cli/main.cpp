@@ -83,12 +83,16 @@ std::string errno_text(int err) { return std::error_code(err, std::generic_categ
 
 // Byte-level tokens, one per byte: reads in chunks and stops after `max_tokens` bytes (0 = all), so a prefix of
 // a huge or endless file costs only that prefix.
+// "-" reads standard input.
 std::vector<int32_t> read_text_tokens(const std::string &path, uint64_t max_tokens) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const bool from_stdin = path == "-";
+    const int fd = from_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw CliError("cannot open text file '" + path + "': " + errno_text(errno));
     const struct Closer {
         int fd;
-        ~Closer() { ::close(fd); }
+        ~Closer() {
+            if (fd != STDIN_FILENO) ::close(fd);
+        }
     } closer{fd};
     const auto too_large = [&path] {
         return CliError("text file '" + path + "' is larger than the 1 GiB limit; score a prefix with --max-tokens N");
@@ -128,10 +132,15 @@ std::vector<int32_t> read_text_tokens(const std::string &path, uint64_t max_toke
     return tokens;
 }
 
-// Whitespace-separated token ids; stops after `max_tokens` (0 = all), and at the same limit as text.
+// Whitespace-separated token ids; stops after `max_tokens` (0 = all), and at the same limit as text. "-" reads
+// standard input.
 std::vector<int32_t> read_token_file(const std::string &path, uint64_t max_tokens) {
-    std::ifstream in(path);
-    if (!in) throw CliError("cannot open token file '" + path + "'");
+    std::ifstream file;
+    if (path != "-") {
+        file.open(path);
+        if (!file) throw CliError("cannot open token file '" + path + "': " + errno_text(errno));
+    }
+    std::istream &in = path == "-" ? std::cin : file;
     std::vector<int32_t> tokens;
     long long v;
     while ((max_tokens == 0 || tokens.size() < max_tokens) && in >> v) {
@@ -197,7 +206,8 @@ int32_t log_progress(void *user, uint64_t done, uint64_t total) {
 
 // The options score and score-batch start from: --backend (checked by CLI11), --threads, and progress on stderr, the
 // live bar on a terminal, else `log`'s lines every `progress_interval` seconds (a log, CI).
-tl_score_options scoring_options(const std::string &backend, int threads, double progress_interval, ProgressLog &log) {
+tl_score_options scoring_options(const std::string &backend, int threads, bool quiet, double progress_interval,
+                                 ProgressLog &log) {
     tl_score_options opts;
     check(tl_score_options_init(&opts, sizeof opts), "score options");
     static const std::map<std::string, int32_t> backends = {
@@ -205,7 +215,9 @@ tl_score_options scoring_options(const std::string &backend, int threads, double
     opts.backend = backends.at(backend);
     opts.n_threads = threads;
     log.interval = progress_interval;
-    if (isatty(STDERR_FILENO)) {
+    if (quiet) {
+        opts.progress = nullptr;
+    } else if (isatty(STDERR_FILENO)) {
         opts.progress = draw_progress;
     } else {
         opts.progress = log_progress;
@@ -331,8 +343,14 @@ int cmd_import(const std::string &dir, const std::string &out, int max_seq) {
 }
 
 int cmd_score(const std::string &model_path, const std::string &text, const std::string &token_file,
-              const std::string &backend, int threads, int window, uint64_t max_tokens, const std::string &per_token,
-              bool json, double progress_interval) {
+              const std::string &backend, int threads, int device, bool quiet, int window, uint64_t max_tokens,
+              const std::string &per_token, bool json, double progress_interval) {
+    // Opened before any work, so that a path that cannot be written costs none.
+    std::ofstream per_token_out;
+    if (!per_token.empty()) {
+        per_token_out.open(per_token);
+        if (!per_token_out) throw CliError("cannot open '" + per_token + "' for writing: " + errno_text(errno));
+    }
     std::vector<int32_t> tokens =
         token_file.empty() ? read_text_tokens(text, max_tokens) : read_token_file(token_file, max_tokens);
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
@@ -341,7 +359,8 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
     ProgressLog progress_log;
-    tl_score_options opts = scoring_options(backend, threads, progress_interval, progress_log);
+    tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
+    opts.device = device;
     opts.window = window;
     // Always taken (4 bytes a token, as much as the tokens): the perplexity's standard error needs every NLL.
     std::vector<float> nll(tokens.size() - 1);
@@ -356,9 +375,11 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     const double scoring_seconds = r.seconds - r.setup_seconds - r.graph_capture_seconds;
     const double tokens_per_second = static_cast<double>(r.tokens_scored) / scoring_seconds;
     if (!per_token.empty()) {
-        std::ofstream out(per_token);
-        for (size_t i = 0; i < nll.size(); ++i) out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
-        if (!out) throw CliError("cannot write '" + per_token + "'");
+        for (size_t i = 0; i < nll.size(); ++i) {
+            per_token_out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
+        }
+        per_token_out.flush();
+        if (!per_token_out) throw CliError("cannot write '" + per_token + "'");
     }
     if (json) {
         const nlohmann::ordered_json j = {
@@ -431,6 +452,7 @@ struct PendingRequest {
     tl::cli::BatchRequest request;
     size_t line = 0;
     std::string error;  // empty: scored
+    size_t context_truncated = 0;
     tl_sequence_score score{};
 };
 
@@ -485,7 +507,7 @@ void score_chunk(const tl_model *model, const tl_score_options &base, std::vecto
 }
 
 int cmd_score_batch(const std::string &model_path, const std::string &input, const std::string &output,
-                    const std::string &backend, int threads, int device, double progress_interval) {
+                    const std::string &backend, int threads, int device, bool quiet, double progress_interval) {
     const std::string input_name = input == "-" ? "stdin" : "'" + input + "'";
     std::FILE *in = stdin;
     if (input != "-") {
@@ -506,9 +528,13 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     }
     std::ostream &out = output == "-" ? std::cout : file;
     ModelHandle h(model_path);
+    tl_model_properties properties;
+    properties.struct_size = sizeof properties;
+    check(tl_model_info(h.model, &properties), "info");
+    const size_t max_seq = static_cast<size_t>(properties.max_seq);
 
     ProgressLog progress_log;
-    tl_score_options opts = scoring_options(backend, threads, progress_interval, progress_log);
+    tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
     opts.device = device;
     ChunkProgress progress;
     size_t index = 0, failed = 0;
@@ -517,16 +543,20 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     const auto flush = [&] {
         score_chunk(h.model, opts, chunk, progress);
         for (PendingRequest &p : chunk) {
-            nlohmann::ordered_json j;
+            nlohmann::ordered_json j = {{"index", index}};
+            if (!p.error.empty()) j["line"] = p.line;
+            j.update(p.request.echo);  // the caller's own keys, after the index
             if (p.error.empty()) {
                 const tl_sequence_score &s = p.score;
                 const double mean = s.nll_sum / static_cast<double>(s.tokens_scored);
-                j = {{"index", index},         {"nll_sum", s.nll_sum},           {"tokens_scored", s.tokens_scored},
-                     {"mean_nll", mean},       {"perplexity", std::exp(mean)},   {"greedy", s.greedy != 0}};
+                j.update(nlohmann::ordered_json{{"nll_sum", s.nll_sum},     {"tokens_scored", s.tokens_scored},
+                                                {"mean_nll", mean},         {"perplexity", std::exp(mean)},
+                                                {"greedy", s.greedy != 0}});
+                if (p.context_truncated > 0) j["context_truncated"] = p.context_truncated;
             } else {
                 ++failed;
                 std::fprintf(stderr, "tinyloop: %s line %zu: %s\n", input_name.c_str(), p.line, p.error.c_str());
-                j = {{"index", index}, {"line", p.line}, {"error", p.error}};
+                j["error"] = p.error;
             }
             out << j.dump() << '\n';
             ++index;
@@ -550,6 +580,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
             p.line = reader.line_number();
             try {
                 p.request = tl::cli::parse_request(line);
+                p.context_truncated = tl::cli::truncate_context(p.request, max_seq);
             } catch (const tl::cli::RequestError &e) {
                 p.error = e.what();
             }
@@ -576,10 +607,14 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
 }  // namespace
 
 int main(int argc, char **argv) {
-    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 models"};
+    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 models", "tinyloop"};
     app.require_subcommand(1);
     app.footer(kExitStatus);  // before add_subcommand: each subcommand copies its parent's footer
-    app.set_version_flag("--version", [] { return version_text(); }, "print the library version and build, then exit");
+    app.set_version_flag("-V,--version", [] { return version_text(); }, "print the library version and build, then exit");
+    // Every usage error names the tool, as the tool's other messages do.
+    app.failure_message([](const CLI::App *, const CLI::Error &e) {
+        return std::string("tinyloop: ") + e.what() + "\nRun with --help for more information.\n";
+    });
 
     std::string model_path;
     bool json = false;
@@ -662,8 +697,10 @@ int main(int argc, char **argv) {
                               "byte-level models (vocab 256, like the demo model); for another tokenizer's ids use "
                               "--tokens.\n\n") + kExitStatus);
     score->add_option("model", model_path, "the .tinyloop file")->required();
-    auto *text_opt = score->add_option("--text", text, "a text file read as bytes, one token per byte (1 GiB at most)");
-    auto *tokens_opt = score->add_option("--tokens", token_file, "a file of whitespace-separated token ids");
+    auto *text_opt = score->add_option("--text", text,
+                                       "a text file read as bytes, one token per byte (1 GiB at most); - for stdin");
+    auto *tokens_opt =
+        score->add_option("--tokens", token_file, "a file of whitespace-separated token ids; - for stdin");
     text_opt->excludes(tokens_opt);
     score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
     score->add_option("--max-tokens", max_tokens, "score at most this many tokens (read only those), 0 = all")
@@ -672,7 +709,12 @@ int main(int argc, char **argv) {
     score->add_flag("--json", json, "print one JSON object instead of the report");
     // What score and score-batch share: where they run and how often they report progress.
     double progress_interval = 5;
+    int device = 0;
+    bool quiet = false;
     const auto add_run_options = [&](CLI::App *sub, const std::string &zero_means) {
+        sub->add_option("--device", device, "the CUDA device")->check(CLI::Range(0, INT32_MAX))
+            ->capture_default_str();
+        sub->add_flag("-q,--quiet", quiet, "no progress on stderr");
         sub->add_option("--backend", backend, "auto | cpu | cuda")
             ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
         sub->add_option("--threads", threads, "CPU threads, 0 = all")->check(non_negative)->capture_default_str();
@@ -691,7 +733,6 @@ int main(int argc, char **argv) {
     add_run_options(score, "after every window");
 
     std::string input = "-", output = "-";
-    int device = 0;
     auto *score_batch = app.add_subcommand(
         "score-batch", "score many sequences (JSON lines: tokens, context + continuation, or text), one result each");
     score_batch->footer(
@@ -705,8 +746,9 @@ int main(int argc, char **argv) {
                     "The tokens after the context are scored (with no context, every token but the "
                     "first). Output: one JSON object per request, in order: {\"index\", \"nll_sum\", "
                     "\"tokens_scored\", \"mean_nll\", \"perplexity\", \"greedy\"}; greedy is true when every scored "
-                    "token is its position's most likely one. Each request must fit the model's max_seq; a context must "
-                    "not be empty. A line that is not a valid request, or that the library refuses, gets "
+                    "token is its position's most likely one. Other keys of a request (\"id\", ...) are repeated after "
+                    "\"index\". A context too long for the model's max_seq is cut from the front (the continuation "
+                    "stays whole) and \"context_truncated\" gives the tokens cut; a context must not be empty. A line that is not a valid request, or that the library refuses, gets "
                     "{\"index\", \"line\", \"error\"} instead, the other lines are still scored, and the exit "
                     "status is 1. Lines are at most 4 MiB; requests are scored in chunks of about 2^20 tokens, each "
                     "chunk's results written before the next is read.\n\n") +
@@ -714,23 +756,33 @@ int main(int argc, char **argv) {
     score_batch->add_option("model", model_path, "the .tinyloop file")->required();
     score_batch->add_option("--input", input, "the requests, a JSON-lines file or - for stdin")->capture_default_str();
     score_batch->add_option("--output", output, "where the results go, a file or - for stdout")->capture_default_str();
-    score_batch->add_option("--device", device, "the CUDA device")->check(CLI::Range(0, INT32_MAX))
-        ->capture_default_str();
     add_run_options(score_batch, "after every forward pass");
 
+    // `tinyloop help [SUBCOMMAND]` is `tinyloop [SUBCOMMAND] --help`.
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (!args.empty() && args[0] == "help") {
+        args.erase(args.begin());
+        args.resize(std::min<size_t>(args.size(), 1));
+        const std::vector<const CLI::App *> subs = static_cast<const CLI::App &>(app).get_subcommands({});
+        const bool known = args.empty() || std::any_of(subs.begin(), subs.end(), [&](const CLI::App *sub) {
+                               return sub->check_name(args[0]);
+                           });
+        if (known) args.push_back("--help");  // else the unknown name is reported as such below
+    }
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes the arguments last first
     try {
-        app.parse(argc, argv);
+        app.parse(reversed);
     } catch (const CLI::ParseError &e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
         // The top level has only flags, so its first other argument names the subcommand; CLI11 would only say
         // that a subcommand is required.
-        for (int i = 1; i < argc; ++i) {
-            if (argv[i][0] == '-') continue;
+        for (const std::string &arg : args) {
+            if (arg.empty() || arg[0] == '-') continue;
             const std::vector<const CLI::App *> subs = static_cast<const CLI::App &>(app).get_subcommands({});
-            if (std::none_of(subs.begin(), subs.end(), [&](const CLI::App *s) { return s->check_name(argv[i]); })) {
+            if (std::none_of(subs.begin(), subs.end(), [&](const CLI::App *s) { return s->check_name(arg); })) {
                 std::string names;
                 for (const CLI::App *s : subs) names += (names.empty() ? "" : ", ") + s->get_name();
-                std::fprintf(stderr, "tinyloop: '%s' is not a subcommand; the subcommands are: %s\n", argv[i],
+                std::fprintf(stderr, "tinyloop: '%s' is not a subcommand; the subcommands are: %s\n", arg.c_str(),
                              names.c_str());
                 return 2;
             }
@@ -784,11 +836,11 @@ int main(int argc, char **argv) {
         if (*import_cmd) return cmd_import(import_dir, import_out, import_max_seq);
         if (*score) {
             if (text.empty() && token_file.empty()) throw UsageError("score needs --text FILE or --tokens FILE");
-            return cmd_score(model_path, text, token_file, backend, threads, window, static_cast<uint64_t>(max_tokens),
-                             per_token, json, progress_interval);
+            return cmd_score(model_path, text, token_file, backend, threads, device, quiet, window,
+                             static_cast<uint64_t>(max_tokens), per_token, json, progress_interval);
         }
         if (*score_batch) {
-            return cmd_score_batch(model_path, input, output, backend, threads, device, progress_interval);
+            return cmd_score_batch(model_path, input, output, backend, threads, device, quiet, progress_interval);
         }
     } catch (const tl::Error &e) {
         std::fprintf(stderr, "tinyloop: %s: %s\n", tl_status_string(e.code()), e.what());

@@ -65,14 +65,23 @@ BatchRequest parse_request(const std::string &line) {
         throw RequestError(e.what());
     }
     if (!request.is_object()) throw RequestError(std::string("expected a JSON object, got ") + request.type_name());
-    const auto only = [&request](const char *form, std::initializer_list<std::string> keys) {
+    static const std::initializer_list<std::string> kRequestKeys = {"tokens", "n_context", "context",
+                                                                    "continuation", "text", "context_text"};
+    BatchRequest r;
+    // Keys of another form are a mistake; any other key is the caller's, returned with the result.
+    const auto only = [&](const char *form, std::initializer_list<std::string> keys) {
         for (auto it = request.begin(); it != request.end(); ++it) {
-            if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
-                throw RequestError("unexpected key " + json(it.key()).dump() + " in a request with \"" + form + "\"");
+            const std::string &key = it.key();
+            if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+            if (std::find(kRequestKeys.begin(), kRequestKeys.end(), key) != kRequestKeys.end()) {
+                throw RequestError("key " + json(key).dump() + " does not go with \"" + form + "\"");
             }
+            if (std::find(std::begin(kOutputKeys), std::end(kOutputKeys), key) != std::end(kOutputKeys)) {
+                throw RequestError("key " + json(key).dump() + " is an output field; it cannot be echoed");
+            }
+            r.echo[key] = it.value();
         }
     };
-    BatchRequest r;
     if (request.contains("tokens")) {
         only("tokens", {"tokens", "n_context"});
         r.tokens = json_tokens(request, "tokens");
@@ -105,6 +114,14 @@ BatchRequest parse_request(const std::string &line) {
         throw RequestError("expected \"tokens\", \"context\" and \"continuation\", or \"text\"");
     }
     return r;
+}
+
+size_t truncate_context(BatchRequest &request, size_t max_seq) {
+    if (request.tokens.size() <= max_seq || request.n_context < 2) return 0;
+    const size_t cut = std::min(request.tokens.size() - max_seq, request.n_context - 1);
+    request.tokens.erase(request.tokens.begin(), request.tokens.begin() + static_cast<std::ptrdiff_t>(cut));
+    request.n_context -= cut;
+    return cut;
 }
 
 bool LineReader::next(std::string &line) {

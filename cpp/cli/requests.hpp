@@ -22,15 +22,27 @@ struct RequestError : std::runtime_error {
 // bounds what one line's parse costs (a JSON array of small ids takes ~16x its text in memory).
 constexpr size_t kMaxRequestLineBytes = size_t{4} << 20;
 
-// One request: its tokens and how many of them are context only.
+// One request: its tokens, how many of them are context only, and the keys it carries for the caller's own use
+// (an evaluation harness's "id", "doc_id", ...), which its output line repeats.
 struct BatchRequest {
     std::vector<int32_t> tokens;
     size_t n_context = 0;
+    nlohmann::ordered_json echo = nlohmann::ordered_json::object();
 };
+
+// The keys of an output line; a request may not carry them for echoing.
+constexpr const char *kOutputKeys[] = {"index",      "line",       "error",      "nll_sum",          "tokens_scored",
+                                       "mean_nll",   "perplexity", "greedy",     "context_truncated"};
+
+// Cuts tokens from the front of the context until the request fits `max_seq`, keeping the continuation whole and at
+// least one context token (a harness's left truncation). Returns how many were cut; a request that still does not
+// fit is left for the library to refuse by its length.
+size_t truncate_context(BatchRequest &request, size_t max_seq);
 
 // One line's request, in one of three forms: {"tokens": [ids], "n_context": k (optional, default 0)},
 // {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}. Throws
-// RequestError. An explicitly empty context is refused: the first continuation token would have nothing before it
+// RequestError. Keys of no form are echoed (BatchRequest::echo), unless an output line has them too; keys of two
+// forms in one request are refused. An explicitly empty context is refused: the first continuation token would have nothing before it
 // to be scored from, and silently leaving it out would score a different continuation than the one asked for.
 BatchRequest parse_request(const std::string &line);
 
