@@ -1,6 +1,7 @@
 #include "cpu/cpu_forward.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -89,20 +90,18 @@ __attribute__((target("avx2"))) void row_block_avx2(int32_t rows, const float *x
 }
 #endif
 
-// The widest kernel this CPU runs, chosen once. TINYLOOP_CPU_ISA=baseline forces the portable one, so tests can
-// exercise it on AVX2 machines.
+std::atomic<bool> g_portable_kernel{false};
+
+// The widest kernel this CPU runs, unless use_portable_cpu_kernel asked for the portable one.
 RowBlockFn row_block_kernel() {
-    static const RowBlockFn kernel = [] {
-        const char *isa = std::getenv("TINYLOOP_CPU_ISA");
-        const bool baseline = isa != nullptr && std::strcmp(isa, "baseline") == 0;
+    static const RowBlockFn widest = [] {
 #ifdef TL_CPU_AVX2
         __builtin_cpu_init();
-        if (!baseline && __builtin_cpu_supports("avx2")) return &row_block_avx2;
+        if (__builtin_cpu_supports("avx2")) return &row_block_avx2;
 #endif
-        (void)baseline;
         return &row_block_portable;
     }();
-    return kernel;
+    return g_portable_kernel.load(std::memory_order_relaxed) ? &row_block_portable : widest;
 }
 
 // Columns [n0, n1) (at most kTileCols) of y = x W for all M rows; y has row stride ldy.
@@ -450,6 +449,8 @@ uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool
     }
     return bytes;
 }
+
+void use_portable_cpu_kernel(bool portable) { g_portable_kernel.store(portable, std::memory_order_relaxed); }
 
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
     check_model(model, check_cpu_storage);  // a Model may be assembled by hand: checked before any pointer is followed

@@ -12,6 +12,10 @@
 namespace tl {
 
 // Bytes of host working memory score_cpu needs for windows of `rows` tokens on `workers` threads.
+// Makes the CPU backend use its portable matrix kernel instead of the widest one this CPU runs (AVX2), so that a
+// test can check both on one machine. Process-wide; for tests and benchmarks, not a setting of the API.
+void use_portable_cpu_kernel(bool portable);
+
 uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round);
 // Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);

@@ -84,6 +84,20 @@ TEST_F(Score, ThreadCountDoesNotChangeTheResult) {
     EXPECT_GT(one.nll_sum, 0.0);
 }
 
+// The portable kernel and the widest one this CPU runs do the same FP32 operations in the same order.
+TEST_F(Score, PortableKernelGivesTheSameBits) {
+    std::vector<float> widest(tokens_.size() - 1), portable(tokens_.size() - 1);
+    tl::ScoreOptions options;
+    options.n_threads = 2;
+    options.token_nll = widest.data();
+    tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options);
+    tl::use_portable_cpu_kernel(true);
+    options.token_nll = portable.data();
+    tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options);
+    tl::use_portable_cpu_kernel(false);
+    EXPECT_EQ(portable, widest);
+}
+
 TEST_F(Score, InvalidTokensAreRejectedWithTheirIndex) {
     SCOPED_TRACE("seed " + std::to_string(seed_));
     tokens_[17] = 300;
