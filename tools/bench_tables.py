@@ -20,7 +20,7 @@ others compare kernel variants (A/B runs, two builds, the read probe).
       tl_read_probe's read bandwidth per access pattern, ring depth and residency, without and with the stand-in
       arithmetic (one row per configuration, the two delays side by side).
   tools/bench_tables.py score SCORE_CSV [--model NAME]
-      the scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
+      the scoring table from tl_score_bench's CSV (tools/gpu/score_bench.sh): tokens/s per model, scenario and
       configuration, graphs off and on, device memory, fallbacks; --model keeps one model's rows (e.g. "2B per-row").
 """
 
@@ -30,7 +30,7 @@ import statistics
 import sys
 
 OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
-# The layers the targets are set on (issue: Llama-2-7B/13B, Llama-3-8B/70B, Qwen2-7B).
+# The layers the performance targets are set on (Llama-2-7B/13B, Llama-3-8B/70B, Qwen2-7B).
 TARGET_LAYERS = ("Llama", "Qwen")
 GROUPS = ("128", "64", "row")
 
@@ -61,7 +61,7 @@ def fp16_of(cells, layer, m):
 
 
 def target_for(layer, kn, m):
-    """The issue's target for a cell: (kind, value), kind "sol" (a fraction of SOL) or "fp16" (a speed ratio against
+    """The performance target for a cell: (kind, value), kind "sol" (a fraction of SOL) or "fp16" (a speed ratio against
     dense cuBLAS FP16, and from M = 1024 also 0.85 of SOL); None where none is set."""
     if not layer.startswith(TARGET_LAYERS):
         return None
