@@ -189,10 +189,11 @@ def tps(x):
 def graphs(r):
     return "on" if r["graphs"] == "1" else "off"
 
-print(f"## tl_score against PyTorch FP16 (target >= {TARGET}x the faster of eager and compiled)\n")
+print("## tl_score against PyTorch FP16, eager and compiled\n")
 print("| model | scenario | ours: best (config, graphs) | ours: default | peer eager | peer compiled | "
-      "best / faster peer | default / faster peer | target |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+      "best / faster peer | default / faster peer |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+verdicts = []
 for model in sorted({r["model"] for r in rows}):
     for key, what in SCENARIOS:
         best, default = ours(model, key), ours(model, key, ["default"])
@@ -211,7 +212,13 @@ for model in sorted({r["model"] for r in rows}):
             verdict = "met" if float(best["tokens_per_s"]) >= TARGET * faster else "MISSED"
             if default is not None and default is not best:
                 verdict += f" (default: {'met' if float(default['tokens_per_s']) >= TARGET * faster else 'MISSED'})"
-        print(f"| {model} | {what} | {' | '.join(cells)} | {ratio(best)} | {ratio(default)} | {verdict} |")
+        print(f"| {model} | {what} | {' | '.join(cells)} | {ratio(best)} | {ratio(default)} |")
+        verdicts.append(f"| {model} | {what} | {verdict} |")
+
+print(f"\n## The target: tl_score >= {TARGET}x the faster of eager and compiled\n")
+print("| model | scenario | met? by the best configuration (by the default one) |")
+print("|---|---|---|")
+print("\n".join(verdicts))
 
 print(f"\n## Same tokens, same scores: perplexity of the peer (eager) against ours (default), {PEER_MODEL} model\n")
 for key, what in SCENARIOS:
