@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, and score the held-out evaluation text data/eval.txt with the shipped
-# demo model (a TinyLoop trained on the Python documentation, INT4 GPTQ; models/README.md).
+# The main job: install what is missing, build the library and the command-line tool (only those: scripts/test.sh
+# builds the tests and benchmarks), and score the held-out evaluation text data/eval.txt with the shipped demo model
+# (a TinyLoop trained on the Python documentation, INT4 GPTQ; models/README.md).
 # The install and build steps write their output to logs in the build folder (demo-install.log, demo-build.log) and
 # print one header line each with its time; on a failure the log's last lines are printed. The score step prints
 # the model's configuration, then its perplexity (PPL = x ± standard error) and tokens/s (on the GPU where there is
@@ -27,7 +28,8 @@ logged() {
 }
 
 logged install "$root/scripts/install-deps.sh"
-logged build "$root/scripts/build.sh"
+# The shared library and the CLI (build/bin/tinyloop), nothing else.
+logged build env TL_BUILD_TARGETS="tinyloop tinyloop_cli" "$root/scripts/build.sh"
 
 echo "== score (${text#"$root"/} with ${model#"$root"/})"
 step_started=$SECONDS

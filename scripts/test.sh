@@ -12,7 +12,7 @@ sanitizer_flags="-O1 -g1 -DNDEBUG"
 "$root/scripts/install-deps.sh"
 
 echo "== build and CTest =="
-"$root/scripts/build.sh"
+TL_BUILD_TARGETS="" "$root/scripts/build.sh"  # everything: the library, CLI, tests, examples, benchmarks
 ctest --test-dir "${TL_BUILD_DIR:-$root/build}" --output-on-failure -j"$jobs"
 
 echo "== consumers: find_package, pkg-config, FetchContent =="
@@ -31,9 +31,9 @@ TINYLOOP_SYS_USE_PKG_CONFIG=0 "$root/rust/check-consumer.sh" --expect-build-type
 echo "Rust consumer/pkg-config/package checks: $((SECONDS - step_start)) s"
 
 echo "== CTest under ASan + UBSan (CPU build) =="
-TL_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" -DTL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$sanitizer_flags" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$sanitizer_flags" \
-  -DTL_SANITIZE=address,undefined
+TL_BUILD_DIR="$root/build-asan" TL_BUILD_TARGETS="" "$root/scripts/build.sh" -DTL_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$sanitizer_flags" \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$sanitizer_flags" -DTL_SANITIZE=address,undefined
 # The slow-labelled tests (the demo model's full evaluation text, GPTQ on the trained demo model) are left out here:
 # they check numbers, not memory, and their code runs here on smaller inputs.
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE slow

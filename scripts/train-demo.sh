@@ -4,7 +4,7 @@
 #   scripts/train-demo.sh data       Debian machine: installs python3.11-doc, writes the corpus to build-data/
 #                                    (train/valid/calib/eval, tools/demo_data.py) and copies eval.txt to data/
 #   scripts/train-demo.sh train      a machine with a CUDA GPU and PyTorch (+ safetensors): trains and writes the
-#                                    dense FP16 model build-demo/demo-fp16.tinyloop (tools/train_demo.py, ~1 min
+#                                    dense FP16 model build-demo/demo-fp16.tinyloop (tools/gpu/train_demo.py, ~1 min
 #                                    on an H200)
 #   scripts/train-demo.sh quantize   any machine with the project built: GPTQ, group 128, asymmetric, calibrated on
 #                                    build-data/calib.txt, with frac4 channels (for cross-iteration rounding) ->
@@ -31,7 +31,7 @@ case ${1:-} in
     ;;
   train)
     mkdir -p build-demo
-    python3 tools/train_demo.py --data build-data --out build-demo/demo-fp16.tinyloop | tee build-demo/train.log
+    python3 tools/gpu/train_demo.py --data build-data --out build-demo/demo-fp16.tinyloop | tee build-demo/train.log
     ;;
   quantize)
     mkdir -p models

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Markdown tables made from the benchmark programs' CSV files (standard library only), so that a page holds what
-the benchmarks measured and nothing typed by hand. docs/benchmarks.md holds the `gemm` and `score` tables; the
-others compare kernel variants (A/B runs, two builds, the read probe).
+the benchmarks measured and nothing typed by hand. docs/benchmarks.md holds the `summary`, `gemm`, `bf16` and `score`
+tables, notes/targets.md the `targets` table and `gemm --targets`; `builds` and `probe` compare kernel variants (two
+builds, the read probe).
 
-  tools/bench_tables.py gemm BENCH_CSV [--group 128|64|row]
-      the GEMM target table from tl_bench's CSV: per layer and M (one group size), SOL, what tl_quant_gemm runs by
-      default (the CSV's `dispatched` row, with the Marlin-class plan), the best of our INT4 paths, dense cuBLAS FP16,
-      the target and whether it is met.
+  tools/bench_tables.py summary BENCH_CSV [--group 128|64|row]
+      per M range (M <= 16, 17-64, 128-512, >= 1024), over every layer of tl_bench's CSV: what tl_quant_gemm runs by
+      default and its speed against dense cuBLAS FP16 (cuBLAS's time over ours: median, least and greatest), and
+      in how many cells it is the faster of the two.
+  tools/bench_tables.py gemm BENCH_CSV [--group 128|64|row] [--targets]
+      the GEMM table from tl_bench's CSV: per layer and M (one group size), SOL, what tl_quant_gemm runs by default
+      (the CSV's `dispatched` row, with the Marlin-class plan), the best of our INT4 paths, dense cuBLAS FP16;
+      --targets adds the performance target of each cell (see target_for) and whether it is met.
   tools/bench_tables.py targets BENCH_CSV
       per group size and target class, how many of the Llama/Qwen2 cells meet the target, and the worst one.
   tools/bench_tables.py bf16 BENCH_CSV
@@ -20,7 +25,7 @@ others compare kernel variants (A/B runs, two builds, the read probe).
       tl_read_probe's read bandwidth per access pattern, ring depth and residency, without and with the stand-in
       arithmetic (one row per configuration, the two delays side by side).
   tools/bench_tables.py score SCORE_CSV [--model NAME]
-      the scoring table from tl_score_bench's CSV (tools/score_bench.sh): tokens/s per model, scenario and
+      the scoring table from tl_score_bench's CSV (tools/gpu/score_bench.sh): tokens/s per model, scenario and
       configuration, graphs off and on, device memory, fallbacks; --model keeps one model's rows (e.g. "2B per-row").
 """
 
@@ -30,7 +35,7 @@ import statistics
 import sys
 
 OURS = ("marlin_fused", "marlin_corr", "native", "deq_cublas")
-# The layers the targets are set on (issue: Llama-2-7B/13B, Llama-3-8B/70B, Qwen2-7B).
+# The layers the performance targets are set on (Llama-2-7B/13B, Llama-3-8B/70B, Qwen2-7B).
 TARGET_LAYERS = ("Llama", "Qwen")
 GROUPS = ("128", "64", "row")
 
@@ -61,7 +66,7 @@ def fp16_of(cells, layer, m):
 
 
 def target_for(layer, kn, m):
-    """The issue's target for a cell: (kind, value), kind "sol" (a fraction of SOL) or "fp16" (a speed ratio against
+    """The performance target for a cell: (kind, value), kind "sol" (a fraction of SOL) or "fp16" (a speed ratio against
     dense cuBLAS FP16, and from M = 1024 also 0.85 of SOL); None where none is set."""
     if not layer.startswith(TARGET_LAYERS):
         return None
@@ -94,12 +99,12 @@ def judge(cells, order, key, fp16):
     return text, met and not cliff, cliff
 
 
-def gemm_table(path, group):
+def gemm_table(path, group, with_targets=False):
     cells, order = cells_of(path, group)
     fp16_cells, _ = cells_of(path, "128")
     print("| layer (K×N) | M | SOL µs | dispatcher's choice µs (SOL) | best of ours µs (SOL) | cuBLAS FP16 dense µs "
-          "(SOL) | target | met? |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(SOL) |" + (" target | met? |" if with_targets else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|" if with_targets else ""))
     for key in order:
         layer, m = key
         c = cells[key]
@@ -117,7 +122,34 @@ def gemm_table(path, group):
                                                           "no (cliff)" if verdict[2] else "no")
         print(f"| {layer} ({c['shape']}) | {m} | {sol:.1f} | {c[choice]:.1f} ({sol / c[choice]:.2f}) {what} | "
               f"{best_us:.1f} ({sol / best_us:.2f}) {best_k}{versus} | "
-              + (f"{fp16:.1f} ({sol / fp16:.2f})" if fp16 else "–") + f" | {target} | {met} |")
+              + (f"{fp16:.1f} ({sol / fp16:.2f})" if fp16 else "–") + " |"
+              + (f" {target} | {met} |" if with_targets else ""))
+
+
+def summary_table(path, group):
+    cells, order = cells_of(path, group)
+    fp16_cells, _ = cells_of(path, "128")
+    ranges = (("M ≤ 16", 1, 16), ("M = 17–64", 17, 64), ("M = 128–512", 128, 512), ("M ≥ 1024", 1024, None))
+    print("| rows | M tabled | layers | what runs by default | cuBLAS FP16 time / ours: median (range) "
+          "| cells where ours is faster |")
+    print("|---|---|---|---|---|---|")
+    for name, low, high in ranges:
+        keys = [k for k in order if k[1] >= low and (high is None or k[1] <= high)
+                and cells[k].get("dispatched") in cells[k] and fp16_of(fp16_cells, *k)]
+        if not keys:
+            continue
+        ratios = [fp16_of(fp16_cells, *k) / cells[k][cells[k]["dispatched"]] for k in keys]
+        runs = []
+        for k in keys:
+            c = cells[k]
+            what = c.get("plan", "").split("/")[0] if c["dispatched"] == "marlin_fused" else c["dispatched"]
+            what = what or c["dispatched"]
+            if what not in runs:
+                runs.append(what)
+        ms = ", ".join(str(m) for m in sorted({k[1] for k in keys}))
+        print(f"| {name} | {ms} | {len({k[0] for k in keys})} | {', '.join(runs)} | "
+              f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) | "
+              f"{sum(r > 1 for r in ratios)} of {len(ratios)} |")
 
 
 def targets_table(path):
@@ -244,6 +276,10 @@ def main():
     g = sub.add_parser("gemm")
     g.add_argument("csv")
     g.add_argument("--group", default="128", choices=GROUPS)
+    g.add_argument("--targets", action="store_true", help="add each cell's target and whether it is met")
+    u = sub.add_parser("summary")
+    u.add_argument("csv")
+    u.add_argument("--group", default="128", choices=GROUPS)
     sub.add_parser("targets").add_argument("csv")
     sub.add_parser("bf16").add_argument("csv")
     b = sub.add_parser("builds")
@@ -256,7 +292,9 @@ def main():
     s.add_argument("--model")
     args = p.parse_args()
     if args.what == "gemm":
-        gemm_table(args.csv, args.group)
+        gemm_table(args.csv, args.group, args.targets)
+    elif args.what == "summary":
+        summary_table(args.csv, args.group)
     elif args.what == "targets":
         targets_table(args.csv)
     elif args.what == "bf16":

@@ -9,13 +9,13 @@ Written from docs/architecture.md and docs/format.md alone (no code shared with 
                        (scores, causal mask, softmax, weighted sum); log-softmax and the NLL sum in float64. Prints
                        the total NLL, tokens scored and perplexity; --per-token-out writes each position's NLL;
                        --compare checks files from `tinyloop score --per-token` against it, each on its own.
-  --speed              the speed peer for tl_score_bench (issue 16): the same model as a plain FP16 PyTorch model,
-                       dequantized FP16 weights used like nn.Linear (F.linear), FP16 activations with RMSNorm in FP32,
-                       RoPE, F.scaled_dot_product_attention, full FP16 logits upcast to FP32 for F.cross_entropy.
-                       Sequences are batched: each forward pass scores a [B, L] batch of at most --batch-tokens
-                       tokens (padding included). Times each scenario eagerly and/or under torch.compile (--compile)
-                       with CUDA events: one warm-up run, then the median of --reps >= 5 runs; prints tokens/s, the
-                       NLL, the FP16 weights' bytes and torch.cuda.max_memory_allocated.
+  --speed              the speed peer for tl_score_bench (tools/gpu/score_bench.sh): the same model as a plain FP16
+                       PyTorch model, dequantized FP16 weights used like nn.Linear (F.linear), FP16 activations with
+                       RMSNorm in FP32, RoPE, F.scaled_dot_product_attention, full FP16 logits upcast to FP32 for
+                       F.cross_entropy. Sequences are batched: each forward pass scores a [B, L] batch of at most
+                       --batch-tokens tokens (padding included). Times each scenario eagerly and/or under
+                       torch.compile (--compile) with CUDA events: one warm-up run, then the median of --reps >= 5
+                       runs; prints tokens/s, the NLL, the FP16 weights' bytes and torch.cuda.max_memory_allocated.
   --backend numpy      the reference math on the CPU with numpy and no torch or safetensors package (a small
                        reader of the format stands in for safe_open): for smoke tests on machines without them.
 
@@ -55,7 +55,7 @@ per timed variant (mode, scenario, layout), after a readable one:
   bytes: torch.cuda.max_memory_allocated over the timed runs, weights included; warm-up s: the untimed first run,
   which under torch.compile includes compiling every pass shape.)
 
---compare tolerance (documented for issue 4's cross-check; exit status 1 when any file is beyond it):
+--compare tolerance (exit status 1 when any file is beyond it):
   relative perplexity difference |exp(mean NLL_theirs - mean NLL_ours) - 1| <= --ppl-tol (default 0.0025 = 0.25%)
   and per-position |NLL_theirs - NLL_ours| <= --nll-tol nats (default 0.05).
 The GPU path computes in FP16 with FP32 accumulation, ten block applications deep on the 2B preset; the CLI writes
@@ -552,9 +552,9 @@ class SpeedScenario:
     def layouts(self, compiled):
         if self.kind == "tokens":
             return ["padded"]
-        # Padded passes differ in shape from one to the next (19 for the issue's 256 documents of 100-2000 tokens), and
-        # torch.compile(dynamic=False) compiles every shape anew, about a minute each under max-autotune: compiled
-        # runs take the packed rows, whose passes all share one shape (the last one aside).
+        # Padded passes differ in shape from one to the next (19 for tools/gpu/score_bench.sh's 256 documents of
+        # 100-2000 tokens), and torch.compile(dynamic=False) compiles every shape anew, about a minute each under
+        # max-autotune: compiled runs take the packed rows, whose passes all share one shape (the last one aside).
         return ["packed"] if compiled else ["padded", "packed"]
 
 

@@ -64,7 +64,7 @@ tl::ModelConfig preset_config(const std::string &name) {
     } else if (name == "demo") {  // small byte-level model for the README's demo
         c.d_model = 256, c.n_heads = 4, c.head_dim = 64, c.ffn = 1024, c.vocab = 256;
         c.pre = 2, c.loops = 4, c.max_seq = 1024, c.group_size = 128;
-    } else if (name == "2b") {  // the seed's production shape (MISSION.md)
+    } else if (name == "2b") {  // the 2B-shaped model of the scoring benchmark (docs/benchmarks.md)
         c.d_model = 2048, c.n_heads = 16, c.head_dim = 128, c.ffn = 8192, c.vocab = 50257;
         c.pre = 2, c.loops = 8, c.max_seq = 4096, c.group_size = 0;
     } else {

@@ -2,7 +2,7 @@
 // shared weight through every dispatcher path (on one shared stream and on a stream each), and eight threads scoring
 // one shared model with mixed CUDA-graph settings, progress callbacks and re-entrant calls. Every result is checked
 // against the same work done by one thread, and the GEMMs against an FP64 reference too. Run under
-// compute-sanitizer memcheck and racecheck by tools/device_check.sh.
+// compute-sanitizer memcheck and racecheck by tools/gpu/device_check.sh.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

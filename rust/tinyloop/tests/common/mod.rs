@@ -11,7 +11,7 @@ use tinyloop::f16;
 pub fn fixture() -> PathBuf {
     let path = std::env::var_os("TINYLOOP_TEST_FIXTURE").map(PathBuf::from).unwrap_or_else(|| {
         let in_checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/tiny.tinyloop");
-        // A test binary carried to another machine (tools/rust_gpu_check.sh) runs from the repository root there.
+        // A test binary carried to another machine (tools/gpu/rust_gpu_check.sh) runs from the repository root there.
         let from_root = PathBuf::from("tests/data/tiny.tinyloop");
         if !in_checkout.is_file() && from_root.is_file() {
             from_root

@@ -16,7 +16,7 @@ Output: a .tinyloop (safetensors) file with F16 dense linears (`<b>attn_qkv.weig
 norms and the embedding; `tinyloop quantize` turns it into the INT4 model. Recipe: scripts/train-demo.sh and
 docs/quality.md.
 
-Usage: tools/train_demo.py --data DIR --out FILE [--steps N] [--time-limit MIN] [--seed S] ...
+Usage: tools/gpu/train_demo.py --data DIR --out FILE [--steps N] [--time-limit MIN] [--seed S] ...
 """
 
 import argparse

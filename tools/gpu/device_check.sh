@@ -3,14 +3,14 @@
 # CTest suite the machine can (all but the Criterion C suite: libcriterion is not on the GPU image), the GPU suites
 # again under compute-sanitizer memcheck and racecheck, then the GEMM benchmark. Logs under $OUT.
 #
-#   OUT=/path tools/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=..., SANITIZER_TOOLS=memcheck,
+#   OUT=/path tools/gpu/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=..., SANITIZER_TOOLS=memcheck,
 #                                       SANITIZE_ONLY=<binary name> to trim)
 # Header-only build dependencies the GPU image may lack (CLI11, Eigen) can come in a folder .devdeps at the repository
 # root, laid out like the root file system (.devdeps/usr/include/CLI, .devdeps/usr/include/eigen3,
 # .devdeps/usr/share/eigen3/cmake); where the system has none, the build is pointed at them (an include path, and
 # Eigen3_DIR); nothing is copied into system folders. The script itself writes only under $BUILD and $OUT.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
 BUILD=${BUILD:-/tmp/tl-device-build}
 mkdir -p "$OUT"

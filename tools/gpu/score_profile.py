@@ -3,7 +3,7 @@
 is loaded into the same process with ctypes).
 
 Usage (on the GPU machine, after a CUDA build):
-  python3 tools/score_profile.py LIBTINYLOOP MODEL [--tokens 4096] [--window 0] [--seed 1] [--reps 3] [--top 12]
+  python3 tools/gpu/score_profile.py LIBTINYLOOP MODEL [--tokens 4096] [--window 0] [--seed 1] [--reps 3] [--top 12]
 
 Scores --tokens splitmix64 tokens (seed --seed, modulo the vocabulary: the sequence tl_score_bench and
 tools/torch_reference.py --random make) in --window windows (0 = the model's max_seq) with CUDA graphs off, so that

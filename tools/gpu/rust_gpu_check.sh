@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 6 on the GPU machine: the Rust crate's tests and Criterion benchmarks, run from binaries built on a machine
+# On the GPU machine: the Rust crate's tests and Criterion benchmarks, run from binaries built on a machine
 # with cargo (the GPU machine has none), and bench/tl_bench on the same layers, M values and paths in the same run,
 # compared side by side.
 #
 # Here, on the machine with cargo (before each GPU run whose sources changed):
-#   tools/rust_gpu_check.sh --build-bundle
+#   tools/gpu/rust_gpu_check.sh --build-bundle
 # builds tinyloop's test and bench binaries (release profile, --features cuda, TINYLOOP_CUDA_ARCHS=90 unless set)
 # twice, with libstdc++ linked statically ("static-cxx", tried first) and dynamically ("dynamic"), into
 # build-rust-gpu-target/<variant>, strips them and packs each set into rust-gpu-bundle/<variant>.tar.xz (the
@@ -12,10 +12,10 @@
 # (sources hash, glibc and libstdc++ versions needed, shared libraries loaded).
 #
 # There, from the repository root, with rust-gpu-bundle/ carried (and .devdeps when tl_bench must be configured):
-#   OUT=$OUT bash tools/rust_gpu_check.sh
+#   OUT=$OUT bash tools/gpu/rust_gpu_check.sh
 #   1. unpacks the first variant whose binaries start there; warns when the bundle was built from other sources;
 #   2. runs every test binary (the GPU tests compare each dispatcher path with an FP64 reference and with the raw
-#      C calls) while tl_bench builds in the background: reused from $BUILD (tools/device_check.sh's build) where
+#      C calls) while tl_bench builds in the background: reused from $BUILD (tools/gpu/device_check.sh's build) where
 #      that is configured, else configured like device_check.sh into $TL_BUILD, only the tl_bench target;
 #   3. tl_bench on the comparison subset (graph replays, --stream-loop, --via-api), then the Criterion quant_gemm
 #      benchmark on the same subset, then the Criterion score benchmark (CPU on all threads, and CUDA);
@@ -39,7 +39,7 @@
 # SKIP_TESTS=1, SKIP_RUST_BENCH=1, SKIP_TL_BENCH=1, TL_BENCH_CSV=<a tl_bench CSV to compare with instead of
 # running tl_bench> (dry runs: TL_BENCH_CSV=docs/benchmarks-gemm.csv).
 set -u
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 BUNDLE=${BUNDLE:-rust-gpu-bundle}
 
 # A hash of everything the Rust binaries are built from (docs aside), to tell a stale bundle from a current one.
@@ -200,19 +200,19 @@ else
     summary+=("rust binaries: variant $VARIANT, built from these sources ($here)")
   else
     summary+=("WARNING: the bundle was built from other sources (${built_from:-unknown}, here $here): rebuild it with
-  tools/rust_gpu_check.sh --build-bundle; the Rust results are of the older code")
+  tools/gpu/rust_gpu_check.sh --build-bundle; the Rust results are of the older code")
   fi
 fi
 
 # ---- tl_bench: built in the background while the tests run (they need little CPU) ----
 TL_BENCH=""
-# $1: seconds allowed. Reuses tools/device_check.sh's build where there is one (then only tl_bench is brought up to
+# $1: seconds allowed. Reuses tools/gpu/device_check.sh's build where there is one (then only tl_bench is brought up to
 # date), else configures a build of its own with no tests.
 build_tl_bench() {
   if [ "$TL_BUILD" = "$BUILD" ]; then
     echo "reusing $BUILD"
   else
-    # As tools/device_check.sh: header-only dependencies the GPU image lacks come from .devdeps, used in place.
+    # As tools/gpu/device_check.sh: header-only dependencies the GPU image lacks come from .devdeps, used in place.
     local devdeps=()
     if [ -d .devdeps ]; then
       [ -d /usr/include/CLI ] || devdeps+=("-DCMAKE_CXX_FLAGS=-isystem $PWD/.devdeps/usr/include")

@@ -4,7 +4,7 @@
 (median of 5 timings of 5 calls, CUDA events, after a warm-up) and reported in the same units (useful causal FLOPs,
 4·T·(T+1)/2·H·hd per call).
 
-Usage (on the GPU machine): python3 tools/attention_peer.py [--shapes 4096:16:128,1024:16:128,4096:4:64]
+Usage (on the GPU machine): python3 tools/gpu/attention_peer.py [--shapes 4096:16:128,1024:16:128,4096:4:64]
 """
 
 import argparse

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU machine, after tools/device_check.sh built everything: one tl_bench cell under Nsight Compute, and the
+# On the GPU machine, after tools/gpu/device_check.sh built everything: one tl_bench cell under Nsight Compute, and the
 # kernel's SASS lines matching a pattern (e.g. SASS_GREP='LDL|STL' for spills), for kernel work.
 #
 #   OUT=$OUT KERNEL=regex LAYER=name M=m [KERNELS=tl_bench kernel] [SECTIONS="..."] [SASS_GREP=regex] \
-#     [NCU_CLOCK=base] bash tools/profile_kernel.sh
+#     [NCU_CLOCK=base] bash tools/gpu/profile_kernel.sh
 # Writes $OUT/ncu-<M>.txt (the sections' details) and $OUT/sass.txt (the kernel's SASS lines matching SASS_GREP).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-/tmp/tl-device-build}
 OUT=${OUT:?set OUT}
 export PATH=/usr/local/cuda/bin:$PATH
