@@ -19,6 +19,11 @@ from ._model import BatchResult, Model, ScoreResult, SequenceScore, device_count
 
 __version__ = "0.1.0"
 
+# Tracebacks and reprs name the public module, not the private one that defines the class.
+for _public in (BatchResult, Error, LibraryError, LibraryVersionError, Model, ScoreResult, SequenceScore, Status):
+    _public.__module__ = __name__
+del _public
+
 __all__ = [
     "ABI_VERSION", "BatchResult", "Error", "LibraryError", "LibraryVersionError", "Model", "ScoreResult",
     "SequenceScore", "Status", "build_info", "device_count", "device_info", "library_path", "library_version",
