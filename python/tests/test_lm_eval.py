@@ -101,6 +101,8 @@ def test_is_an_lm_and_registered(lm_eval_module):
     lm = lm_eval_module.TinyLoopLM.create_from_arg_string(f"path={TINY_MODEL},device=cpu,bos_token_id=10",
                                                           {"batch_size": 8, "device": None})
     assert lm.bos_token_id == 10 and lm.max_length == 128
+    with pytest.raises(TypeError):  # a misspelt argument is not ignored
+        lm_eval_module.TinyLoopLM.create_from_arg_string(f"path={TINY_MODEL},bos_token=10")
     with pytest.raises(NotImplementedError):
         lm.generate_until(requests("generate_until", ("Hello", {"until": ["\n"]})))
 

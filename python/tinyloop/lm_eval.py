@@ -60,7 +60,7 @@ class TinyLoopLM(LM):
     forward passes itself)."""
 
     def __init__(self, path, device=None, bos_token_id=None, threads=0, max_memory_bytes=0, batch_size=None,
-                 max_batch_size=None, **_ignored):
+                 max_batch_size=None):
         super().__init__()
         if isinstance(device, str) and device.isdigit():
             device = int(device)
