@@ -203,6 +203,7 @@ def test_info(tiny, cli):
                 "parameter_count", "file_bytes", "n_tensors", "tensor_bytes", "quant_weight_bytes"):
         assert info[key] == expected[key], key
     assert info["path"] == str(TINY_MODEL)
+    assert (info["norm_eps"], info["rope_theta"]) == (expected["norm_eps"], expected["rope_theta"]) == (1e-05, 10000.0)
     assert tiny.vocab == 256 and tiny.max_seq == 128
     info["vocab"] = 0
     assert tiny.vocab == 256  # a copy

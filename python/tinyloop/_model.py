@@ -162,7 +162,11 @@ class Model:
         except Error:
             self.close()
             raise
-        self._info = {name: getattr(properties, name) for name, _ in properties._fields_ if name != "struct_size"}
+        self._info = {}
+        for name, c_type in properties._fields_[1:]:
+            value = getattr(properties, name)
+            # A float field as its shortest decimal (norm_eps 1e-05, not the double 9.999999747378752e-06).
+            self._info[name] = float(str(np.float32(value))) if c_type is ctypes.c_float else value
         self._info["path"] = self.path
 
     # ---- lifetime ----
