@@ -18,14 +18,16 @@ ctest --test-dir "${TL_BUILD_DIR:-$root/build}" --output-on-failure -j"$jobs"
 
 echo "== Python package: install into a venv, pytest =="
 # Debian's interpreter, whose numpy and pytest the venv sees (--system-site-packages); pip builds the package offline
-# with Debian's setuptools (--no-build-isolation --no-index). A copy of python/ keeps setuptools' build/ and
-# egg-info out of the checkout. The tests use the library and the CLI just built.
+# with Debian's setuptools (--no-build-isolation --no-index). A copy of the package's sources keeps setuptools' build/
+# and egg-info out of the checkout (and leaves out a library copied into python/tinyloop/ by hand). The tests use the
+# library and the CLI just built.
 step_start=$SECONDS
 build=${TL_BUILD_DIR:-$root/build}
 rm -rf "$build/python-venv" "$build/python-src"
 "${TL_PYTHON:-/usr/bin/python3}" -m venv --system-site-packages "$build/python-venv"
-mkdir -p "$build/python-src"
-cp -r "$root/python/pyproject.toml" "$root/python/tinyloop" "$build/python-src/"
+mkdir -p "$build/python-src/tinyloop"
+cp "$root/python/pyproject.toml" "$build/python-src/"
+cp "$root"/python/tinyloop/*.py "$build/python-src/tinyloop/"
 "$build/python-venv/bin/python" -m pip install --quiet --no-build-isolation --no-index "$build/python-src"
 (cd "$root" && TINYLOOP_LIBRARY="$build/lib/libtinyloop.so" TINYLOOP_CLI="$build/bin/tinyloop" \
   "$build/python-venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
