@@ -21,6 +21,12 @@ packages=(
   librust-pkg-config-dev  # Rust build script: finds an installed libtinyloop (tinyloop.pc)
   librust-half-dev        # Rust crate: half::f16, the FP16 type of the safe API
   python3              # the ctypes example (examples/python), run by CTest
+  python3-numpy        # the Python package (python/): token and NLL arrays
+  python3-pytest       # the Python package's tests (scripts/test.sh)
+  python3-setuptools   # builds the Python package (pyproject.toml's backend, offline: --no-build-isolation)
+  python3-wheel        # setuptools 66's bdist_wheel, which pip's build of the package calls
+  python3-pip          # installs the package into scripts/test.sh's venv
+  python3-venv         # python3 -m venv (ensurepip) for that venv
   clang                # the fuzz step of scripts/test.sh: libFuzzer is clang-only
   libclang-rt-14-dev   # libFuzzer + clang's sanitizer runtimes for clang 14 (merely Recommended by clang-14's packages)
 )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the CTest suites (C++, C conformance, format corpus, ABI checks; GPU tests skip without a GPU),
-# cargo test, the whole CTest suite again under AddressSanitizer + UndefinedBehaviorSanitizer, a bounded libFuzzer
-# run of every parser of outside input (tests/fuzz) and the concurrency tests under ThreadSanitizer.
+# the Python package's pytest suite (in a venv), cargo test, the whole CTest suite again under AddressSanitizer +
+# UndefinedBehaviorSanitizer, a bounded libFuzzer run of every parser of outside input (tests/fuzz) and the
+# concurrency tests under ThreadSanitizer.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -14,6 +15,23 @@ sanitizer_flags="-O1 -g1 -DNDEBUG"
 echo "== build and CTest =="
 TL_BUILD_TARGETS="" "$root/scripts/build.sh"  # everything: the library, CLI, tests, examples, benchmarks
 ctest --test-dir "${TL_BUILD_DIR:-$root/build}" --output-on-failure -j"$jobs"
+
+echo "== Python package: install into a venv, pytest =="
+# Debian's interpreter, whose numpy and pytest the venv sees (--system-site-packages); pip builds the package offline
+# with Debian's setuptools (--no-build-isolation --no-index). A copy of the package's sources keeps setuptools' build/
+# and egg-info out of the checkout (and leaves out a library copied into python/tinyloop/ by hand). The tests use the
+# library and the CLI just built.
+step_start=$SECONDS
+build=${TL_BUILD_DIR:-$root/build}
+rm -rf "$build/python-venv" "$build/python-src"
+"${TL_PYTHON:-/usr/bin/python3}" -m venv --system-site-packages "$build/python-venv"
+mkdir -p "$build/python-src/tinyloop"
+cp "$root/python/pyproject.toml" "$build/python-src/"
+cp "$root"/python/tinyloop/*.py "$build/python-src/tinyloop/"
+"$build/python-venv/bin/python" -m pip install --quiet --no-build-isolation --no-index "$build/python-src"
+(cd "$root" && TINYLOOP_LIBRARY="$build/lib/libtinyloop.so" TINYLOOP_CLI="$build/bin/tinyloop" \
+  "$build/python-venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
+echo "Python package step: $((SECONDS - step_start)) s"
 
 echo "== consumers: find_package, pkg-config, FetchContent =="
 # The build above installed into a scratch prefix, plus a CPU-only FetchContent build of the library (tests/consumers).
