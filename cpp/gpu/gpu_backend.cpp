@@ -18,7 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
 
-#include "gpu/cublas_loader.hpp"
+#include "cublas_loader.hpp"
 #include "gpu/cuda_host.hpp"
 #include "gpu_kernels.hpp"
 #include "gpu/marlin_pack.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "format/model.hpp"
-#include "gpu/gemm_policy.hpp"
+#include "dtype.hpp"
 #include "util/error.hpp"
 
 namespace tl {

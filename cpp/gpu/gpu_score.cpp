@@ -24,7 +24,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "gpu/cublas_loader.hpp"
+#include "cublas_loader.hpp"
 #include "gpu/cuda_host.hpp"
 #include "forward/forward_kernels.hpp"
 #include "gpu_kernels.hpp"

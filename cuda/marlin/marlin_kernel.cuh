@@ -1,6 +1,6 @@
 // The classic Marlin-class INT4 x FP16/BF16 GEMM kernel (mma.sync, SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W
-// packed by tl::marlin_pack (cpp/gpu/marlin_pack.hpp documents the layout). It runs M > 16 on GPUs without the wgmma
-// kernel, and any M where the stream or wgmma kernel refuses a call (cpp/gpu/gemm_policy.hpp). Written for this
+// packed by tl::marlin_pack in the layout of marlin_layout.hpp. It runs M > 16 on GPUs without the wgmma
+// kernel, and any M where the stream or wgmma kernel refuses a call (marlin_plan.hpp). Written for this
 // project; upstream Marlin was read to understand the technique, nothing was copied.
 //
 // Shape of the computation
