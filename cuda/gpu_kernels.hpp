@@ -37,8 +37,8 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 
 // ---- Marlin-class tensor-core GEMM (cuda/marlin/) -------------------------------------------------------------------
 // Weights in the layout of marlin/marlin_layout.hpp (tl::marlin_pack writes it): words [N/64][K/16][32][4], scales
-// (and zeros for the fused mode) [G][N] permuted. gs is the kernel's group size: 32, a multiple of 64 dividing K, or -1 for per-column
-// scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
+// (and zeros for the fused mode) [G][N] permuted. gs is the kernel's group size: 32, a multiple of 64 dividing K, or
+// -1 for per-column scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
 // x, y, words, scales, zeros must be 16-byte aligned.
 //   fused = true:  W = q*s + z  (zeros required)
 //   fused = false: W = (q - 8)*s (zeros ignored; add the correction, see marlin_gemm_corrected); FP16 alone

@@ -614,6 +614,28 @@ TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_siz
 
 namespace {
 
+// The device forms of TL_FORM_* flags (checked by pack_options_or_defaults).
+tl::PackForms pack_forms(uint32_t forms) {
+    tl::PackForms f;
+    f.marlin_fused = (forms & TL_FORM_MARLIN_FUSED) != 0;
+    f.marlin_correction = (forms & TL_FORM_MARLIN_CORRECTION) != 0;
+    f.fp16_body = (forms & TL_FORM_FP16_BODY) != 0;
+    return f;
+}
+
+// The dispatcher setting a TL_DISPATCH_* value names; TL_ERR_INVALID_ARGUMENT for any other value.
+tl::DispatchSetting dispatch_setting(int32_t setting) {
+    switch (setting) {
+        case TL_DISPATCH_USE_MARLIN: return tl::DispatchSetting::UseMarlin;
+        case TL_DISPATCH_FP16_BODY: return tl::DispatchSetting::Fp16Body;
+        case TL_DISPATCH_CROSS_ITER_ROUND: return tl::DispatchSetting::CrossIterRound;
+        case TL_DISPATCH_MARLIN_MODE: return tl::DispatchSetting::MarlinMode;
+        case TL_DISPATCH_CUBLAS_MIN_M: return tl::DispatchSetting::CublasMinM;
+        default:
+            tl::fail(TL_ERR_INVALID_ARGUMENT, "setting " + std::to_string(setting) + " is not a TL_DISPATCH_* value");
+    }
+}
+
 tl_pack_options pack_options_or_defaults(const tl_pack_options *options) {
     const tl_pack_options opts = read_input_struct(options, "options", tl_pack_options_init, true);
     const uint32_t known = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
@@ -627,9 +649,10 @@ void pack_weights(const std::vector<tl_weight *> &weights, const tl_pack_options
     tl_pack_report report;
     tl_pack_report_init(&report, sizeof report);
     std::vector<std::shared_ptr<tl::DeviceWeight>> packed;
+    const tl::PackForms forms = pack_forms(opts.forms);
     for (const tl_weight *w : weights) {
         tl::PackOutcome outcome;
-        packed.push_back(tl::pack_weight(w->linear, opts.device, opts.stream, opts.forms, &outcome));
+        packed.push_back(tl::pack_weight(w->linear, opts.device, opts.stream, forms, &outcome));
         ++report.weights_uploaded;
         report.weights_packed += outcome.packed;
         report.weights_not_packable += !outcome.packable;
@@ -662,7 +685,7 @@ tl::GpuModel &gpu_model_for(const tl_model &model, int32_t device, double *setup
     if (!slot) {
         const auto start = std::chrono::steady_clock::now();
         tl::GpuModelOptions options;
-        if (tl::get_dispatch(TL_DISPATCH_FP16_BODY)) options.forms |= TL_FORM_FP16_BODY;
+        if (tl::get_dispatch(tl::DispatchSetting::Fp16Body)) options.forms.fp16_body = true;
         try {
             slot = std::make_unique<tl::GpuModel>(*model.model, device, options);
         } catch (...) {
@@ -701,13 +724,13 @@ TL_API tl_status tl_weight_pack_marlin(tl_weight *weight, const tl_pack_options 
 }
 
 TL_API tl_status tl_set_dispatch(int32_t setting, int32_t value) {
-    return guarded([&] { tl::set_dispatch(setting, value); });
+    return guarded([&] { tl::set_dispatch(dispatch_setting(setting), value); });
 }
 
 TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value) {
     return guarded([&] {
         require_not_null(out_value, "out_value");
-        *out_value = tl::get_dispatch(setting);
+        *out_value = tl::get_dispatch(dispatch_setting(setting));
     });
 }
 
@@ -839,7 +862,7 @@ tl::ScoreOptions core_score_options(const tl_score_options &opts) {
     score.n_threads = opts.n_threads;
     score.window = opts.window;
     score.token_nll = opts.token_nll;
-    score.cross_iter_round = tl::get_dispatch(TL_DISPATCH_CROSS_ITER_ROUND) != 0;
+    score.cross_iter_round = tl::get_dispatch(tl::DispatchSetting::CrossIterRound) != 0;
     score.use_graphs = opts.use_graphs != 0;
     score.max_memory_bytes = opts.max_memory_bytes;
     if (opts.progress != nullptr) {

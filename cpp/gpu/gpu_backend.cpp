@@ -43,13 +43,14 @@ int32_t env_setting(const char *name, int32_t fallback) {
 }
 
 struct Settings {
-    std::atomic<int32_t> values[5];
+    std::atomic<int32_t> values[kDispatchSettings];
+    std::atomic<int32_t> &operator[](DispatchSetting setting) { return values[static_cast<int32_t>(setting)]; }
     Settings() {
-        values[TL_DISPATCH_USE_MARLIN] = env_setting("TINYLOOP_USE_MARLIN", 1);
-        values[TL_DISPATCH_FP16_BODY] = env_setting("TINYLOOP_EXPERIMENTAL_FP16_BODY", 0);
-        values[TL_DISPATCH_CROSS_ITER_ROUND] = env_setting("TINYLOOP_CROSS_ITER_ROUND", 0);
-        values[TL_DISPATCH_MARLIN_MODE] = env_setting("TINYLOOP_MARLIN_MODE", 0);
-        values[TL_DISPATCH_CUBLAS_MIN_M] = env_setting("TINYLOOP_CUBLAS_MIN_M", kDefaultCublasMinM);
+        (*this)[DispatchSetting::UseMarlin] = env_setting("TINYLOOP_USE_MARLIN", 1);
+        (*this)[DispatchSetting::Fp16Body] = env_setting("TINYLOOP_EXPERIMENTAL_FP16_BODY", 0);
+        (*this)[DispatchSetting::CrossIterRound] = env_setting("TINYLOOP_CROSS_ITER_ROUND", 0);
+        (*this)[DispatchSetting::MarlinMode] = env_setting("TINYLOOP_MARLIN_MODE", 0);
+        (*this)[DispatchSetting::CublasMinM] = env_setting("TINYLOOP_CUBLAS_MIN_M", kDefaultCublasMinM);
     }
 };
 
@@ -58,28 +59,32 @@ Settings &settings() {
     return s;
 }
 
-void check_setting(int32_t setting) {
-    if (setting < 0 || setting > TL_DISPATCH_CUBLAS_MIN_M) {
-        fail(TL_ERR_INVALID_ARGUMENT, "setting " + std::to_string(setting) + " is not a TL_DISPATCH_* value");
+// The C API translates its values; this guards the array against a value cast from anything else.
+void check_setting(DispatchSetting setting) {
+    const int32_t index = static_cast<int32_t>(setting);
+    if (index < 0 || index >= kDispatchSettings) {
+        fail(TL_ERR_INVALID_ARGUMENT, "setting " + std::to_string(index) + " is not a dispatcher setting");
     }
 }
 
 }  // namespace
 
-void set_dispatch(int32_t setting, int32_t value) {
+void set_dispatch(DispatchSetting setting, int32_t value) {
     check_setting(setting);
-    const int32_t max = setting == TL_DISPATCH_MARLIN_MODE ? 2 : setting == TL_DISPATCH_CUBLAS_MIN_M ? INT32_MAX : 1;
+    const int32_t max = setting == DispatchSetting::MarlinMode   ? 2
+                        : setting == DispatchSetting::CublasMinM ? INT32_MAX
+                                                                 : 1;
     if (value < 0 || value > max) {
         fail(TL_ERR_INVALID_ARGUMENT,
              "value " + std::to_string(value) + " is out of range [0, " + std::to_string(max) + "] for setting " +
-                 std::to_string(setting));
+                 std::to_string(static_cast<int32_t>(setting)));
     }
-    settings().values[setting].store(value, std::memory_order_relaxed);
+    settings()[setting].store(value, std::memory_order_relaxed);
 }
 
-int32_t get_dispatch(int32_t setting) {
+int32_t get_dispatch(DispatchSetting setting) {
     check_setting(setting);
-    return settings().values[setting].load(std::memory_order_relaxed);
+    return settings()[setting].load(std::memory_order_relaxed);
 }
 
 #if !defined(TL_WITH_CUDA)
@@ -94,7 +99,9 @@ namespace {
 
 int32_t device_count() noexcept { return 0; }
 DeviceProperties device_info(int32_t) { no_cuda(); }
-std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, uint32_t, PackOutcome *) { no_cuda(); }
+std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, const PackForms &, PackOutcome *) {
+    no_cuda();
+}
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { no_cuda(); }
 void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, Dtype, void *, void *, size_t, void *,
                 const uint16_t *) {
@@ -332,7 +339,7 @@ DeviceProperties device_info(int32_t device) {
     return p;
 }
 
-std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream_ptr, uint32_t forms,
+std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream_ptr, const PackForms &forms,
                                           PackOutcome *outcome) {
     if (!w.quantized || w.bits != 4) fail(TL_ERR_UNSUPPORTED, "'" + w.name + "' is not an INT4 weight");
     require_device(device);
@@ -371,14 +378,14 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     const bool packable = props.marlin_supported && marlin_shape_error(src.k, src.n, src.group_size) == nullptr;
     dw->kernel_group_size = marlin_kernel_group_size(src.k, src.group_size);
     MarlinPacked fused;  // kept until the correction form has compared its tiles with it
-    if (packable && (forms & TL_FORM_MARLIN_FUSED)) {
+    if (packable && forms.marlin_fused) {
         fused = marlin_pack(src, MarlinMode::Fused);
         dw->words = DeviceBuffer::upload(device, fused.words, stream);
         dw->fused_scales = DeviceBuffer::upload(device, fused.scales, stream);
         dw->fused_zeros = DeviceBuffer::upload(device, fused.zeros, stream);
         dw->has_fused = true;
     }
-    if (packable && (forms & TL_FORM_MARLIN_CORRECTION)) {
+    if (packable && forms.marlin_correction) {
         const MarlinPacked p = marlin_pack(src, MarlinMode::Symmetric);
         // The symmetric codes are q itself, so both forms share the tiles when both are packed.
         if (!dw->has_fused) {
@@ -395,7 +402,7 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
     if (dw->marlin_ok) dw->marlin_workspace = align_up(gpu::marlin_workspace_bytes(props.sm_count), 256);
     // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB on earlier GPUs.
     dw->cublas_workspace = static_cast<size_t>(props.sm_major >= 9 ? 32 : 4) << 20;
-    if (forms & TL_FORM_FP16_BODY) {
+    if (forms.fp16_body) {
         dw->fp16_body = DeviceBuffer(device, static_cast<size_t>(src.n) * src.k * sizeof(uint16_t));
         const int rc = gpu::dequant_int4(dw->codes.get<uint8_t>(), dw->scales.get<uint16_t>(),
                                          dw->zeros.get<uint16_t>(), dw->fp16_body.get<uint16_t>(), src.n, src.k,
@@ -449,7 +456,7 @@ size_t correction_scratch_bytes(const DeviceWeight &dw, int64_t m) {
 }
 
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
-    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, get_dispatch(TL_DISPATCH_CUBLAS_MIN_M));
+    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, get_dispatch(DispatchSetting::CublasMinM));
     return dw.marlin_ok && min_m > 0 && m >= min_m;
 }
 
@@ -459,8 +466,8 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     // The scratch of every path the current settings may take for this M.
     size_t scratch = 0;
-    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) scratch = dw.cublas_workspace;
-    if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
+    if (get_dispatch(DispatchSetting::Fp16Body) && dw.fp16_body) scratch = dw.cublas_workspace;
+    if (get_dispatch(DispatchSetting::UseMarlin) && dw.marlin_ok) {
         if (cublas_path_wanted(dw, m)) scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
         if (dw.has_correction) scratch = std::max(scratch, correction_scratch_bytes(dw, m));
     }
@@ -468,8 +475,8 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
 }
 
 bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m) {
-    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body) return false;
-    return get_dispatch(TL_DISPATCH_USE_MARLIN) && cublas_path_wanted(dw, m);
+    if (get_dispatch(DispatchSetting::Fp16Body) && dw.fp16_body) return false;
+    return get_dispatch(DispatchSetting::UseMarlin) && cublas_path_wanted(dw, m);
 }
 
 size_t dequantized_bytes(const DeviceWeight &dw) { return dequant_scratch_bytes(dw); }
@@ -581,13 +588,13 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype
         if (rc == 0) return done_padded(dw.n_cublas);
         refused(rc, "cuBLAS on the caller's dequantized weight");
     }
-    if (get_dispatch(TL_DISPATCH_FP16_BODY) && dw.fp16_body && f16) {
+    if (get_dispatch(DispatchSetting::Fp16Body) && dw.fp16_body && f16) {
         const int rc = fp16_gemm(dw.fp16_body.get<uint16_t>());
         if (rc == 0) return done_padded(dw.n_fp16);
         refused(rc, "FP16 body");
     }
 
-    if (get_dispatch(TL_DISPATCH_USE_MARLIN) && dw.marlin_ok) {
+    if (get_dispatch(DispatchSetting::UseMarlin) && dw.marlin_ok) {
         const bool workspace_ok = workspace_bytes >= dw.marlin_workspace && yp != nullptr;
         const size_t dequant_bytes = dequant_scratch_bytes(dw);
         if (cublas_path_wanted(dw, m) && yp != nullptr && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
@@ -600,7 +607,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype
             if (rc == 0) return done_padded(dw.n_cublas);
             refused(rc, "dequantize + cuBLAS");
         }
-        const int32_t mode = get_dispatch(TL_DISPATCH_MARLIN_MODE);
+        const int32_t mode = get_dispatch(DispatchSetting::MarlinMode);
         int rc = gpu::kRcUnsupported;
         std::atomic<uint64_t> *counter = nullptr;
         if (!workspace_ok) {

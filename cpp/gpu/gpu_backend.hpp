@@ -31,6 +31,14 @@ struct DispatchCounts {
     uint64_t fp16_body = 0, marlin_fused = 0, marlin_correction = 0, dequant_cublas = 0, native = 0, fallbacks = 0;
 };
 
+// The device forms pack_weight makes of an INT4 weight besides the native kernel's upload (capi/ translates the C
+// API's TL_FORM_* flags into these). The defaults are what a model's weights get.
+struct PackForms {
+    bool marlin_fused = true;       // Marlin-class tiles, zero point applied in registers
+    bool marlin_correction = true;  // the seed's form: symmetric tiles + delta correction
+    bool fp16_body = false;         // a dequantized FP16 copy (memory for speed)
+};
+
 struct PackOutcome {
     bool packed = false;    // received a Marlin-class form
     bool packable = false;  // the Marlin-class kernel takes its shape
@@ -38,8 +46,8 @@ struct PackOutcome {
     uint64_t extra_device_bytes = 0;  // beyond the native upload
 };
 
-// Uploads `w` (quantized) to `device` with the requested TL_FORM_* forms, packing on the host.
-std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream, uint32_t forms,
+// Uploads `w` (quantized) to `device` with the requested forms, packing on the host.
+std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream, const PackForms &forms,
                                           PackOutcome *outcome);
 
 size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
@@ -69,7 +77,19 @@ void *stream_create(int32_t device);
 void stream_destroy(void *stream);
 void stream_synchronize(void *stream);
 
-void set_dispatch(int32_t setting, int32_t value);
-int32_t get_dispatch(int32_t setting);
+// The dispatcher settings: process-wide, initialised from the environment (TINYLOOP_USE_MARLIN, ...). capi/ translates
+// the C API's TL_DISPATCH_* values into these; the numbers are the same, so a message names a setting by the number
+// the caller passed.
+enum class DispatchSetting : int32_t {
+    UseMarlin = 0,
+    Fp16Body = 1,
+    CrossIterRound = 2,
+    MarlinMode = 3,
+    CublasMinM = 4,
+};
+constexpr int32_t kDispatchSettings = 5;
+// TL_ERR_INVALID_ARGUMENT for a value out of the setting's range (MarlinMode 0-2, CublasMinM >= 0, the others 0 or 1).
+void set_dispatch(DispatchSetting setting, int32_t value);
+int32_t get_dispatch(DispatchSetting setting);
 
 }  // namespace tl

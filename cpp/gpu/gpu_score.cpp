@@ -208,15 +208,15 @@ struct PassShape {
 struct Graph {
     cudaGraphExec_t exec = nullptr;
     Tally per_replay;                 // the GEMMs one replay runs
-    std::array<int32_t, 5> settings;  // the dispatcher settings at capture: the paths baked into the graph
+    std::array<int32_t, kDispatchSettings> settings;  // the dispatcher settings at capture: the paths baked into it
     ~Graph() {
         if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
 };
 
-std::array<int32_t, 5> dispatch_settings() {
-    std::array<int32_t, 5> s{};
-    for (int32_t i = 0; i < 5; ++i) s[i] = get_dispatch(i);
+std::array<int32_t, kDispatchSettings> dispatch_settings() {
+    std::array<int32_t, kDispatchSettings> s{};
+    for (int32_t i = 0; i < kDispatchSettings; ++i) s[i] = get_dispatch(static_cast<DispatchSetting>(i));
     return s;
 }
 

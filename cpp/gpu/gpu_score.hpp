@@ -31,8 +31,8 @@
 namespace tl {
 
 struct GpuModelOptions {
-    // TL_FORM_* forms every INT4 linear is packed with (pack_weight); add TL_FORM_FP16_BODY for that path.
-    uint32_t forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+    // The forms every INT4 linear is packed with (pack_weight); add fp16_body for that path.
+    PackForms forms;
     // Head positions per logits chunk, rounded up to a multiple of 8; 0 = as many as fit in 64 MiB of FP16 logits.
     int32_t head_chunk_rows = 0;
 };
