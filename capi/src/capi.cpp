@@ -28,8 +28,8 @@
 #include "handles.hpp"
 #include "util/half.hpp"
 #include "format/model.hpp"
-#include "quant/checkpoint_import.hpp"
-#include "quant/int4_import.hpp"
+#include "import/checkpoint_import.hpp"
+#include "import/int4_import.hpp"
 #include "quant/quant.hpp"
 
 

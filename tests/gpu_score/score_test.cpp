@@ -22,7 +22,7 @@
 #include "gpu/gpu_score.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -2,7 +2,7 @@
 // checkpoint is distrusted like a .tinyloop file: every config field is type-checked, every tensor's dtype and shape
 // is checked against the config before its bytes are used, and a tensor the layout does not name is an error (a
 // config that does not match its tensors, e.g. a wrong num_pre_layers, would otherwise convert silently).
-#include "quant/checkpoint_import.hpp"
+#include "import/checkpoint_import.hpp"
 
 #include <sys/stat.h>
 
@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/format.hpp"
-#include "quant/int4_import.hpp"
+#include "import/int4_import.hpp"
 #include "quant/quant.hpp"
 #include "util/error.hpp"
 
