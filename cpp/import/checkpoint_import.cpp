@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/format.hpp"
+#include "format/message_text.hpp"
 #include "import/int4_import.hpp"
 #include "quant/quant.hpp"
 #include "util/error.hpp"
@@ -50,12 +51,6 @@ constexpr const char *kLayerLinears[] = {"self_attn.q_proj", "self_attn.k_proj",
 std::string squote(const std::string &s) { return "'" + s + "'"; }
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-}
 
 bool starts_with(const std::string &s, const std::string &prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 bool ends_with(const std::string &s, const std::string &suffix) {
@@ -103,12 +98,6 @@ json read_json(const std::string &path) {
     }
 }
 
-std::string describe(const json &value) {
-    if (value.is_number() || value.is_boolean()) return value.dump();
-    if (value.is_string()) return squote(value.get<std::string>());
-    return std::string("a ") + value.type_name();
-}
-
 // Typed reads of a JSON object's fields with messages naming the file and the field. A null counts as absent:
 // transformers writes "rope_scaling": null, "head_dim": null for fields that are not set.
 class Fields {
@@ -136,7 +125,7 @@ public:
         if (!value) return *fallback;
         if (!value->is_number_integer() || (value->is_number_unsigned() && value->get<uint64_t>() > INT32_MAX) ||
             value->get<int64_t>() < INT32_MIN || value->get<int64_t>() > INT32_MAX) {
-            bad(TL_ERR_FORMAT, name, "must be a 32-bit integer, got " + describe(*value));
+            bad(TL_ERR_FORMAT, name, "must be a 32-bit integer, got " + describe_json(*value, JsonDetail::Scalars));
         }
         return value->get<int64_t>();
     }
@@ -144,21 +133,27 @@ public:
     double number(const char *name, double fallback) const {
         const json *value = find(name);
         if (!value) return fallback;
-        if (!value->is_number()) bad(TL_ERR_FORMAT, name, "must be a number, got " + describe(*value));
+        if (!value->is_number()) {
+            bad(TL_ERR_FORMAT, name, "must be a number, got " + describe_json(*value, JsonDetail::Scalars));
+        }
         return value->get<double>();
     }
 
     bool boolean(const char *name, bool fallback) const {
         const json *value = find(name);
         if (!value) return fallback;
-        if (!value->is_boolean()) bad(TL_ERR_FORMAT, name, "must be true or false, got " + describe(*value));
+        if (!value->is_boolean()) {
+            bad(TL_ERR_FORMAT, name, "must be true or false, got " + describe_json(*value, JsonDetail::Scalars));
+        }
         return value->get<bool>();
     }
 
     std::string text(const char *name, std::optional<std::string> fallback) const {
         const json *value = fallback ? find(name) : &require(name, "");
         if (!value) return *fallback;
-        if (!value->is_string()) bad(TL_ERR_FORMAT, name, "must be a string, got " + describe(*value));
+        if (!value->is_string()) {
+            bad(TL_ERR_FORMAT, name, "must be a string, got " + describe_json(*value, JsonDetail::Scalars));
+        }
         return value->get<std::string>();
     }
 
@@ -325,7 +320,10 @@ HfConfig read_config(const std::string &path, const CheckpointImportOptions &opt
         fail_config_range(e, path);
     }
     if (const json *q = f.find("quantization_config")) {
-        if (!q->is_object()) f.bad(TL_ERR_FORMAT, "quantization_config", "must be an object, got " + describe(*q));
+        if (!q->is_object()) {
+            f.bad(TL_ERR_FORMAT, "quantization_config",
+                  "must be an object, got " + describe_json(*q, JsonDetail::Scalars));
+        }
         c.quant = read_quantization(*q, path);
     }
     return c;
