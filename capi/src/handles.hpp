@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpu_backend.hpp"
+#include "gpu/device_weight.hpp"
 #include "gpu/gpu_score.hpp"
 #include "format/model.hpp"
 

@@ -16,7 +16,8 @@
 #include "util/error.hpp"
 #include "util/log.hpp"
 #include "util/thread_pool.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "gpu/device.hpp"
+#include "gpu/gemm_dispatch.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
 

@@ -3,7 +3,7 @@
 // Independent sequences (a call's windows, or a batch's sequences) are packed into forward passes of up to 8192
 // tokens, with attention inside each sequence only (gpu::Segments) and positions restarting at 0 in each.
 //
-// Every linear layer runs through the dispatcher (gpu_backend.hpp): the five per block, with gate and up packed as
+// Every linear layer runs through the dispatcher (gemm_dispatch.hpp): the five per block, with gate and up packed as
 // ONE weight (N = 2·ffn; one GEMM, then SwiGLU), and a quantized head packed with N padded to a multiple of 64 (zero
 // codes, scales and zeros in the padding rows, whose logits the softmax ignores), so V = 50257 takes the
 // Marlin-class path. A dense or tied head is not INT4: it is an FP16 copy of its values (the embedding table itself
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "format/model.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "gpu/gemm_dispatch.hpp"
 #include "score/score_plan.hpp"
 
 namespace tl {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "gpu/gemm_dispatch.hpp"
 #include "util/error.hpp"
 #include "gpu/gpu_score.hpp"
 #include "util/half.hpp"
