@@ -27,6 +27,7 @@
 
 #include "cublas_loader.hpp"
 #include "gpu/cuda_host.hpp"
+#include "gpu/device_memory.hpp"
 #include "forward/forward_kernels.hpp"
 #include "gpu_kernels.hpp"
 #endif
@@ -59,7 +60,7 @@ struct GpuModel::State {
 };
 
 GpuModel::GpuModel(const Model &, int32_t, const GpuModelOptions &) {
-    fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
+    fail_without_cuda();
 }
 GpuModel::~GpuModel() = default;
 int32_t GpuModel::device() const { return 0; }
@@ -68,11 +69,11 @@ GpuScoreStats GpuModel::stats() const { return {}; }
 uint64_t GpuModel::device_bytes() const { return 0; }
 
 ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *, GpuScoreStats *) {
-    fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
+    fail_without_cuda();
 }
 ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOptions &, int32_t, void *,
                              SequenceScore *, GpuScoreStats *) {
-    fail(TL_ERR_NO_DEVICE, "this build of the library has no CUDA support");
+    fail_without_cuda();
 }
 
 #else
@@ -88,44 +89,6 @@ void check_rc(int rc, const std::string &what) {
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), what);
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
-
-// Owned device memory, allocated on the current device. The GpuModel makes its device current before freeing.
-class Buffer {
-public:
-    Buffer() = default;
-    explicit Buffer(size_t bytes) : bytes_(bytes) {
-        check_cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
-    }
-    static Buffer upload(const void *host, size_t bytes) {
-        Buffer b(bytes);
-        check_cuda(cudaMemcpy(b.ptr_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
-        return b;
-    }
-    ~Buffer() {
-        if (ptr_ != nullptr) cudaFree(ptr_);
-    }
-    Buffer(Buffer &&o) noexcept { swap(o); }
-    Buffer &operator=(Buffer &&o) noexcept {
-        swap(o);
-        return *this;
-    }
-    Buffer(const Buffer &) = delete;
-    Buffer &operator=(const Buffer &) = delete;
-
-    template <class T = void>
-    T *as() const {
-        return static_cast<T *>(ptr_);
-    }
-    size_t bytes() const { return bytes_; }
-
-private:
-    void swap(Buffer &o) noexcept {
-        std::swap(ptr_, o.ptr_);
-        std::swap(bytes_, o.bytes_);
-    }
-    void *ptr_ = nullptr;
-    size_t bytes_ = 0;
-};
 
 // GEMM calls by path: the dispatcher's per-weight counters summed, plus the dense (cuBLAS) calls.
 struct Tally {
@@ -157,13 +120,13 @@ struct DeviceLinear {
     int32_t k = 0, n = 0;  // n: the device weight's rows (the head's padded N)
     int32_t groups = 0;    // INT4 groups along K
     std::shared_ptr<DeviceWeight> quant;
-    Buffer dense;                             // FP16 [n][k], unless the values are shared
-    const uint16_t *dense_values = nullptr;   // dense, or the embedding table (tied F16 head)
+    DeviceBuffer dense;                      // FP16 [n][k], unless the values are shared
+    const uint16_t *dense_values = nullptr;  // dense, or the embedding table (tied F16 head)
     uint64_t bytes = 0;
 };
 
 struct DeviceBlock {
-    Buffer attn_norm, mlp_norm;  // FP32 [d_model]
+    DeviceBuffer attn_norm, mlp_norm;  // FP32 [d_model]
     DeviceLinear qkv, out;
     // gate_up: gate and up as one weight (N = 2·ffn), `up` empty (n == 0). When the two cannot be packed together
     // (an INT4 and a dense one, different group sizes or K orders) gate_up holds the gate alone and `up` the up
@@ -177,21 +140,21 @@ struct Activations {
     int32_t rows = 0;
     int32_t chunk = 0;     // head positions per logits chunk, a multiple of 8 (keeps chunk starts 16-byte aligned)
     size_t up_offset = 0;  // halves: where a separate up projection writes inside gu (16-byte aligned)
-    Buffer x;              // FP32 [rows][D], the residual stream
-    Buffer xn;             // FP16 [rows][D], normalized (GEMM input)
-    Buffer qkv;            // FP16 [rows][3A]
-    Buffer att;            // FP16 [rows][A]
-    Buffer proj;           // FP16 [rows][D], attn_out / mlp_down output, added to x by the next norm
-    Buffer gu;             // FP16 [rows][2F] (fused) or gate [rows][F] + up at up_offset
-    Buffer hidden;         // FP16 [rows][F], SwiGLU output
-    Buffer logits;         // FP16 [chunk][head rows]
-    Buffer meta;           // INT32: the pass's tokens, targets and positions [rows] each, then segment offsets
-    Buffer nll;            // FP32 [rows]
-    Buffer greedy;         // UINT8 [rows]
-    Buffer rope_cos, rope_sin;  // FP32 [rows][head_dim/2]
+    DeviceBuffer x;                   // FP32 [rows][D], the residual stream
+    DeviceBuffer xn;                  // FP16 [rows][D], normalized (GEMM input)
+    DeviceBuffer qkv;                 // FP16 [rows][3A]
+    DeviceBuffer att;                 // FP16 [rows][A]
+    DeviceBuffer proj;                // FP16 [rows][D], attn_out / mlp_down output, added to x by the next norm
+    DeviceBuffer gu;                  // FP16 [rows][2F] (fused) or gate [rows][F] + up at up_offset
+    DeviceBuffer hidden;              // FP16 [rows][F], SwiGLU output
+    DeviceBuffer logits;              // FP16 [chunk][head rows]
+    DeviceBuffer meta;                // INT32: the pass's tokens, targets, positions [rows] each, then segment offsets
+    DeviceBuffer nll;                 // FP32 [rows]
+    DeviceBuffer greedy;              // UINT8 [rows]
+    DeviceBuffer rope_cos, rope_sin;  // FP32 [rows][head_dim/2]
     uint64_t bytes = 0;
 
-    int32_t *tokens() const { return meta.as<int32_t>(); }
+    int32_t *tokens() const { return meta.get<int32_t>(); }
     int32_t *targets() const { return tokens() + rows; }     // token r + 1 of r's sequence, -1 at a sequence's end
     int32_t *positions() const { return tokens() + 2 * rows; }  // r's position inside its sequence
     int32_t *offsets() const { return tokens() + 3 * rows; }    // [segments + 1]
@@ -242,18 +205,18 @@ struct GpuModel::State {
     cudaStream_t own_stream = nullptr;
     cublasHandle_t cublas = nullptr;
 
-    Buffer embed;  // [vocab][d_model] in the file's dtype
+    DeviceBuffer embed;  // [vocab][d_model] in the file's dtype
     gpu::TableType embed_type = gpu::TableType::F32;
     std::vector<DeviceBlock> pre;
     DeviceBlock loop;
-    Buffer final_norm;
+    DeviceBuffer final_norm;
     DeviceLinear head;
     uint64_t weight_bytes = 0;
     bool loop_has_rounding_channels = false;  // frac4 / sign_bit on a looped linear (cross-iteration rounding)
 
     Activations act;
-    Buffer workspace;  // the dispatcher's, zero-filled once
-    Buffer loop_fp16;  // the looped block's INT4 weights as FP16, dequantized once per pass (dequantized_once)
+    DeviceBuffer workspace;  // the dispatcher's, zero-filled once
+    DeviceBuffer loop_fp16;  // the looped block's INT4 weights as FP16, dequantized once per pass (dequantized_once)
     std::vector<int32_t> host_meta;  // the layout of act.meta
     std::vector<float> host_nll;
     std::vector<uint8_t> host_greedy;
@@ -337,7 +300,9 @@ std::vector<uint16_t> dense_fp16(const Linear &w) {
     return out;
 }
 
-Buffer upload_floats(const std::vector<float> &v) { return Buffer::upload(v.data(), v.size() * sizeof(float)); }
+DeviceBuffer upload_floats(int device, const std::vector<float> &v) {
+    return DeviceBuffer::upload_sync(device, v.data(), v.size() * sizeof(float));
+}
 
 void ensure_cublas(GpuModel::State &s) {
     if (s.cublas != nullptr) return;
@@ -366,8 +331,8 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
     } else {
         std::vector<uint16_t> values = dense_fp16(w);
         values.resize(static_cast<size_t>(d.n) * w.k, 0);
-        d.dense = Buffer::upload(values.data(), values.size() * sizeof(uint16_t));
-        d.dense_values = d.dense.as<uint16_t>();
+        d.dense = DeviceBuffer::upload_sync(s.device, values.data(), values.size() * sizeof(uint16_t));
+        d.dense_values = d.dense.get<uint16_t>();
         d.bytes = d.dense.bytes();
     }
     return d;
@@ -384,8 +349,8 @@ void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, 
 
 // The block's norms now, its linears as jobs writing into `d` (which must stay where it is until they have run).
 void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &jobs) {
-    d.attn_norm = upload_floats(b.attn_norm);
-    d.mlp_norm = upload_floats(b.mlp_norm);
+    d.attn_norm = upload_floats(s.device, b.attn_norm);
+    d.mlp_norm = upload_floats(s.device, b.mlp_norm);
     s.weight_bytes += d.attn_norm.bytes() + d.mlp_norm.bytes();
     add_linear(jobs, s, d.qkv, b.attn_qkv);
     add_linear(jobs, s, d.out, b.attn_out);
@@ -417,7 +382,7 @@ void make_head(GpuModel::State &s, const Model &model, LinearJobs &jobs) {
     d.name = w.name;
     d.k = w.k;
     d.n = round_up(w.n, kHeadRowMultiple);    // the table was uploaded with that many rows, the extra ones zero
-    d.dense_values = s.embed.as<uint16_t>();  // the table is the FP16 weight already
+    d.dense_values = s.embed.get<uint16_t>();  // the table is the FP16 weight already
 }
 
 // ---- Running a pass ----
@@ -427,7 +392,7 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
           const uint16_t *dequantized = nullptr) {
     if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
-        quant_gemm(*w.quant, x, y, m, Dtype::F16, stream, s.workspace.as(), s.workspace.bytes(), s.cublas,
+        quant_gemm(*w.quant, x, y, m, Dtype::F16, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
                    dequantized);
         return;
     }
@@ -460,24 +425,24 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
     const ModelConfig &c = s.config;
     const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
     Activations &a = s.act;
-    float *x = a.x.as<float>();
-    uint16_t *xn = a.xn.as<uint16_t>(), *qkv = a.qkv.as<uint16_t>(), *att = a.att.as<uint16_t>();
-    uint16_t *proj = a.proj.as<uint16_t>(), *gu = a.gu.as<uint16_t>(), *hidden = a.hidden.as<uint16_t>();
+    float *x = a.x.get<float>();
+    uint16_t *xn = a.xn.get<uint16_t>(), *qkv = a.qkv.get<uint16_t>(), *att = a.att.get<uint16_t>();
+    uint16_t *proj = a.proj.get<uint16_t>(), *gu = a.gu.get<uint16_t>(), *hidden = a.hidden.get<uint16_t>();
     const gpu::Segments segments{a.offsets(), shape.segments, shape.max_len};
 
-    check_rc(gpu::embed_gather(a.tokens(), s.embed.as(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
+    check_rc(gpu::embed_gather(a.tokens(), s.embed.get(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
     const uint16_t *pending = nullptr;  // the last block's mlp_down output, added to x by the next norm
     using Fp16Forms = std::array<const uint16_t *, 5>;  // per block_linears entry: its FP16 form, or nullptr
     auto run_block = [&](const DeviceBlock &b, const Fp16Forms &fp16) {
-        check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.as<float>(), xn, T, D, c.norm_eps, stream),
+        check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.get<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + attn_norm");
         gemm(s, b.qkv, xn, qkv, T, stream, fp16[0]);
-        check_rc(gpu::rope_qk(qkv, a.rope_cos.as<float>(), a.rope_sin.as<float>(), T, H, hd, stream, a.positions()),
+        check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions()),
                  "RoPE");
         check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, gpu::AttentionKernel::Auto, segments),
                  "attention");
         gemm(s, b.out, att, proj, T, stream, fp16[1]);
-        check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.as<float>(), xn, T, D, c.norm_eps, stream),
+        check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + mlp_norm");
         gemm(s, b.gate_up, xn, gu, T, stream, fp16[2]);
         if (b.up.n == 0) {
@@ -497,22 +462,22 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         if (!dequantized_once(s, *loop_linears[i], T)) continue;
         const size_t bytes = dequantized_bytes(*loop_linears[i]->quant);
         if (used + bytes > s.loop_fp16.bytes()) continue;
-        auto *w = reinterpret_cast<uint16_t *>(s.loop_fp16.as<char>() + used);
+        auto *w = reinterpret_cast<uint16_t *>(s.loop_fp16.get<char>() + used);
         dequantize_weight(*loop_linears[i]->quant, w, stream);
         loop_fp16[i] = w;
         used += bytes;
     }
     for (int32_t l = 0; l < c.loops; ++l) run_block(s.loop, loop_fp16);
-    check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.as<float>(), xn, T, D, c.norm_eps, stream),
+    check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.get<float>(), xn, T, D, c.norm_eps, stream),
              "residual + final_norm");
 
     // Every row, in chunks whose logits fit the buffer; a sequence's last row has target -1 and is not read back.
     for (int32_t t0 = 0; t0 < T; t0 += a.chunk) {
         const int32_t rows = std::min(a.chunk, T - t0);
-        uint16_t *logits = a.logits.as<uint16_t>();
+        uint16_t *logits = a.logits.get<uint16_t>();
         gemm(s, s.head, xn + static_cast<size_t>(t0) * D, logits, rows, stream);
-        check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, a.targets() + t0, a.nll.as<float>() + t0, stream,
-                               a.greedy.as<uint8_t>() + t0),
+        check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, a.targets() + t0, a.nll.get<float>() + t0, stream,
+                               a.greedy.get<uint8_t>() + t0),
                  "head log-softmax");
     }
 }
@@ -602,21 +567,21 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         a.rows = rows;
         a.chunk = z.chunk;
         a.up_offset = z.up_offset;
-        a.x = Buffer(z.x);
-        a.xn = Buffer(z.xn);
-        a.qkv = Buffer(z.qkv);
-        a.att = Buffer(z.att);
-        a.proj = Buffer(z.proj);
-        a.gu = Buffer(z.gu);
-        a.hidden = Buffer(z.hidden);
-        a.logits = Buffer(z.logits);
-        a.meta = Buffer(z.meta);
-        a.nll = Buffer(z.nll);
-        a.greedy = Buffer(z.greedy);
+        a.x = DeviceBuffer(s.device, z.x);
+        a.xn = DeviceBuffer(s.device, z.xn);
+        a.qkv = DeviceBuffer(s.device, z.qkv);
+        a.att = DeviceBuffer(s.device, z.att);
+        a.proj = DeviceBuffer(s.device, z.proj);
+        a.gu = DeviceBuffer(s.device, z.gu);
+        a.hidden = DeviceBuffer(s.device, z.hidden);
+        a.logits = DeviceBuffer(s.device, z.logits);
+        a.meta = DeviceBuffer(s.device, z.meta);
+        a.nll = DeviceBuffer(s.device, z.nll);
+        a.greedy = DeviceBuffer(s.device, z.greedy);
         std::vector<float> cos_table, sin_table;
         rope_tables(rows, c.head_dim, c.rope_theta, cos_table, sin_table);
-        a.rope_cos = upload_floats(cos_table);
-        a.rope_sin = upload_floats(sin_table);
+        a.rope_cos = upload_floats(s.device, cos_table);
+        a.rope_sin = upload_floats(s.device, sin_table);
         a.bytes = z.total();
         s.act = std::move(a);
         s.host_meta.assign(z.meta / sizeof(int32_t), 0);
@@ -626,15 +591,15 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
     // Sized at every call: the dequantize + cuBLAS path's share depends on the current dispatcher settings.
     if (needed > s.workspace.bytes()) {
         s.graphs.clear();
-        s.workspace = Buffer{};
-        s.workspace = Buffer(needed);
-        check_cuda(cudaMemsetAsync(s.workspace.as(), 0, needed, stream), "cudaMemsetAsync (GEMM workspace)");
+        s.workspace = DeviceBuffer{};
+        s.workspace = DeviceBuffer(s.device, needed);
+        check_cuda(cudaMemsetAsync(s.workspace.get(), 0, needed, stream), "cudaMemsetAsync (GEMM workspace)");
     }
     // Sized at every call too: which weights it holds depends on the dispatcher settings.
     if (loop_needed > s.loop_fp16.bytes()) {
         s.graphs.clear();
-        s.loop_fp16 = Buffer{};
-        s.loop_fp16 = Buffer(loop_needed);
+        s.loop_fp16 = DeviceBuffer{};
+        s.loop_fp16 = DeviceBuffer(s.device, loop_needed);
     }
 }
 
@@ -751,17 +716,17 @@ ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segme
         }
         offsets[shape.segments] = shape.rows;
         // Copied up to the offsets' end: every field of the pass's layout, not the unused tail.
-        check_cuda(cudaMemcpyAsync(s.act.meta.as(), tokens, (3 * static_cast<size_t>(R) + shape.segments + 1) *
+        check_cuda(cudaMemcpyAsync(s.act.meta.get(), tokens, (3 * static_cast<size_t>(R) + shape.segments + 1) *
                                                                 sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream),
                    "cudaMemcpyAsync (tokens)");
         const uint64_t captures = s.captures, replays = s.replays;
         const double capture_seconds = s.capture_seconds;
         const Tally ran = run_pass(s, shape, stream, options.use_graphs);
-        check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.as(), shape.rows * sizeof(float),
+        check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.get(), shape.rows * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream),
                    "cudaMemcpyAsync (NLL)");
-        check_cuda(cudaMemcpyAsync(s.host_greedy.data(), s.act.greedy.as(), shape.rows, cudaMemcpyDeviceToHost,
+        check_cuda(cudaMemcpyAsync(s.host_greedy.data(), s.act.greedy.get(), shape.rows, cudaMemcpyDeviceToHost,
                                    stream),
                    "cudaMemcpyAsync (greedy)");
         check_cuda(cudaStreamSynchronize(stream), "the forward pass of " + std::to_string(shape.rows) + " tokens");
@@ -825,12 +790,7 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
 
 GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &options) {
     check_gpu_model(model);
-    const int32_t count = device_count();
-    if (count == 0) fail(TL_ERR_NO_DEVICE, "no usable CUDA device on this machine");
-    if (device < 0 || device >= count) {
-        fail(TL_ERR_INVALID_ARGUMENT,
-             "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)");
-    }
+    require_device(device);
     DeviceScope scope(device);
     auto s = std::make_unique<State>();  // destroyed inside `scope` if building fails
     s->device = device;
@@ -843,12 +803,13 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
     const size_t table_bytes = static_cast<size_t>(c.vocab) * c.d_model * dtype_size(model.embed_dtype);
     if (head_is_f16_table(model)) {
         // The table doubles as the head's weight: its rows padded with zeros as make_linear pads a head's.
-        s->embed = Buffer(static_cast<size_t>(round_up(c.vocab, kHeadRowMultiple)) * c.d_model * sizeof(uint16_t));
-        check_cuda(cudaMemset(s->embed.as(), 0, s->embed.bytes()), "cudaMemset (embedding padding)");
-        check_cuda(cudaMemcpy(s->embed.as(), model.embed, table_bytes, cudaMemcpyHostToDevice),
+        const size_t padded_rows = static_cast<size_t>(round_up(c.vocab, kHeadRowMultiple));
+        s->embed = DeviceBuffer(device, padded_rows * c.d_model * sizeof(uint16_t));
+        check_cuda(cudaMemset(s->embed.get(), 0, s->embed.bytes()), "cudaMemset (embedding padding)");
+        check_cuda(cudaMemcpy(s->embed.get(), model.embed, table_bytes, cudaMemcpyHostToDevice),
                    "cudaMemcpy (upload)");
     } else {
-        s->embed = Buffer::upload(model.embed, table_bytes);
+        s->embed = DeviceBuffer::upload_sync(device, model.embed, table_bytes);
     }
     s->weight_bytes += s->embed.bytes();
     ensure_cublas(*s);  // dense layers, and the dispatcher's cuBLAS paths, use the model's own handle (see gemm)
@@ -860,7 +821,7 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
         const Linear &w = *model.loop.linear(i);
         s->loop_has_rounding_channels = s->loop_has_rounding_channels || w.frac4 != nullptr || w.sign_bit != nullptr;
     }
-    s->final_norm = upload_floats(model.final_norm);
+    s->final_norm = upload_floats(device, model.final_norm);
     s->weight_bytes += s->final_norm.bytes();
     make_head(*s, model, jobs);
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
