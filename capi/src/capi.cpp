@@ -27,6 +27,7 @@
 #include "gpu/device.hpp"
 #include "gpu/device_weight.hpp"
 #include "gpu/gemm_dispatch.hpp"
+#include "gpu/gpu_forward.hpp"
 #include "handles.hpp"
 #include "util/half.hpp"
 #include "format/model.hpp"

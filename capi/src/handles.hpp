@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gpu/device_weight.hpp"
-#include "gpu/gpu_score.hpp"
+#include "gpu/gpu_model.hpp"
 #include "format/model.hpp"
 
 struct tl_weight {

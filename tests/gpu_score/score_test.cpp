@@ -19,7 +19,7 @@
 #include "cpu/cpu_forward.hpp"
 #include "gpu/gemm_dispatch.hpp"
 #include "util/error.hpp"
-#include "gpu/gpu_score.hpp"
+#include "gpu/gpu_forward.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
 #include "import/synthetic.hpp"
