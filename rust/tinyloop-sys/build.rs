@@ -235,6 +235,14 @@ struct CudaToolkit {
 fn build_from_source(root: &Path) {
     let mut cxx_sources = read_source_list(root, "cpp/sources.txt");
     cxx_sources.extend(read_source_list(root, "capi/sources.txt"));
+    // cc 1.0 names each object after its source's file name alone: two sources of one name would overwrite each
+    // other's object, and the link would miss the symbols of one of them.
+    let mut names = std::collections::HashMap::new();
+    for source in &cxx_sources {
+        if let Some(other) = names.insert(source.file_name(), source) {
+            panic!("{} and {} have the same file name: rename one", other.display(), source.display());
+        }
+    }
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let generated = out_dir.join("generated");
     fs::create_dir_all(&generated).expect("create OUT_DIR/generated");
