@@ -1,13 +1,11 @@
-// The INT4 GEMM dispatcher's policy: for a call's shape and settings, which path runs first. Pure functions of their
-// arguments (no device, no CUDA, in every build): tests/cpp/gemm_policy_test.cpp checks them on a table of cases, and
-// docs/architecture.md quotes the thresholds. Every threshold the dispatcher uses is here, measured on the H200
-// (docs/benchmarks.md); the Marlin-class launcher's half of the policy (which kernel and tile, for a call on that
-// path) lives with the launcher, in cuda/marlin/marlin_plan.hpp, and is included here so that this header shows the
-// whole policy.
+// The INT4 GEMM dispatcher's policy: for a call's shape and settings, which path runs first. Pure functions (no device,
+// no CUDA, in every build), checked by tests/cpp/gemm_policy_test.cpp and quoted in docs/architecture.md. The
+// thresholds were measured on the H200 (the measurements: notes/gpu-notes.md, "The GEMM policy's thresholds"). The
+// Marlin-class launcher's half (which kernel and tile) lives with the launcher, cuda/marlin/marlin_plan.hpp, and is
+// included here so that this header shows the whole policy.
 //
 // What is only known at launch stays with the launchers, as fallbacks: a path or kernel that refuses a call (no
-// Marlin-class form for the shape, sm_90a code on another device, shared memory, workspace) hands it to the next one,
-// in the order given below.
+// Marlin-class form for the shape, sm_90a code on another device, shared memory, workspace) hands it to the next one.
 #pragma once
 
 #include <cstdint>
@@ -22,18 +20,14 @@ namespace tl {
 // FP16 weights (the FP16 body, the seed's correction form) take FP16 calls alone (Dtype); the others take both, with
 // the same policy. ----
 
-// TL_DISPATCH_CUBLAS_MIN_M's default. With the wgmma kernel above 32 rows, it beats dequantize + cuBLAS at
-// M <= 256 on the Llama 8B gate+up/down and 70B layers and, at M = 1024, loses on every layer but 8B gate+up
-// (2026-12-01): one threshold between the two. (Before the wgmma kernel the crossover was 128; on a GPU without it,
-// set 128.)
+// TL_DISPATCH_CUBLAS_MIN_M's default: between 256 rows, where the wgmma kernel still beats dequantize + cuBLAS (which
+// pays a full extra pass over the weights), and 1024, where it loses. Without the wgmma kernel the crossover is nearer
+// 128 rows.
 constexpr int32_t kDefaultCublasMinM = 512;
-// A small weight (K·N <= 2^25: the 2B TinyLoop shape's layers, Llama-8B qkv) gives the Marlin-class kernels too few
-// 256-column tiles to fill the GPU at M >= 128, where dequantize + cuBLAS already beats them on every such layer.
+// A small weight (K·N <= 2^25) gives the Marlin-class kernels too few 256-column tiles to fill the GPU from 128 rows.
 constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
 constexpr int64_t kSmallWeightCublasMinM = 128;
-// A large weight (K·N >= 2^27: the Llama-70B layers) still runs faster on the wgmma kernel than dequantized through
-// cuBLAS at 512 rows (70B gate+up 831-902 vs 1032-1042 us, 70B down 465-471 vs 501-511 us): it switches at twice the
-// setting.
+// A large weight (K·N >= 2^27) stays faster on the wgmma kernel at the setting's row count: it switches at twice it.
 constexpr int64_t kLargeWeightElements = int64_t{1} << 27;
 
 // The smallest M at which a K x N weight takes dequantize + cuBLAS under TL_DISPATCH_CUBLAS_MIN_M = `setting`

@@ -1,7 +1,7 @@
 // The Marlin-class launcher's policy: for an M x K x N call, which of the three mainloops runs and in which tile form.
-// Pure functions of their arguments (no device, no CUDA headers, in every build): tests/cpp/gemm_policy_test.cpp
-// checks them on a table of cases, and docs/architecture.md quotes the thresholds. The dispatcher's half of the
-// policy (which path runs first) is cpp/gpu/gemm_policy.hpp.
+// Pure functions (no device, no CUDA headers, in every build), checked by tests/cpp/gemm_policy_test.cpp and quoted in
+// docs/architecture.md. The thresholds were measured on the H200 (notes/gpu-notes.md, "The GEMM policy's
+// thresholds"). The dispatcher's half of the policy (which path runs first) is cpp/gpu/gemm_policy.hpp.
 //
 // What is only known at launch stays with the launchers, as fallbacks: a kernel that refuses a call (sm_90a code on
 // another device, shared memory, workspace) hands it to the classic kernel.
@@ -27,17 +27,12 @@ inline const char *marlin_kernel_name(MarlinKernel kernel) {
     return "?";
 }
 
-// Measured on the H200 (2026-12-02, tl_bench's layers, group 128). The wgmma kernel from 17 rows beat the mma.sync
-// kernels on every layer but Llama-70B gate+up and down at 17-24 rows (1-3% slower), so they are gone from Hopper.
-// Weights of at most this many elements run 33-64 rows with every warp copying, larger ones with a copying warpgroup:
-// at M = 40-64 that is 2-13% faster on the Llama and Qwen2 down and qkv layers above 2^25, 1-6% slower below it (the
-// TinyLoop layers, Qwen2-7B qkv).
+// On compute capability 9.0 the wgmma kernel runs every M > 16: it beat the mma.sync kernels there. From 33 rows,
+// weights of at most this many elements run with every warp copying; larger ones stream enough weight per tile that a
+// copying warpgroup pays for itself.
 constexpr long long kWgmmaSmallKN = 1LL << 25;
 // Up to 32 rows, weights of at most this many elements split a tile's words over two warpgroups (one block per SM);
-// larger ones run one warpgroup per block, two blocks per SM. Against two warpgroups with a copying third, at
-// M = 17-32: one warpgroup 3-10% faster on every gate+up layer, Llama-70B down and qkv and Llama-2-13B qkv, 1-2%
-// slower on Llama-2-13B and Qwen2-7B down; two warpgroups with every warp copying level or up to 4% faster on the
-// weights up to 2^26.
+// larger ones run one warpgroup per block and two blocks per SM, which keeps more tiles in flight.
 constexpr long long kWgmmaSplitMaxKN = 1LL << 26;
 
 // What marlin_gemm runs for an M x K x N call.
@@ -55,11 +50,7 @@ struct MarlinPlan {
 // every wave keeps at least kWholeTileFill of the slots busy; else stream-K (each block an equal share of all k
 // slices, the tiles cut between blocks summed in FP32 and written by a fix-up grid). Whole tiles read each weight
 // panel once (the blocks running at once hold neighbouring tiles, rows fastest, and share it through L2) and need no
-// reduction. Measured on the H200 (2026-12-02, whole tiles against stream-K): Llama-8B gate+up (112 256-column
-// tiles a row slice, 132 slots) 59.8 vs 70.3 us at M = 128 and 117.7 vs 156.4 at M = 256, Llama-2-7B qkv 58.4 vs
-// 70.9 at M = 256 (96 tiles); stream-K ahead with fewer tiles: 37.1 vs 57.9 (48 tiles), Llama-70B down 240 vs 352
-// (64 tiles). Two waves are less clear: Qwen2-7B gate+up at M = 256 (296 tiles) took 171.6 us whole against 145.0
-// stream-K, in two runs whose other cells moved by up to 15%.
+// reduction; with too few tiles to fill a wave, stream-K's balance wins.
 constexpr double kWholeTileFill = 0.7;
 inline bool wgmma_whole_tiles(long long tiles, long long slots) {
     if (tiles <= 0 || slots <= 0) return false;
