@@ -8,10 +8,11 @@
 // is the code of
 //   column n = 8 * (2w + (p & 1)) + L / 4,   row k = 8 * ((p >> 1) & 1) + 2 * (L % 4) + (p >> 2)
 // so that the lop3 / 0x6400 magic-number dequantization of nibble pairs (p, p + 4) yields, without any shuffle,
-// the FP16x2 B registers b0 (p = 0, 1) and b1 (p = 2, 3) of the two n8 tiles 2w and 2w + 1 (the M > 16 kernel).
+// the FP16x2 B registers b0 (p = 0, 1) and b1 (p = 2, 3) of the two n8 tiles 2w and 2w + 1 (the classic kernel).
 // Read the other way, the same word is the A fragment {a0, a1, a2, a3} (nibble pairs (p, p + 4), p = 0..3) of the
-// 16 x 16 tile whose rows are columns 16w .. 16w + 15 and whose columns are k: the M <= 16 kernel multiplies W^T X^T
-// with it, and takes pairs p = 0, 2 as exact q and pairs p = 1, 3 as 1024 + 16q (lop3 with 0x000F000F / 0x00F000F0).
+// 16 x 16 tile whose rows are columns 16w .. 16w + 15 and whose columns are k: the stream (M <= 16) and wgmma kernels
+// multiply W^T X^T with it. In FP16 the stream kernel takes pairs p = 0, 2 as 1024 + q and pairs p = 1, 3 as
+// 1024 + 16q (lop3 with 0x000F000F / 0x00F000F0); BF16 shifts each pair down first (marlin_device.cuh, dequant_word).
 //
 // Scales (and zeros) layout: [G][N] FP16, columns permuted within each 64-column strip so that lane L reads its
 // eight scales (columns 8j + L/4, j = 0..7) with one 16-byte load: strip offset 8 * (c % 8) + c / 8 holds column c.
