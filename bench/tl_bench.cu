@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "check_cuda.hpp"
+#include "gpu/gemm_policy.hpp"
 #include "gpu_kernels.hpp"
 #include "util/half.hpp"
 #include "tinyloop.h"

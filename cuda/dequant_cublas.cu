@@ -3,7 +3,7 @@
 // compute-bound.
 #include <cublas_v2.h>
 
-#include "gpu/cublas_loader.hpp"
+#include "cublas_loader.hpp"
 #include "gpu_common.cuh"
 
 namespace tl::gpu {

@@ -2,8 +2,8 @@
 //
 // Conventions for every launcher below:
 //  - All array arguments are DEVICE pointers. FP16 and BF16 data are passed as uint16_t bits (the library's host
-//    type for both), so this header needs no CUDA headers beyond the runtime's stream type. `dtype` (gemm_policy.hpp)
-//    is the type of x and y; scales and zeros are FP16 whatever it is.
+//    type for both), so this header needs no CUDA headers beyond the runtime's stream type. `dtype` (dtype.hpp) is
+//    the type of x and y; scales and zeros are FP16 whatever it is.
 //  - Work is enqueued on `stream`; nothing synchronizes. A launcher never throws, aborts or prints.
 //  - The return value is an rc: 0 = enqueued; a negative kRc* value = refused before launching (bad argument or
 //    unsupported shape: the caller should fall back); a positive value = the cudaError_t of a failed CUDA call.
@@ -17,7 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gpu/gemm_policy.hpp"
+#include "dtype.hpp"
+#include "marlin/marlin_plan.hpp"
 
 typedef struct cublasContext *cublasHandle_t;
 
@@ -35,9 +36,9 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
                      uint16_t *y, int m, int n, int k, int group_size, Dtype dtype, cudaStream_t stream);
 
 // ---- Marlin-class tensor-core GEMM (cuda/marlin/) -------------------------------------------------------------------
-// Weights packed by tl::marlin_pack (cpp/gpu/marlin_pack.hpp): words [N/64][K/16][32][4], scales (and zeros for the
-// fused mode) [G][N] permuted. gs is the kernel's group size: 32, a multiple of 64 dividing K, or -1 for per-column
-// scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
+// Weights in the layout of marlin/marlin_layout.hpp (tl::marlin_pack writes it): words [N/64][K/16][32][4], scales
+// (and zeros for the fused mode) [G][N] permuted. gs is the kernel's group size: 32, a multiple of 64 dividing K, or
+// -1 for per-column scales (one group spanning K). Rules (else kRcUnsupported, nothing launched): K % 64 == 0, N % 64 == 0, M >= 1.
 // x, y, words, scales, zeros must be 16-byte aligned.
 //   fused = true:  W = q*s + z  (zeros required)
 //   fused = false: W = (q - 8)*s (zeros ignored; add the correction, see marlin_gemm_corrected); FP16 alone
@@ -45,7 +46,7 @@ int native_int4_gemm(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
 // The workspace (marlin_workspace_bytes) must be zeroed once (cudaMemsetAsync) before first use; every call leaves
 // it zeroed again. One workspace must not be used by two launches that can run at the same time.
 size_t marlin_workspace_bytes(int sm_count);
-// Runs the kernel and tile of plan_marlin (cpp/gpu/gemm_policy.hpp), or of `forced` where given (tests and the
+// Runs the kernel and tile of plan_marlin (marlin/marlin_plan.hpp), or of `forced` where given (tests and the
 // benchmark run each kernel and tile form that way; results differ between plans only by FP32 summation order and the
 // FP16 rounding of the dequantized weights),
 // with the fallbacks: a stream or wgmma launch that refuses the call (shape, shared memory, workspace; wgmma where the

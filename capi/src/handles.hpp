@@ -1,4 +1,5 @@
-// The structs behind the C API's opaque handles (shared by capi/src/capi.cpp and the GPU backend).
+// The structs behind the C API's opaque handles tl_model and tl_weight, shared by the C API's sources (capi/src/*.cpp);
+// the layers below see only what the structs hold (tl::Model, tl::Linear, tl::DeviceWeight, tl::GpuModel).
 #pragma once
 
 #include <map>
@@ -7,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpu_backend.hpp"
-#include "gpu/gpu_score.hpp"
+#include "gpu/device_weight.hpp"
+#include "gpu/gpu_model.hpp"
 #include "format/model.hpp"
 
 struct tl_weight {

@@ -28,7 +28,7 @@
 #include "format/format.hpp"
 #include "gptq/gptq.hpp"
 #include "quant/quant.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 #include "cli/requests.hpp"
 #include "tinyloop.h"
 

@@ -20,7 +20,7 @@ uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool
 // Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);
 
-// The CPU twin of score_batch_cuda (gpu_score.hpp): each sequence scored as one window, same results and token_nll
+// The CPU twin of score_batch_cuda (gpu_forward.hpp): each sequence scored as one window, same results and token_nll
 // layout; progress after each sequence.
 ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_t n_sequences,
                             const ScoreOptions &options, SequenceScore *scores);

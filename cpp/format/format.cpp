@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format/message_text.hpp"
 #include "util/error.hpp"
 #include "util/json.hpp"
 
@@ -50,12 +51,6 @@ std::string hex_byte(uint8_t byte) {
     char text[8];
     std::snprintf(text, sizeof text, "0x%02x", byte);
     return text;
-}
-
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
 }
 
 // Product of `shape` times `elem_size`, or false if it does not fit in 64 bits.
@@ -229,11 +224,6 @@ struct Header {
     std::map<std::string, TensorEntry> tensors;
 };
 
-// A JSON value for a message: numbers as written, anything else by its type (it may be large).
-std::string describe(const json &value) {
-    return value.is_number() ? value.dump() : std::string("a ") + value.type_name();
-}
-
 // A non-negative JSON integer (nlohmann stores those that fit in int64 as signed, larger ones as unsigned).
 bool json_uint(const json &value, uint64_t *out) {
     if (value.is_number_unsigned()) {
@@ -266,7 +256,7 @@ TensorEntry parse_tensor_entry(const std::string &name, const json &entry, const
         uint64_t d;
         if (!json_uint(dim, &d) || d > static_cast<uint64_t>(INT64_MAX)) {
             fail(TL_ERR_FORMAT, where + "shape is not a list of non-negative integers (element " +
-                                    std::to_string(t.shape.size()) + " is " + describe(dim) + ")");
+                                    std::to_string(t.shape.size()) + " is " + describe_json(dim) + ")");
         }
         t.shape.push_back(static_cast<int64_t>(d));
     }
@@ -686,14 +676,16 @@ ModelConfig config_from_json(const std::string &text) {
             (value.is_number_unsigned() ? value.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
                                         : value.get<int64_t>() < INT32_MIN || value.get<int64_t>() > INT32_MAX)) {
             fail(TL_ERR_FORMAT,
-                 std::string("config: field '") + f.name + "' must be a 32-bit integer, got " + describe(value));
+                 std::string("config: field '") + f.name + "' must be a 32-bit integer, got " + describe_json(value));
         }
         config.*f.member = static_cast<int32_t>(value.get<int64_t>());
     }
     for (const FloatField &f : kFloatFields) {
         const json &value = field(f.name);
-        if (!value.is_number())
-            fail(TL_ERR_FORMAT, std::string("config: field '") + f.name + "' must be a number, got " + describe(value));
+        if (!value.is_number()) {
+            fail(TL_ERR_FORMAT,
+                 std::string("config: field '") + f.name + "' must be a number, got " + describe_json(value));
+        }
         config.*f.member = static_cast<float>(value.get<double>());
     }
     return config;

@@ -7,15 +7,6 @@
 
 namespace tl {
 
-const char *marlin_shape_error(int32_t k, int32_t n, int32_t group_size) {
-    if (k <= 0 || k % 64 != 0) return "K must be a positive multiple of 64 (the kernel's k tile)";
-    if (n <= 0 || n % 64 != 0) return "N must be a positive multiple of 64 (one warp's column strip)";
-    if (group_size <= 0 || k % group_size != 0) return "the group size must divide K";
-    // A k tile (64) holds either two whole groups of 32 or lies inside one group.
-    if (group_size != 32 && group_size % 64 != 0) return "the group size must be 32 or a multiple of 64";
-    return nullptr;
-}
-
 MarlinNibble marlin_code_position(int32_t k, int32_t n, int32_t kk, int32_t nn) {
     (void)n;
     const int32_t strip = nn / 64, col = nn % 64;

@@ -31,7 +31,7 @@ struct ScoreOptions {
     // CUDA backend: capture each pass shape's forward pass in a CUDA graph and replay it (score_cuda).
     bool use_graphs = false;
     // CUDA backend: the most tokens one forward pass packs (windows or sequences), raised to the longest one; 0 = the
-    // default (gpu_score.cpp, kPassTokens).
+    // default (gpu_model.cpp, kPassTokens).
     int32_t pass_tokens = 0;
 };
 

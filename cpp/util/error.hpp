@@ -1,5 +1,5 @@
 // Errors inside the library: every failure is a tl::Error carrying a tl_status and a message; the C API's
-// exception barrier (capi/src/capi.cpp) turns it into the status and the thread's last error message. The library
+// exception barrier (capi/src/barrier.hpp) turns it into the status and the thread's last error message. The library
 // below the C API uses the header's status and constant values (never renumbered), none of its structs or functions.
 #pragma once
 

@@ -1,5 +1,5 @@
-// Host launchers of the forward-pass kernels other than the linear layers (internal; cpp/gpu/gpu_score.cpp and the
-// tests call these). The GEMMs go through the dispatcher (cpp/gpu/gpu_backend.hpp); these kernels do the rest.
+// Host launchers of the forward-pass kernels other than the linear layers (internal; cpp/gpu/gpu_forward.cpp and the
+// tests call these). The GEMMs go through the dispatcher (cpp/gpu/gemm_dispatch.hpp); these kernels do the rest.
 //
 // Conventions, as in cuda/gpu_kernels.hpp:
 //  - Array arguments are DEVICE pointers; FP16 data are passed as uint16_t bits.

@@ -1,5 +1,5 @@
 // Declarations shared by the Marlin-class kernels' translation units: tile constants, kernel parameters and the
-// per-instantiation launch functions of the three mainloops (cpp/gpu/gemm_policy.hpp): marlin_stream.cuh (M <= 16)
+// per-instantiation launch functions of the three mainloops (marlin_plan.hpp): marlin_stream.cuh (M <= 16)
 // and marlin_kernel.cuh (the classic mma.sync kernel, any M), instantiated in marlin_{,stream_}{fused,symmetric}.cu so
 // that they compile in parallel; marlin_wgmma.cu (M > 16 on Hopper).
 #pragma once
@@ -9,7 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gpu/gemm_policy.hpp"
+#include "../dtype.hpp"
+#include "marlin_plan.hpp"
 
 namespace tl::gpu::marlin {
 

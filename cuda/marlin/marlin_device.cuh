@@ -1,5 +1,6 @@
 // Device helpers shared by the Marlin-class kernels (marlin_stream.cuh for M <= 16, marlin_wgmma.cu above on Hopper,
-// marlin_kernel.cuh, the classic kernel) and their common host launch routine.
+// marlin_kernel.cuh, the classic kernel), and the classic kernel's host launch routine (launch_kernel; the stream and
+// wgmma kernels launch themselves).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,11 +16,12 @@
 
 namespace tl::gpu::marlin {
 
-// Stream-K arrival of a block that added its partial sums of a cut tile: the additions are made visible before
-// thread 0 adds this block's k slices to the tile's counter. Returns, in every thread, whether this block completed
-// the count (and so must read the sums back and write the tile); the fence after makes the other blocks' additions
-// visible to that read. `flag` is the caller's __shared__ int.
-// `sync` is the barrier of the threads that hold the tile (the whole block, or a kernel's consumer warps alone).
+// The classic kernel's stream-K arrival of a block that added its partial sums of a cut tile (the stream and wgmma
+// kernels have no counters: a fix-up grid writes their cut tiles): the additions are made visible before thread 0
+// adds this block's k slices to the tile's counter. Returns, in every thread, whether this block completed the count
+// (and so must read the sums back and write the tile); the fence after makes the other blocks' additions visible to
+// that read. `flag` is the caller's __shared__ int; `sync` is the barrier of the threads that hold the tile (the
+// 4-argument form: the whole block).
 template <class Sync>
 __device__ __forceinline__ bool arrive_last(int *counter, int iters, int k_tiles, int &flag, Sync sync) {
     __threadfence();
@@ -156,12 +158,12 @@ __device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 h) {
 // One packed word -> the B registers of two n8 tiles: b[0], b[2] (b0, b1 of tile 2w) and b[1], b[3] (tile 2w + 1);
 // read as the wgmma kernel does, b[0..3] is the A fragment {a0, a1, a2, a3} of the word's 16 x 16 tile. Nibbles 0 and
 // 4 go to b[0], 1 and 5 to b[1], 2 and 6 to b[2], 3 and 7 to b[3]. s0, z0 / s1, z1: the (s, s) and (z, z) pairs of
-// b[0], b[2] / b[1], b[3] as load_group8 gives them. FUSED: w = q*s + z in one FMA (FP16: one rounding of the exact
-// weight); symmetric: (q - 8)*s. BF16, FUSED: w = (q - 8)*s + c with c = z + 8s (see load_group8).
+// b[0], b[2] / b[1], b[3] as load_group gives them. FUSED: w = q*s + z in one FMA (FP16: one rounding of the exact
+// weight); symmetric: (q - 8)*s. BF16, FUSED: w = (q - 8)*s + c with c = z + 8s (see load_group).
 // FP16: (q & 0x000F000F) | 0x6400 6400 is the pair (1024 + q0, 1024 + q4); the 0x00F0 mask gives 1024 + 16 q, undone
 // by an FMA with 1/16 and -64, all exact.
 // BF16 (7 mantissa bits: a nibble fits below 128.0's exponent only in bits 0-3): each nibble pair is shifted down
-// first, (q >> 4i & 0x000F000F) | 0x4300 4300 = (128 + q_i, 128 + q_i+4), minus 128 (or 136) exact.
+// first, (q >> 4i & 0x000F000F) | 0x4300 4300 = (128 + q_i, 128 + q_i+4), minus 136 exact: q - 8 in both forms.
 template <bool FUSED, Dtype D>
 __device__ __forceinline__ void dequant_word(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, uint32_t z1,
                                              uint32_t (&b)[4]) {
@@ -292,8 +294,9 @@ __device__ __forceinline__ void add_partial4(float *dst, float a, float b, float
 #endif
 }
 
-// The epilogue of every kernel deals in a thread's four outputs of a tile: rows r, r + 1 and columns c, c + 8, in the
-// order (r, c), (r, c + 8), (r + 1, c), (r + 1, c + 8); `rows` of the two are inside M (0, 1 or 2; quad_rows).
+// The epilogues of the swapped-operand kernels (stream, wgmma) deal in a thread's four outputs of a tile: rows r, r + 1
+// and columns c, c + 8, in the order (r, c), (r, c + 8), (r + 1, c), (r + 1, c + 8); `rows` of the two are inside M
+// (0, 1 or 2; quad_rows). (The classic kernel stores pairs of columns: store_pair.)
 __device__ __forceinline__ int quad_rows(int row, int m) { return row + 1 < m ? 2 : row < m ? 1 : 0; }
 
 // Stores the four outputs in D at out = &Y[r][c] (row stride n).
@@ -327,11 +330,11 @@ __device__ __forceinline__ void zero(float (&a)[R][4]) {
 }
 
 
-// The host side shared by the kernels: pipeline depth for the wanted residency (cached per device), grid size,
-// workspace check, launch. `stages_cache` belongs to one instantiation: 0 = not set up, -1 = does not fit.
-// min_iters bounds the k slices per block from below, so that a small layer does not cut each tile between dozens
-// of blocks (their same-address FP32 additions serialize in L2: run 3 measured 44 us for a 2048 x 2048 layer at
-// M = 64 with 32 contributors per tile).
+// The classic kernel's host side: pipeline depth for the wanted residency (cached per device), grid size, workspace
+// check, launch. `stages_cache` belongs to one instantiation: 0 = not set up, -1 = does not fit. min_iters bounds the
+// k slices per block from below, so that a small layer does not cut each tile between dozens of blocks (their
+// same-address FP32 additions serialize in L2: 44 us were measured for a 2048 x 2048 layer at M = 64 with 32
+// contributors per tile).
 template <class Kernel>
 int launch_kernel(Kernel kernel, Params p, const LaunchEnv &env, int stage_bytes, int wanted_per_sm,
                   long long min_iters, int partial_floats, std::atomic<int> (&stages_cache)[64][2],

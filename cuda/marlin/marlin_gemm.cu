@@ -1,11 +1,11 @@
 // The public launcher of the Marlin-class GEMM: argument and shape checks, then the kernel and tile that
-// plan_marlin (cpp/gpu/gemm_policy.hpp) chooses, with its fallbacks, dispatched to the instantiation. The kernels:
+// plan_marlin (marlin_plan.hpp) chooses, with its fallbacks, dispatched to the instantiation. The kernels:
 // marlin_stream.cuh (M <= 16), marlin_wgmma.cu (M > 16 on compute capability 9.0), marlin_kernel.cuh (the classic
 // kernel: any M, and the others' fallback).
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
-#include "gpu/gemm_policy.hpp"
-#include "gpu/marlin_pack.hpp"
+#include "marlin_layout.hpp"
+#include "marlin_plan.hpp"
 
 namespace tl::gpu {
 

@@ -1,28 +1,29 @@
 // The classic Marlin-class INT4 x FP16/BF16 GEMM kernel (mma.sync, SM 8.0 - 9.0): Y[M, N] = X[M, K] @ W[K, N], W
-// packed by tl::marlin_pack (cpp/gpu/marlin_pack.hpp documents the layout). It runs M > 16 on GPUs without the wgmma
-// kernel, and any M where the stream or wgmma kernel refuses a call (cpp/gpu/gemm_policy.hpp). Written for this
+// packed by tl::marlin_pack in the layout of marlin_layout.hpp. It runs M > 16 on GPUs without the wgmma
+// kernel, and any M where the stream or wgmma kernel refuses a call (marlin_plan.hpp). Written for this
 // project; upstream Marlin was read to understand the technique, nothing was copied.
 //
 // Shape of the computation
 //  - A block of 8 warps owns a tile of MB*16 rows x 512 columns; warp w owns the 64-column strip w of the tile
 //    for the whole k range, so no intra-block reduction is ever needed.
 //  - A pipeline stage is a k slice of 64: 16 KB of packed weights (each warp copies its own 2 KB strip), the
-//    activations X[rows, 64] and the scales (and zeros) of the groups in the slice, all moved by cp.async into a
-//    4-stage ring in shared memory so that ~3 stages (48+ KB per block) of loads are in flight per block.
+//    activations X[rows, 64] and the scales (and zeros) of the groups in the slice, all moved by cp.async into a ring
+//    in shared memory as deep as one block per SM allows (3 to kMaxStages stages: launch_kernel), every stage but the
+//    one being computed in flight.
 //  - Weights are dequantized in registers with the magic-number trick (lop3 puts a nibble into the mantissa of
 //    1024.0 in FP16, of 128.0 in BF16), then fed to mma.sync.m16n8k16 (FP16 or BF16 in, FP32 accumulation).
 //    Activations come from ldmatrix.
 //
-// Partitioning (stream-K): the (tile, k slice) iterations of the whole problem are laid out in one line, tile
-// major, and cut into gridDim.x equal ranges, one per block, with gridDim.x = SMs x resident blocks. Every SM
-// therefore gets the same number of k slices whatever M, N and K are (no wave quantization, small-M decoding on a
-// small layer still uses all 132 SMs). A tile cut between blocks is reduced through an FP32 workspace: each
-// contributor adds its partial sums with red.global.add, then bumps a per-tile counter by the number of k slices
-// it did; the block that brings the counter to k_tiles is the last one, reads the sums, writes FP16 Y and re-zeroes
-// the workspace and counter for the next call. We chose this over Marlin's serialized in-place reduction because no
-// block ever waits for another (no co-residency assumption: safe under MPS, compute-sanitizer or a partially busy
-// GPU) and the contributors' reductions overlap each other. The price: the FP32 summation order of a cut tile
-// varies between runs (results may differ by FP32 rounding, at most about 1 FP16 ulp).
+// Partitioning (stream-K): the (tile, k slice) iterations of the whole problem are laid out in one line, tile major,
+// and cut into gridDim.x equal ranges, one per block, with gridDim.x = one block per SM, or fewer where that would
+// leave a block under kMinItersPerBlock k slices. Every block therefore gets the same number of k slices whatever M, N
+// and K are (no wave quantization). A tile cut between blocks is reduced through an FP32 workspace: each contributor
+// adds its partial sums (add_partial: red.global.add on Hopper, atomicAdd before), then bumps the tile's counter by the
+// number of k slices it did (arrive_last); the block that brings the counter to k_tiles is the last one, reads the
+// sums, writes Y (FP16 or BF16) and re-zeroes the workspace and counter for the next call. We chose this over Marlin's
+// serialized in-place reduction because no block ever waits for another (no co-residency assumption: safe under MPS,
+// compute-sanitizer or a partially busy GPU) and the contributors' reductions overlap each other. The price: the FP32
+// summation order of a cut tile varies between runs (results may differ by FP32 rounding, at most about 1 FP16 ulp).
 #pragma once
 
 #include "marlin_device.cuh"

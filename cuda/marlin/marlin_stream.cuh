@@ -1,7 +1,6 @@
-// The Marlin-class INT4 x FP16/BF16 GEMM for M <= 16 without any block barrier ("stream" kernel, SM 8.0 - 9.0). Same
-// packed weights and the arithmetic of marlin_swapped.cuh (swapped operands: the packed words are mma A fragments;
-// nibbles unscaled, here with both halves left biased; scale and zero applied per group on the FP32 sums); what
-// differs is how work and data reach the warps.
+// The Marlin-class INT4 x FP16/BF16 GEMM for M <= 16 without any block barrier ("stream" kernel, SM 8.0 - 9.0). The
+// arithmetic is marlin_swapped.cuh's (swapped operands: the packed words are mma A fragments; nibbles unscaled and
+// left biased; scale and zero applied per group on the FP32 sums); this file is how work and data reach the warps.
 //
 // Why: where a block's warps meet at one block barrier per slice (a stage holds activations and scales that other
 // threads copied, as in the classic kernel), the slowest warp sets the pace and all warps issue their loads in bursts
@@ -44,7 +43,8 @@ constexpr int stream_stage_bytes(bool fused, int gps, int m) {
 template <int NB, bool FUSED, int GPS, Dtype D>
 __global__ void __launch_bounds__(kThreads, NB == 1 ? 2 : 1) marlin_stream_kernel(const Params p) {
     constexpr int kSteps = kStreamStageK / 16;
-    constexpr int kPiecesPerGroup = FUSED ? 16 : 8;  // scales 0-7, zeros 8-15: piece j = columns 8j .. 8j + 7
+    // Scales 0-7, zeros 8-15: piece j % 8 holds the strip's columns j % 8 + 8i, i = 0..7 (marlin_layout.hpp).
+    constexpr int kPiecesPerGroup = FUSED ? 16 : 8;
     constexpr int kPieces = GPS * kPiecesPerGroup;
     constexpr int kXOffset = kStreamWeightBytes + kPieces * 16;
     constexpr int kStepsPerGroup = kSteps / GPS;
@@ -209,9 +209,8 @@ __global__ void __launch_bounds__(kStreamFixupWarps * 32) marlin_stream_fixup_ke
         return;  // one warp held the whole strip and stored it
     }
     // All of the strip's sums are loaded first, then re-zeroed, then written to Y, each lane always a whole quad
-    // (sums of rows outside M are zero: nobody adds to them). Loading, zeroing and storing quad by quad, each lane
-    // only the rows inside M (take_strip_partials), made this kernel take 11-13 us instead of ~1 on Llama-70B
-    // gate+up at M = 1.
+    // (sums of rows outside M are zero: nobody adds to them). An earlier version that loaded, zeroed and stored quad
+    // by quad, each lane only the rows inside M, took 11-13 us instead of ~1 on Llama-70B gate+up at M = 1.
     float *part = p.partials + static_cast<size_t>(strip) * (NB * 512) + lane * 4;
     float4 sums[NB][4];
 #pragma unroll

@@ -1,7 +1,7 @@
 // The swapped-operand arithmetic of the M <= 16 kernel (marlin_stream.cuh), on the packed weights of
-// cpp/gpu/marlin_pack.hpp.
+// marlin_layout.hpp.
 //
-// Operands swapped: Y^T = W^T X^T. Lane L's packed word w (cpp/gpu/marlin_pack.hpp) is exactly the A fragment of
+// Operands swapped: Y^T = W^T X^T. Lane L's packed word w (marlin_layout.hpp) is exactly the A fragment of
 // mma.m16n8k16 for a 16 x 16 weight tile whose rows are the strip's columns 16w + L/4 (nibbles 0, 2, 4, 6) and
 // 16w + 8 + L/4 (nibbles 1, 3, 5, 7). So the weights are A and the activations B, 8 rows per mma: M <= 8 needs
 // one n8 tile (half the mma of a 16-row A tile), M <= 16 two.

@@ -1,7 +1,7 @@
 // The Marlin-class INT4 x FP16/BF16 GEMM on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is
 // compiled for that target alone: CMakeLists.txt, cuda/sources_sm90a.txt). Same packed weights as the other
-// kernels (cpp/gpu/marlin_pack.hpp); used on compute capability 9.0 from 17 rows, in the tile form plan_marlin
-// chooses (cpp/gpu/gemm_policy.hpp).
+// kernels (marlin_layout.hpp); used on compute capability 9.0 from 17 rows, in the tile form plan_marlin
+// chooses (marlin_plan.hpp).
 //
 // Operands swapped, as in the M <= 16 kernel: Y^T = W^T X^T. A block tile is 256 columns (four 64-column strips, one
 // per warp of a warpgroup) x R rows of X (R = 32 on one warpgroup or two, 64 or 128 on two). Per k16 step, warp j of a

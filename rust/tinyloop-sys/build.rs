@@ -235,6 +235,14 @@ struct CudaToolkit {
 fn build_from_source(root: &Path) {
     let mut cxx_sources = read_source_list(root, "cpp/sources.txt");
     cxx_sources.extend(read_source_list(root, "capi/sources.txt"));
+    // cc 1.0 names each object after its source's file name alone: two sources of one name would overwrite each
+    // other's object, and the link would miss the symbols of one of them.
+    let mut names = std::collections::HashMap::new();
+    for source in &cxx_sources {
+        if let Some(other) = names.insert(source.file_name(), source) {
+            panic!("{} and {} have the same file name: rename one", other.display(), source.display());
+        }
+    }
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let generated = out_dir.join("generated");
     fs::create_dir_all(&generated).expect("create OUT_DIR/generated");
@@ -254,6 +262,8 @@ fn build_from_source(root: &Path) {
         .define("NDEBUG", None)
         .include(root.join("capi").join("include"))
         .include(root.join("cpp"))
+        // The host side's headers (cpp/gpu/) use the kernels' own types (cuda/dtype.hpp, cuda/marlin/*.hpp).
+        .include(root.join("cuda"))
         .include(&generated)
         // nlohmann/json.hpp (header-only, Debian's nlohmann-json3-dev).
         .include("/usr/include")
@@ -264,12 +274,12 @@ fn build_from_source(root: &Path) {
         build.flag(flag);
     }
     if let Some(cuda) = &cuda {
-        // gpu_backend.cpp includes the CUDA runtime, cuBLAS and cuda/gpu_kernels.hpp.
-        build.define("TL_WITH_CUDA", "1").include(root.join("cuda")).include(cuda.root.join("include"));
+        // cpp/gpu/ includes the CUDA runtime, cuBLAS and the launchers' headers (cuda/gpu_kernels.hpp, ...).
+        build.define("TL_WITH_CUDA", "1").include(cuda.root.join("include"));
     }
     build.files(&cxx_sources);
     // The sources include headers from these folders; cargo watches a folder's whole tree.
-    for dir in ["cpp", "capi"] {
+    for dir in ["cpp", "capi", "cuda"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     write_build_info(&generated.join("build_info.hpp"), &compiler_description(&build), cuda.as_ref());
@@ -277,7 +287,7 @@ fn build_from_source(root: &Path) {
     build.compile("tinyloop");
 
     if let Some(cuda) = &cuda {
-        build_cuda(root, &generated, cuda);
+        build_cuda(root, cuda);
     }
     println!("cargo:rustc-link-lib=pthread");
     // Dependents' build scripts read it as DEP_TINYLOOP_INCLUDE.
@@ -290,7 +300,7 @@ fn build_from_source(root: &Path) {
 /// Each source is its own `cc` build: given several files, cc 1.0 compiles CUDA with `--device-c` (relocatable
 /// device code), which ptxas optimises less well than CMake's whole-program compile (more registers and spills:
 /// the same kernels ran 5-23% slower through the crate on the H200). The builds run in parallel threads.
-fn build_cuda(root: &Path, generated: &Path, cuda: &CudaToolkit) {
+fn build_cuda(root: &Path, cuda: &CudaToolkit) {
     // (source, built for sm_90a alone): the sources of cuda/sources_sm90a.txt are, when the list includes 90, as
     // CMakeLists.txt does it.
     let sm90a = cuda.archs.iter().any(|arch| arch.starts_with("90"));
@@ -323,10 +333,8 @@ fn build_cuda(root: &Path, generated: &Path, cuda: &CudaToolkit) {
             .opt_level(3)
             .define("NDEBUG", None)
             .flag("-Xcompiler=-fvisibility=hidden")
+            // The kernels include nothing from cpp/ or capi/ (tools/check_layers.py): cuda/ alone.
             .include(root.join("cuda"))
-            .include(root.join("cpp"))
-            .include(root.join("capi").join("include"))
-            .include(generated)
             .define("TINYLOOP_BUILDING_LIBRARY", None)
             .define("TL_WITH_CUDA", "1");
         if sm90a_only {
@@ -374,7 +382,7 @@ fn build_cuda(root: &Path, generated: &Path, cuda: &CudaToolkit) {
 
     let lib64 = cuda.root.join("lib64");
     println!("cargo:rustc-link-search=native={}", lib64.display());
-    // cuBLAS is not linked: the library loads it at run time (cpp/gpu/cublas_loader.cpp).
+    // cuBLAS is not linked: the library loads it at run time (cuda/cublas_loader.cpp).
     // What the static CUDA runtime and that loader need from the system.
     for lib in ["dl", "rt"] {
         println!("cargo:rustc-link-lib={lib}");

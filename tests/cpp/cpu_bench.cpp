@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? std::atoi(argv[1]) : 0;

@@ -10,7 +10,7 @@
 #include "cpu/cpu_forward.hpp"
 #include "quant/quant.hpp"
 #include "reference.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include "cpu/cpu_forward.hpp"
 #include "util/error.hpp"
 #include "reference.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 #include "util/thread_pool.hpp"
 
 namespace {

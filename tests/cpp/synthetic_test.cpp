@@ -10,7 +10,7 @@
 #include "util/half.hpp"
 #include "quant/quant.hpp"
 #include "reference.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 namespace {
 

@@ -17,7 +17,7 @@
 
 #include "util/error.hpp"
 #include "format_test_util.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "quant/quant.hpp"
 

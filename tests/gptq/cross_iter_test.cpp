@@ -11,7 +11,7 @@
 #include "quant/cross_iter.hpp"
 #include "gptq_test_util.hpp"
 #include "quant/quant.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 namespace {
 

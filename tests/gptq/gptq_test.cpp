@@ -18,7 +18,7 @@
 #include "gptq/gptq.hpp"
 #include "gptq_test_util.hpp"
 #include "quant/quant.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 #include "util/thread_pool.hpp"
 
 namespace {

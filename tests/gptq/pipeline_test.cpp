@@ -16,7 +16,7 @@
 #include "format/format.hpp"
 #include "gptq/gptq.hpp"
 #include "gptq_test_util.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include "quant/cross_iter.hpp"
 #include "util/error.hpp"
 #include "gptq/gptq.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "forward/forward_kernels.hpp"
-#include "gpu/gpu_score.hpp"
+#include "gpu/gpu_model.hpp"
 #include "util/half.hpp"
 #include "test_util.hpp"
 

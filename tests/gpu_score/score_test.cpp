@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "gpu/gemm_dispatch.hpp"
 #include "util/error.hpp"
-#include "gpu/gpu_score.hpp"
+#include "gpu/gpu_forward.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -154,7 +154,7 @@ Prepared &prepared(const ModelCase &mc) {
         p->tokens = random_tokens(300, mc.config.vocab);
         p->cpu = cpu_score(*p->model, p->tokens, p->window);
         tl::GpuModelOptions options;
-        options.forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION | TL_FORM_FP16_BODY;
+        options.forms.fp16_body = true;  // with the default Marlin-class forms
         options.head_chunk_rows = kChunkRows;
         p->gpu = std::make_unique<tl::GpuModel>(*p->model, 0, options);
         slot = std::move(p);
@@ -176,10 +176,10 @@ const char *path_name(Path p) {
 }
 
 void select_path(Path p) {
-    tl::set_dispatch(TL_DISPATCH_USE_MARLIN, p == Path::Native ? 0 : 1);
-    tl::set_dispatch(TL_DISPATCH_FP16_BODY, p == Path::Fp16Body ? 1 : 0);
-    tl::set_dispatch(TL_DISPATCH_MARLIN_MODE, p == Path::Correction ? 2 : 1);
-    tl::set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, p == Path::Cublas ? 1 : 0);
+    tl::set_dispatch(tl::DispatchSetting::UseMarlin, p == Path::Native ? 0 : 1);
+    tl::set_dispatch(tl::DispatchSetting::Fp16Body, p == Path::Fp16Body ? 1 : 0);
+    tl::set_dispatch(tl::DispatchSetting::MarlinMode, p == Path::Correction ? 2 : 1);
+    tl::set_dispatch(tl::DispatchSetting::CublasMinM, p == Path::Cublas ? 1 : 0);
 }
 
 uint64_t path_count(const tl::DispatchCounts &c, Path p) {
@@ -299,14 +299,15 @@ GpuRun gpu_score(tl::GpuModel &gm, const std::vector<int32_t> &tokens, int32_t w
 class DispatchSettingsGuard : public ::testing::Test {
 protected:
     void SetUp() override {
-        for (int32_t i = 0; i < 5; ++i) saved_[i] = tl::get_dispatch(i);
+        for (int32_t i = 0; i < tl::kDispatchSettings; ++i) saved_[i] = tl::get_dispatch(setting(i));
     }
     void TearDown() override {
-        for (int32_t i = 0; i < 5; ++i) tl::set_dispatch(i, saved_[i]);
+        for (int32_t i = 0; i < tl::kDispatchSettings; ++i) tl::set_dispatch(setting(i), saved_[i]);
     }
 
 private:
-    int32_t saved_[5] = {};
+    static tl::DispatchSetting setting(int32_t i) { return static_cast<tl::DispatchSetting>(i); }
+    int32_t saved_[tl::kDispatchSettings] = {};
 };
 
 // ---- Parity: every model x every path, graphs off and on ---------------------------------------------------------
@@ -518,8 +519,8 @@ TEST_F(ScoreApi, UserStreamAndBufferReuse) {
     options.quantize_head = true;
     const auto model = tl::make_synthetic_model(tiny_config(), options);
     tl::GpuModel gm(*model, 0);
-    tl::set_dispatch(TL_DISPATCH_USE_MARLIN, 0);
-    tl::set_dispatch(TL_DISPATCH_FP16_BODY, 0);
+    tl::set_dispatch(tl::DispatchSetting::UseMarlin, 0);
+    tl::set_dispatch(tl::DispatchSetting::Fp16Body, 0);
     const std::vector<int32_t> tokens = random_tokens(200, 256);
     const GpuRun own = gpu_score(gm, tokens, 100);
     const uint64_t bytes = gm.device_bytes();

@@ -1,4 +1,4 @@
-#include "quant/synthetic.hpp"
+#include "import/synthetic.hpp"
 
 #include <cmath>
 #include <string>

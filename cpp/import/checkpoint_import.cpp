@@ -2,7 +2,7 @@
 // checkpoint is distrusted like a .tinyloop file: every config field is type-checked, every tensor's dtype and shape
 // is checked against the config before its bytes are used, and a tensor the layout does not name is an error (a
 // config that does not match its tensors, e.g. a wrong num_pre_layers, would otherwise convert silently).
-#include "quant/checkpoint_import.hpp"
+#include "import/checkpoint_import.hpp"
 
 #include <sys/stat.h>
 
@@ -22,7 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "format/format.hpp"
-#include "quant/int4_import.hpp"
+#include "format/message_text.hpp"
+#include "import/int4_import.hpp"
 #include "quant/quant.hpp"
 #include "util/error.hpp"
 #include "util/json.hpp"
@@ -51,12 +52,6 @@ constexpr const char *kLayerLinears[] = {"self_attn.q_proj", "self_attn.k_proj",
 std::string squote(const std::string &s) { return "'" + s + "'"; }
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-}
 
 bool starts_with(const std::string &s, const std::string &prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 bool ends_with(const std::string &s, const std::string &suffix) {
@@ -100,12 +95,6 @@ json read_json(const std::string &path) {
     return parse_json(text, JsonLimits{kMaxJsonBytes}, squote(path));
 }
 
-std::string describe(const json &value) {
-    if (value.is_number() || value.is_boolean()) return value.dump();
-    if (value.is_string()) return squote(value.get<std::string>());
-    return std::string("a ") + value.type_name();
-}
-
 // Typed reads of a JSON object's fields with messages naming the file and the field. A null counts as absent:
 // transformers writes "rope_scaling": null, "head_dim": null for fields that are not set.
 class Fields {
@@ -133,7 +122,7 @@ public:
         if (!value) return *fallback;
         if (!value->is_number_integer() || (value->is_number_unsigned() && value->get<uint64_t>() > INT32_MAX) ||
             value->get<int64_t>() < INT32_MIN || value->get<int64_t>() > INT32_MAX) {
-            bad(TL_ERR_FORMAT, name, "must be a 32-bit integer, got " + describe(*value));
+            bad(TL_ERR_FORMAT, name, "must be a 32-bit integer, got " + describe_json(*value, JsonDetail::Scalars));
         }
         return value->get<int64_t>();
     }
@@ -141,21 +130,27 @@ public:
     double number(const char *name, double fallback) const {
         const json *value = find(name);
         if (!value) return fallback;
-        if (!value->is_number()) bad(TL_ERR_FORMAT, name, "must be a number, got " + describe(*value));
+        if (!value->is_number()) {
+            bad(TL_ERR_FORMAT, name, "must be a number, got " + describe_json(*value, JsonDetail::Scalars));
+        }
         return value->get<double>();
     }
 
     bool boolean(const char *name, bool fallback) const {
         const json *value = find(name);
         if (!value) return fallback;
-        if (!value->is_boolean()) bad(TL_ERR_FORMAT, name, "must be true or false, got " + describe(*value));
+        if (!value->is_boolean()) {
+            bad(TL_ERR_FORMAT, name, "must be true or false, got " + describe_json(*value, JsonDetail::Scalars));
+        }
         return value->get<bool>();
     }
 
     std::string text(const char *name, std::optional<std::string> fallback) const {
         const json *value = fallback ? find(name) : &require(name, "");
         if (!value) return *fallback;
-        if (!value->is_string()) bad(TL_ERR_FORMAT, name, "must be a string, got " + describe(*value));
+        if (!value->is_string()) {
+            bad(TL_ERR_FORMAT, name, "must be a string, got " + describe_json(*value, JsonDetail::Scalars));
+        }
         return value->get<std::string>();
     }
 
@@ -322,7 +317,10 @@ HfConfig read_config(const std::string &path, const CheckpointImportOptions &opt
         fail_config_range(e, path);
     }
     if (const json *q = f.find("quantization_config")) {
-        if (!q->is_object()) f.bad(TL_ERR_FORMAT, "quantization_config", "must be an object, got " + describe(*q));
+        if (!q->is_object()) {
+            f.bad(TL_ERR_FORMAT, "quantization_config",
+                  "must be an object, got " + describe_json(*q, JsonDetail::Scalars));
+        }
         c.quant = read_quantization(*q, path);
     }
     return c;

@@ -1,16 +1,12 @@
-// The whole forward pass on the GPU: a model's weights and buffers on one device (GpuModel) and score_cuda, the
-// GPU twin of score_cpu (same windows, same token checks, per-token NLL), and score_batch_cuda for many sequences.
-// Independent sequences (a call's windows, or a batch's sequences) are packed into forward passes of up to 8192
-// tokens, with attention inside each sequence only (gpu::Segments) and positions restarting at 0 in each.
+// A model on one GPU (GpuModel): its weights, packed for the dispatcher, and the buffers and CUDA graphs of its
+// forward passes (gpu_forward.hpp runs them).
 //
-// Every linear layer runs through the dispatcher (gpu_backend.hpp): the five per block, with gate and up packed as
+// Every linear layer runs through the dispatcher (gemm_dispatch.hpp): the five per block, with gate and up packed as
 // ONE weight (N = 2·ffn; one GEMM, then SwiGLU), and a quantized head packed with N padded to a multiple of 64 (zero
 // codes, scales and zeros in the padding rows, whose logits the softmax ignores), so V = 50257 takes the
 // Marlin-class path. A dense or tied head is not INT4: it is an FP16 copy of its values (the embedding table itself
 // when that is F16) multiplied through cuBLAS (gpu::cublas_gemm), its rows padded to a multiple of 64 as well
 // so that cuBLAS's aligned kernels serve it; dense block linears likewise.
-// Precision: FP32 residual stream, FP16 GEMM inputs and outputs, FP32 math in every other kernel, NLL reduced in
-// FP32 per position and summed in double (cuda/forward/forward_kernels.hpp).
 //
 // Thread safety: a GpuModel serializes its own calls (an internal mutex held while a score_cuda call uses the model,
 // released around the progress callback), so the caller needs no lock; calls on one GpuModel take turns pass by
@@ -25,14 +21,14 @@
 #include <vector>
 
 #include "format/model.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "gpu/gemm_dispatch.hpp"
 #include "score/score_plan.hpp"
 
 namespace tl {
 
 struct GpuModelOptions {
-    // TL_FORM_* forms every INT4 linear is packed with (pack_weight); add TL_FORM_FP16_BODY for that path.
-    uint32_t forms = TL_FORM_MARLIN_FUSED | TL_FORM_MARLIN_CORRECTION;
+    // The forms every INT4 linear is packed with (pack_weight); add fp16_body for that path.
+    PackForms forms;
     // Head positions per logits chunk, rounded up to a multiple of 8; 0 = as many as fit in 64 MiB of FP16 logits.
     int32_t head_chunk_rows = 0;
 };
@@ -73,30 +69,6 @@ private:
     friend ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOptions &, int32_t, void *,
                                         SequenceScore *, GpuScoreStats *);
 };
-
-// Scores `tokens` like score_cpu (docs/architecture.md: windows of options.window tokens, default max_seq,
-// overlapping by one; positions restart at 0 per window; options.token_nll receives token i+1's NLL at [i];
-// options.progress is called after each pass). options.n_threads is ignored; options.linear_input, and
-// options.cross_iter_round on a model whose looped linears carry rounding channels, are TL_ERR_UNSUPPORTED.
-// `device` must be the GpuModel's.
-// Work runs on `stream` (a cudaStream_t; nullptr = the GpuModel's own non-blocking stream); the call returns when
-// it is done. Buffers are allocated on the first call and when a call needs longer passes than before, never
-// otherwise; options.max_memory_bytes bounds them (ScoreOptions: passes shrink towards the longest window to fit).
-// With options.use_graphs, each pass shape's (rows, sequences, longest) forward pass is captured in a CUDA graph
-// after its first eager run and replayed afterwards; a graph is dropped (and captured again) when the dispatcher
-// settings or the buffers change. `call_stats`, when not null, receives
-// what this call ran (GEMMs by path, windows, captures, replays).
-ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
-                       int32_t device, void *stream, GpuScoreStats *call_stats = nullptr);
-
-// Scores independent sequences (check_sequences), packing as many as fit a pass's token budget into each forward pass,
-// with attention inside each sequence only. scores[i] receives sequence i's result; options.token_nll (when set)
-// receives every predicted token's NLL, the sequences one after another (n_tokens - 1 each); options.progress is
-// called after each pass with the scored tokens done. Stream, graphs, budget and call_stats as for score_cuda.
-// Returns the totals (n_windows = the number of sequences).
-ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t n_sequences,
-                             const ScoreOptions &options, int32_t device, void *stream, SequenceScore *scores,
-                             GpuScoreStats *call_stats = nullptr);
 
 // ---- Host-side pieces, exposed for the unit tests ----
 

@@ -1,7 +1,4 @@
-// Compiled in every build (the one source list); empty without CUDA.
-#if defined(TL_WITH_CUDA)
-
-#include "gpu/cublas_loader.hpp"
+#include "cublas_loader.hpp"
 
 #include <dlfcn.h>
 
@@ -51,5 +48,3 @@ const CublasApi *cublas_api(std::string *why) {
 }
 
 }  // namespace tl::gpu
-
-#endif  // TL_WITH_CUDA

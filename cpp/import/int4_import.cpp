@@ -1,4 +1,4 @@
-#include "quant/int4_import.hpp"
+#include "import/int4_import.hpp"
 
 #include <cstddef>
 #include <utility>

@@ -1,6 +1,6 @@
 // cuBLAS resolved at run time (dlopen), so that the library loads, and runs on the CPU, on a host without the CUDA
 // libraries: the CUDA runtime is linked statically and finds the driver itself, and cuBLAS is the only CUDA library
-// left. Compiled only with TL_WITH_CUDA.
+// left. Compiled only with the CUDA backend (cuda/sources.txt).
 #pragma once
 
 #include <cublas_v2.h>

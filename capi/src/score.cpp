@@ -1,0 +1,241 @@
+// The C API's scoring functions: tl_score (one token stream in windows) and tl_score_batch (many sequences), on the
+// GPU (a GpuModel per model and device, made on first use) or the CPU.
+#include "tinyloop.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "barrier.hpp"
+#include "cpu/cpu_forward.hpp"
+#include "gpu/device.hpp"
+#include "gpu/gemm_dispatch.hpp"
+#include "gpu/gpu_forward.hpp"
+#include "gpu/gpu_model.hpp"
+#include "handles.hpp"
+#include "score/score_plan.hpp"
+#include "util/log.hpp"
+
+using namespace tl::capi;
+
+namespace {
+
+// The model's GpuModel on `device`, created (uploaded and packed) on first use. Packing forms follow the dispatcher
+// settings at creation: the FP16 body only when that path is enabled (it costs 2 bytes per weight).
+// `setup_seconds`, when not null, receives the time this call spent creating the GpuModel (0 when it existed).
+tl::GpuModel &gpu_model_for(const tl_model &model, int32_t device, double *setup_seconds = nullptr) {
+    std::lock_guard<std::mutex> lock(model.gpu_mutex);
+    std::unique_ptr<tl::GpuModel> &slot = model.gpu_models[device];
+    if (!slot) {
+        const auto start = std::chrono::steady_clock::now();
+        tl::GpuModelOptions options;
+        if (tl::get_dispatch(tl::DispatchSetting::Fp16Body)) options.forms.fp16_body = true;
+        try {
+            slot = std::make_unique<tl::GpuModel>(*model.model, device, options);
+        } catch (...) {
+            model.gpu_models.erase(device);
+            throw;
+        }
+        if (setup_seconds != nullptr) {
+            *setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        }
+    }
+    return *slot;
+}
+
+// The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs, and
+// a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
+tl_score_options read_score_options(const tl_score_options *options) {
+    const tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
+    require(opts.n_threads >= 0 && opts.n_threads <= 1024,
+            "options->n_threads must be in [0, 1024], got " + std::to_string(opts.n_threads));
+    require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU || opts.backend == TL_BACKEND_CUDA,
+            "options->backend must be TL_BACKEND_AUTO, TL_BACKEND_CPU or TL_BACKEND_CUDA, got " +
+                std::to_string(opts.backend));
+    require(opts.use_graphs == 0 || opts.use_graphs == 1,
+            "options->use_graphs must be 0 or 1, got " + std::to_string(opts.use_graphs));
+    if (opts.backend == TL_BACKEND_CUDA && tl::device_count() == 0) {
+#if defined(TL_WITH_CUDA)
+        tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
+#else
+        tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but this build has no CUDA support");
+#endif
+    }
+    return opts;
+}
+
+// Fails with TL_ERR_BUFFER_TOO_SMALL when the options' token_nll (if any) holds fewer than `needed` floats; `what`
+// says what `needed` counts.
+void require_token_nll_room(const tl_score_options &opts, size_t needed, const char *what) {
+    if (opts.token_nll != nullptr && opts.token_nll_len < needed) {
+        tl::fail(TL_ERR_BUFFER_TOO_SMALL, "options->token_nll_len is " + std::to_string(opts.token_nll_len) +
+                                              ", needs " + what + " = " + std::to_string(needed));
+    }
+}
+
+// The core's options for checked C options; progress goes to the C callback (non-zero: stop).
+tl::ScoreOptions core_score_options(const tl_score_options &opts) {
+    tl::ScoreOptions score;
+    score.n_threads = opts.n_threads;
+    score.window = opts.window;
+    score.token_nll = opts.token_nll;
+    score.cross_iter_round = tl::get_dispatch(tl::DispatchSetting::CrossIterRound) != 0;
+    score.use_graphs = opts.use_graphs != 0;
+    score.max_memory_bytes = opts.max_memory_bytes;
+    if (opts.progress != nullptr) {
+        const tl_progress_fn fn = opts.progress;
+        void *user = opts.progress_user_data;
+        score.progress = [fn, user](uint64_t done, uint64_t total) { return fn(user, done, total) == 0; };
+    }
+    return score;
+}
+
+// Whether checked options send a request to the GPU: TL_BACKEND_CUDA, or AUTO where there is a device.
+bool wants_gpu(const tl_score_options &opts) {
+    return opts.backend == TL_BACKEND_CUDA || (opts.backend == TL_BACKEND_AUTO && tl::device_count() > 0);
+}
+
+// Runs a scoring request and reports it: on the GPU where the options want it, `on_gpu(gpu_model, &stats)` with this
+// call's GEMM counts going into the result (AUTO takes the CPU when the GPU path declines with TL_ERR_UNSUPPORTED;
+// other failures stand), else `on_cpu()`. The result gets the totals, perplexity, backend, windows and the seconds
+// since `start`; `what` names the request in the log.
+tl_score_result run_score(const tl_model &model, const tl_score_options &opts, const char *what,
+                          std::chrono::steady_clock::time_point start,
+                          const std::function<tl::ScoreResult(tl::GpuModel &, tl::GpuScoreStats *)> &on_gpu,
+                          const std::function<tl::ScoreResult()> &on_cpu) {
+    tl_score_result result;
+    std::memset(&result, 0, sizeof result);
+    result.struct_size = sizeof result;
+    tl::ScoreResult r;
+    bool gpu = wants_gpu(opts);
+    if (gpu) {
+        try {
+            tl::GpuModel &gpu_model = gpu_model_for(model, opts.device, &result.setup_seconds);
+            tl::GpuScoreStats ran;  // this call's own counts, whatever other threads run on the model
+            r = on_gpu(gpu_model, &ran);
+            result.graph_capture_seconds = ran.capture_seconds;
+            result.gemm_marlin_fused = ran.dispatch.marlin_fused;
+            result.gemm_marlin_correction = ran.dispatch.marlin_correction;
+            result.gemm_dequant_cublas = ran.dispatch.dequant_cublas;
+            result.gemm_fp16_body = ran.dispatch.fp16_body;
+            result.gemm_native = ran.dispatch.native;
+            result.gemm_fallbacks = ran.dispatch.fallbacks;
+            result.gemm_dense_cublas = ran.cublas_dense;
+        } catch (const tl::Error &e) {
+            // AUTO takes the CPU when the GPU path declines a request it does not support; real failures stand.
+            if (opts.backend != TL_BACKEND_AUTO || e.code() != TL_ERR_UNSUPPORTED) throw;
+            tl::log(TL_LOG_INFO, std::string("[") + what + "] GPU declined, scoring on the CPU: " + e.what());
+            gpu = false;
+        }
+    }
+    if (!gpu) r = on_cpu();
+
+    result.nll_sum = r.nll_sum;
+    result.tokens_scored = r.tokens_scored;
+    result.perplexity = r.tokens_scored > 0 ? std::exp(r.nll_sum / static_cast<double>(r.tokens_scored)) : 0.0;
+    result.backend = gpu ? TL_BACKEND_CUDA : TL_BACKEND_CPU;
+    result.n_windows = r.n_windows;
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (tl::log_enabled(TL_LOG_DEBUG)) {
+        tl::log(TL_LOG_DEBUG, std::string("[") + what + "] " + (gpu ? "CUDA" : "CPU") + ": " +
+                                  std::to_string(r.tokens_scored) + " tokens in " + std::to_string(r.n_windows) +
+                                  " windows, " + std::to_string(result.seconds) + " s");
+    }
+    return result;
+}
+
+}  // namespace
+
+extern "C" {
+
+TL_API tl_status tl_score_options_init(tl_score_options *options, uint32_t struct_size) {
+    return init_struct(options, struct_size, "options", [](tl_score_options &o) {
+        o.backend = TL_BACKEND_AUTO;
+        o.use_graphs = 1;
+    });
+}
+
+TL_API tl_status tl_score_result_init(tl_score_result *result, uint32_t struct_size) {
+    return init_struct(result, struct_size, "result", [](tl_score_result &) {});
+}
+
+TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
+                          const tl_score_options *options, tl_score_result *out_result) {
+    return guarded([&] {
+        const auto start = std::chrono::steady_clock::now();
+        require_not_null(model, "model");
+        require_not_null(tokens, "tokens");
+        require_output_struct(out_result, "out_result");
+        const tl_score_options opts = read_score_options(options);
+        require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
+                                   std::to_string(n_tokens));
+        require_token_nll_room(opts, n_tokens - 1, "n_tokens - 1");
+        const tl::ScoreOptions score = core_score_options(opts);
+        const tl_score_result result = run_score(
+            *model, opts, "score", start,
+            [&](tl::GpuModel &gpu, tl::GpuScoreStats *ran) {
+                return tl::score_cuda(gpu, tokens, n_tokens, score, opts.device, opts.stream, ran);
+            },
+            [&] { return tl::score_cpu(*model->model, tokens, n_tokens, score); });
+        write_output_struct(out_result, result);
+    });
+}
+
+TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequences, size_t n_sequences,
+                                const tl_score_options *options, tl_sequence_score *out_scores,
+                                tl_score_result *out_result) {
+    return guarded([&] {
+        const auto start = std::chrono::steady_clock::now();
+        require_not_null(model, "model");
+        if (n_sequences > 0) require_not_null(out_scores, "out_scores");
+        if (out_result != nullptr) require_output_struct(out_result, "out_result");
+        const tl_score_options opts = read_score_options(options);
+        // Decided before anything is allocated: no array of tl_sequence can be this long.
+        if (n_sequences > static_cast<size_t>(PTRDIFF_MAX) / sizeof(tl_sequence)) {
+            tl::fail(TL_ERR_INVALID_ARGUMENT, "n_sequences = " + std::to_string(n_sequences) +
+                                                  " is longer than any array of tl_sequence can be");
+        }
+        std::vector<tl::Sequence> batch(sequences != nullptr ? n_sequences : 0);
+        for (size_t i = 0; i < batch.size(); ++i) {
+            batch[i].tokens = sequences[i].tokens;
+            batch[i].n_tokens = sequences[i].n_tokens;
+            batch[i].n_context = sequences[i].n_context;
+        }
+        const size_t predicted =
+            tl::check_sequences(model->model->config, sequences != nullptr ? batch.data() : nullptr, n_sequences,
+                                opts.window);
+        require_token_nll_room(opts, predicted, "the sum of n_tokens - 1 over the sequences");
+
+        std::vector<tl::SequenceScore> scores(n_sequences);
+        tl_score_result result;
+        if (n_sequences == 0) {  // an empty batch: nothing runs (no GPU upload), the totals are zero
+            std::memset(&result, 0, sizeof result);
+            result.struct_size = sizeof result;
+            result.backend = wants_gpu(opts) ? TL_BACKEND_CUDA : TL_BACKEND_CPU;
+            result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        } else {
+            const tl::ScoreOptions score = core_score_options(opts);
+            result = run_score(
+                *model, opts, "score_batch", start,
+                [&](tl::GpuModel &gpu, tl::GpuScoreStats *ran) {
+                    return tl::score_batch_cuda(gpu, batch.data(), n_sequences, score, opts.device, opts.stream,
+                                                scores.data(), ran);
+                },
+                [&] { return tl::score_batch_cpu(*model->model, batch.data(), n_sequences, score, scores.data()); });
+        }
+        for (size_t i = 0; i < n_sequences; ++i) {
+            out_scores[i].nll_sum = scores[i].nll_sum;
+            out_scores[i].tokens_scored = scores[i].tokens_scored;
+            out_scores[i].greedy = scores[i].greedy ? 1 : 0;
+        }
+        if (out_result != nullptr) write_output_struct(out_result, result);
+    });
+}
+
+}  // extern "C"

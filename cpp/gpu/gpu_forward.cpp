@@ -1,0 +1,305 @@
+#include "gpu/gpu_forward.hpp"
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/gemm_dispatch.hpp"
+#include "util/error.hpp"
+
+#if defined(TL_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "forward/forward_kernels.hpp"
+#include "gpu/cuda_host.hpp"
+#include "gpu/gpu_model_state.hpp"
+#include "gpu_kernels.hpp"
+#endif
+
+namespace tl {
+
+#if !defined(TL_WITH_CUDA)
+
+// ---- A build without CUDA -------------------------------------------------------------------------------------
+
+ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *, GpuScoreStats *) {
+    fail_without_cuda();
+}
+ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOptions &, int32_t, void *,
+                             SequenceScore *, GpuScoreStats *) {
+    fail_without_cuda();
+}
+
+#else
+
+// ---- CUDA -------------------------------------------------------------------------------------------------------
+
+using namespace detail;
+
+namespace {
+
+// A launcher's rc (cuda/forward/forward_kernels.hpp): positive = a CUDA error, negative = refused arguments, which
+// the checks made when the GpuModel was built should have ruled out.
+void check_rc(int rc, const std::string &what) {
+    if (rc == 0) return;
+    if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), what);
+    fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
+}
+
+// `dequantized`: w's FP16 form from loop_fp16, or nullptr.
+void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
+          const uint16_t *dequantized = nullptr) {
+    if (w.quant) {
+        // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
+        quant_gemm(*w.quant, x, y, m, Dtype::F16, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
+                   dequantized);
+        return;
+    }
+    check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
+             "FP16 GEMM (cuBLAS) of '" + w.name + "'");
+    ++s.dense_calls;
+}
+
+}  // namespace
+
+namespace detail {
+
+void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
+    const ModelConfig &c = s.config;
+    const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
+    Activations &a = s.act;
+    float *x = a.x.get<float>();
+    uint16_t *xn = a.xn.get<uint16_t>(), *qkv = a.qkv.get<uint16_t>(), *att = a.att.get<uint16_t>();
+    uint16_t *proj = a.proj.get<uint16_t>(), *gu = a.gu.get<uint16_t>(), *hidden = a.hidden.get<uint16_t>();
+    const gpu::Segments segments{a.offsets(), shape.segments, shape.max_len};
+
+    check_rc(gpu::embed_gather(a.tokens(), s.embed.get(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
+    const uint16_t *pending = nullptr;  // the last block's mlp_down output, added to x by the next norm
+    using Fp16Forms = std::array<const uint16_t *, 5>;  // per block_linears entry: its FP16 form, or nullptr
+    auto run_block = [&](const DeviceBlock &b, const Fp16Forms &fp16) {
+        check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.get<float>(), xn, T, D, c.norm_eps, stream),
+                 "residual + attn_norm");
+        gemm(s, b.qkv, xn, qkv, T, stream, fp16[0]);
+        check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions()),
+                 "RoPE");
+        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, gpu::AttentionKernel::Auto, segments),
+                 "attention");
+        gemm(s, b.out, att, proj, T, stream, fp16[1]);
+        check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),
+                 "residual + mlp_norm");
+        gemm(s, b.gate_up, xn, gu, T, stream, fp16[2]);
+        if (b.up.n == 0) {
+            check_rc(gpu::swiglu(gu, gu + F, 2 * F, hidden, T, F, stream), "SwiGLU");
+        } else {
+            gemm(s, b.up, xn, gu + a.up_offset, T, stream, fp16[3]);
+            check_rc(gpu::swiglu(gu, gu + a.up_offset, F, hidden, T, F, stream), "SwiGLU");
+        }
+        gemm(s, b.down, hidden, proj, T, stream, fp16[4]);
+        pending = proj;
+    };
+    for (const DeviceBlock &b : s.pre) run_block(b, Fp16Forms{});
+    Fp16Forms loop_fp16{};
+    size_t used = 0;  // the settings may have changed since loop_fp16 was sized: what does not fit takes the usual path
+    const BlockLinears loop_linears = block_linears(s.loop);
+    for (size_t i = 0; i < loop_linears.size(); ++i) {
+        if (!dequantized_once(s, *loop_linears[i], T)) continue;
+        const size_t bytes = dequantized_bytes(*loop_linears[i]->quant);
+        if (used + bytes > s.loop_fp16.bytes()) continue;
+        auto *w = reinterpret_cast<uint16_t *>(s.loop_fp16.get<char>() + used);
+        dequantize_weight(*loop_linears[i]->quant, w, stream);
+        loop_fp16[i] = w;
+        used += bytes;
+    }
+    for (int32_t l = 0; l < c.loops; ++l) run_block(s.loop, loop_fp16);
+    check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.get<float>(), xn, T, D, c.norm_eps, stream),
+             "residual + final_norm");
+
+    // Every row, in chunks whose logits fit the buffer; a sequence's last row has target -1 and is not read back.
+    for (int32_t t0 = 0; t0 < T; t0 += a.chunk) {
+        const int32_t rows = std::min(a.chunk, T - t0);
+        uint16_t *logits = a.logits.get<uint16_t>();
+        gemm(s, s.head, xn + static_cast<size_t>(t0) * D, logits, rows, stream);
+        check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, a.targets() + t0, a.nll.get<float>() + t0, stream,
+                               a.greedy.get<uint8_t>() + t0),
+                 "head log-softmax");
+    }
+}
+
+}  // namespace detail
+
+namespace {
+
+// One sequence of a call: tokens[0, len), scored from index first_scored on; token j's NLL (j >= 1) goes to
+// token_nll[j - 1] when token_nll is set; its result to scores[index] when scores is set.
+struct Segment {
+    const int32_t *tokens;
+    int32_t len;
+    int32_t first_scored;
+    float *token_nll;
+};
+
+// Scores `segments` in passes of up to a pass's rows (pass_rows), packing consecutive segments into each: uploads
+// a pass's metadata, runs it (run_pass), reads its NLLs back and adds them up per segment. Holds `lock` except
+// around the progress callback, which is called after each pass with (scored tokens done, all scored tokens).
+ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segments, const ScoreOptions &options,
+                           cudaStream_t stream, std::unique_lock<std::mutex> &lock, GpuScoreStats &stats,
+                           SequenceScore *scores) {
+    int32_t longest = 0;
+    size_t total_tokens = 0;
+    uint64_t to_score = 0;
+    for (const Segment &g : segments) {
+        longest = std::max(longest, g.len);
+        total_tokens += static_cast<size_t>(g.len);
+        to_score += static_cast<uint64_t>(g.len - g.first_scored);
+    }
+    ScoreResult result;
+    if (segments.empty()) return result;
+    const int32_t capacity = pass_rows(s, options.pass_tokens, longest, total_tokens, options.max_memory_bytes);
+    ensure_buffers(s, capacity, options.max_memory_bytes, stream);
+
+    for (size_t first = 0; first < segments.size();) {
+        // The pass: as many consecutive segments as fit `capacity` rows (at least one). The buffers may be larger,
+        // from an earlier call; their layout follows their own size R.
+        const int32_t R = s.act.rows;
+        int32_t *tokens = s.host_meta.data(), *targets = tokens + R, *positions = tokens + 2 * R;
+        int32_t *offsets = tokens + 3 * R;
+        PassShape shape;
+        size_t end = first;
+        while (end < segments.size() && shape.segments < gpu::kMaxSegments &&
+               (end == first || shape.rows + segments[end].len <= capacity)) {
+            const Segment &g = segments[end++];
+            offsets[shape.segments++] = shape.rows;
+            for (int32_t j = 0; j < g.len; ++j) {
+                tokens[shape.rows + j] = g.tokens[j];
+                targets[shape.rows + j] = j + 1 < g.len ? g.tokens[j + 1] : -1;
+                positions[shape.rows + j] = j;
+            }
+            shape.rows += g.len;
+            shape.max_len = std::max(shape.max_len, g.len);
+        }
+        offsets[shape.segments] = shape.rows;
+        // Copied up to the offsets' end: every field of the pass's layout, not the unused tail.
+        check_cuda(cudaMemcpyAsync(s.act.meta.get(), tokens, (3 * static_cast<size_t>(R) + shape.segments + 1) *
+                                                                sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream),
+                   "cudaMemcpyAsync (tokens)");
+        const uint64_t captures = s.captures, replays = s.replays;
+        const double capture_seconds = s.capture_seconds;
+        const Tally ran = run_pass(s, shape, stream, options.use_graphs);
+        check_cuda(cudaMemcpyAsync(s.host_nll.data(), s.act.nll.get(), shape.rows * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (NLL)");
+        check_cuda(cudaMemcpyAsync(s.host_greedy.data(), s.act.greedy.get(), shape.rows, cudaMemcpyDeviceToHost,
+                                   stream),
+                   "cudaMemcpyAsync (greedy)");
+        check_cuda(cudaStreamSynchronize(stream), "the forward pass of " + std::to_string(shape.rows) + " tokens");
+        s.ran += ran;
+        s.windows += end - first;
+        add_tally(stats, ran);
+        stats.windows += end - first;
+        stats.graph_captures += s.captures - captures;
+        stats.graph_replays += s.replays - replays;
+        stats.capture_seconds += s.capture_seconds - capture_seconds;
+        for (size_t i = first; i < end; ++i) {
+            const Segment &g = segments[i];
+            const size_t row0 = static_cast<size_t>(offsets[i - first]);
+            SequenceScore score;
+            for (int32_t j = 1; j < g.len; ++j) {  // token j, predicted by row j - 1
+                const float nll = s.host_nll[row0 + j - 1];
+                if (g.token_nll != nullptr) g.token_nll[j - 1] = nll;
+                if (j < g.first_scored) continue;
+                score.nll_sum += nll;
+                score.greedy = score.greedy && s.host_greedy[row0 + j - 1] != 0;
+            }
+            score.tokens_scored = static_cast<uint64_t>(g.len - g.first_scored);
+            result.nll_sum += score.nll_sum;
+            result.tokens_scored += score.tokens_scored;
+            if (scores != nullptr) scores[i] = score;
+        }
+        first = end;
+        if (options.progress) {
+            lock.unlock();
+            const bool go_on = options.progress(result.tokens_scored, to_score);
+            lock.lock();
+            if (!go_on) {
+                fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
+                                           std::to_string(result.tokens_scored) + " of " + std::to_string(to_score) +
+                                           " tokens");
+            }
+            // A call made meanwhile may have dropped graphs or grown the workspace (settings change): check again.
+            ensure_buffers(s, capacity, options.max_memory_bytes, stream);
+        }
+    }
+    return result;
+}
+
+// The checks score_cuda and score_batch_cuda share; returns the stream to run on.
+cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t device, void *stream) {
+    if (device != s.device) {
+        fail(TL_ERR_INVALID_ARGUMENT, "device " + std::to_string(device) + " is not the GpuModel's device " +
+                                          std::to_string(s.device));
+    }
+    if (options.pass_tokens < 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "pass_tokens = " + std::to_string(options.pass_tokens) + " is negative");
+    }
+    if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
+    if (options.cross_iter_round && s.loop_has_rounding_channels) {
+        fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
+    }
+    return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
+}
+
+}  // namespace
+
+ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
+                       int32_t device, void *stream_ptr, GpuScoreStats *call_stats) {
+    GpuModel::State &s = *model.state_;
+    const cudaStream_t stream = check_call(s, options, device, stream_ptr);
+    const ScorePlan plan = plan_score(s.config, tokens, n_tokens, options.window);
+    const size_t stride = static_cast<size_t>(plan.window) - 1;
+    std::vector<Segment> windows(plan.n_windows);
+    for (size_t w = 0; w < plan.n_windows; ++w) {
+        const size_t start = w * stride;
+        windows[w] = Segment{tokens + start, static_cast<int32_t>(std::min<size_t>(plan.window, n_tokens - start)), 1,
+                             options.token_nll != nullptr ? options.token_nll + start : nullptr};
+    }
+    // Held while this call uses the model's buffers, and released around the progress callback (after a pass's work
+    // is done and its NLLs are copied out), so the callback may call into the library, this model included.
+    std::unique_lock<std::mutex> lock(s.mutex);
+    DeviceScope scope(s.device);
+    GpuScoreStats stats;
+    ScoreResult result = score_segments(s, windows, options, stream, lock, stats, nullptr);
+    result.n_windows = static_cast<int32_t>(plan.n_windows);
+    if (call_stats != nullptr) *call_stats = stats;
+    return result;
+}
+
+ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t n_sequences,
+                             const ScoreOptions &options, int32_t device, void *stream_ptr, SequenceScore *scores,
+                             GpuScoreStats *call_stats) {
+    GpuModel::State &s = *model.state_;
+    const cudaStream_t stream = check_call(s, options, device, stream_ptr);
+    check_sequences(s.config, sequences, n_sequences, options.window);
+    std::vector<Segment> segments(n_sequences);
+    size_t nll_offset = 0;
+    for (size_t i = 0; i < n_sequences; ++i) {
+        const Sequence &q = sequences[i];
+        segments[i] = Segment{q.tokens, static_cast<int32_t>(q.n_tokens), static_cast<int32_t>(q.first_scored()),
+                              options.token_nll != nullptr ? options.token_nll + nll_offset : nullptr};
+        nll_offset += q.n_tokens - 1;
+    }
+    std::unique_lock<std::mutex> lock(s.mutex);  // as in score_cuda
+    DeviceScope scope(s.device);
+    GpuScoreStats stats;
+    ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);
+    result.n_windows = static_cast<int32_t>(n_sequences);
+    if (call_stats != nullptr) *call_stats = stats;
+    return result;
+}
+
+#endif  // TL_WITH_CUDA
+
+}  // namespace tl

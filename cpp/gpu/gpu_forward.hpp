@@ -1,0 +1,41 @@
+// The whole forward pass on the GPU, on a GpuModel (gpu_model.hpp): score_cuda, the GPU twin of score_cpu (same
+// windows, same token checks, per-token NLL), and score_batch_cuda for many sequences. Independent sequences (a call's
+// windows, or a batch's sequences) are packed into forward passes of up to 8192 tokens, with attention inside each
+// sequence only (gpu::Segments) and positions restarting at 0 in each.
+// Precision: FP32 residual stream, FP16 GEMM inputs and outputs, FP32 math in every other kernel, NLL reduced in
+// FP32 per position and summed in double (cuda/forward/forward_kernels.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/gpu_model.hpp"
+#include "score/score_plan.hpp"
+
+namespace tl {
+
+// Scores `tokens` like score_cpu (docs/architecture.md: windows of options.window tokens, default max_seq,
+// overlapping by one; positions restart at 0 per window; options.token_nll receives token i+1's NLL at [i];
+// options.progress is called after each pass). options.n_threads is ignored; options.linear_input, and
+// options.cross_iter_round on a model whose looped linears carry rounding channels, are TL_ERR_UNSUPPORTED.
+// `device` must be the GpuModel's.
+// Work runs on `stream` (a cudaStream_t; nullptr = the GpuModel's own non-blocking stream); the call returns when
+// it is done. Buffers are allocated on the first call and when a call needs longer passes than before, never
+// otherwise; options.max_memory_bytes bounds them (ScoreOptions: passes shrink towards the longest window to fit).
+// With options.use_graphs, each pass shape's (rows, sequences, longest) forward pass is captured in a CUDA graph
+// after its first eager run and replayed afterwards; a graph is dropped (and captured again) when the dispatcher
+// settings or the buffers change. `call_stats`, when not null, receives
+// what this call ran (GEMMs by path, windows, captures, replays).
+ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options,
+                       int32_t device, void *stream, GpuScoreStats *call_stats = nullptr);
+
+// Scores independent sequences (check_sequences), packing as many as fit a pass's token budget into each forward pass,
+// with attention inside each sequence only. scores[i] receives sequence i's result; options.token_nll (when set)
+// receives every predicted token's NLL, the sequences one after another (n_tokens - 1 each); options.progress is
+// called after each pass with the scored tokens done. Stream, graphs, budget and call_stats as for score_cuda.
+// Returns the totals (n_windows = the number of sequences).
+ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t n_sequences,
+                             const ScoreOptions &options, int32_t device, void *stream, SequenceScore *scores,
+                             GpuScoreStats *call_stats = nullptr);
+
+}  // namespace tl

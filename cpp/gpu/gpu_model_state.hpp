@@ -1,0 +1,219 @@
+// Internal to the GPU model, compiled only with TL_WITH_CUDA: what a GpuModel holds on its device (GpuModel::State),
+// and the functions that gpu_model.cpp (building the model, sizing its buffers, the graph cache) and gpu_forward.cpp
+// (the forward pass and the scoring calls) call in each other.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cublas_loader.hpp"
+#include "forward/forward_kernels.hpp"
+#include "gpu/device_memory.hpp"
+#include "gpu/gemm_dispatch.hpp"
+#include "gpu/gpu_model.hpp"
+
+namespace tl {
+namespace detail {
+
+// GEMM calls by path: the dispatcher's per-weight counters summed, plus the dense (cuBLAS) calls.
+struct Tally {
+    // fp16_body, marlin_fused, marlin_correction, dequant_cublas, native, fallbacks, dense
+    std::array<uint64_t, 7> v{};
+    Tally &operator+=(const Tally &o) {
+        for (size_t i = 0; i < v.size(); ++i) v[i] += o.v[i];
+        return *this;
+    }
+    Tally operator-(const Tally &o) const {
+        Tally d;
+        for (size_t i = 0; i < v.size(); ++i) d.v[i] = v[i] - o.v[i];
+        return d;
+    }
+};
+
+inline void add_tally(GpuScoreStats &out, const Tally &t) {
+    out.dispatch.fp16_body += t.v[0];
+    out.dispatch.marlin_fused += t.v[1];
+    out.dispatch.marlin_correction += t.v[2];
+    out.dispatch.dequant_cublas += t.v[3];
+    out.dispatch.native += t.v[4];
+    out.dispatch.fallbacks += t.v[5];
+    out.cublas_dense += t.v[6];
+}
+
+// One linear layer on the device: INT4 through the dispatcher, or FP16 values through cuBLAS.
+struct DeviceLinear {
+    std::string name;
+    int32_t k = 0, n = 0;  // n: the device weight's rows (the head's padded N)
+    int32_t groups = 0;    // INT4 groups along K
+    std::shared_ptr<DeviceWeight> quant;
+    DeviceBuffer dense;                      // FP16 [n][k], unless the values are shared
+    const uint16_t *dense_values = nullptr;  // dense, or the embedding table (tied F16 head)
+    uint64_t bytes = 0;
+};
+
+struct DeviceBlock {
+    DeviceBuffer attn_norm, mlp_norm;  // FP32 [d_model]
+    DeviceLinear qkv, out;
+    // gate_up: gate and up as one weight (N = 2·ffn), `up` empty (n == 0). When the two cannot be packed together
+    // (an INT4 and a dense one, different group sizes or K orders) gate_up holds the gate alone and `up` the up
+    // projection.
+    DeviceLinear gate_up, up;
+    DeviceLinear down;
+};
+
+// Activations and scratch for windows of up to `rows` tokens.
+struct Activations {
+    int32_t rows = 0;
+    int32_t chunk = 0;     // head positions per logits chunk, a multiple of 8 (keeps chunk starts 16-byte aligned)
+    size_t up_offset = 0;  // halves: where a separate up projection writes inside gu (16-byte aligned)
+    DeviceBuffer x;                   // FP32 [rows][D], the residual stream
+    DeviceBuffer xn;                  // FP16 [rows][D], normalized (GEMM input)
+    DeviceBuffer qkv;                 // FP16 [rows][3A]
+    DeviceBuffer att;                 // FP16 [rows][A]
+    DeviceBuffer proj;                // FP16 [rows][D], attn_out / mlp_down output, added to x by the next norm
+    DeviceBuffer gu;                  // FP16 [rows][2F] (fused) or gate [rows][F] + up at up_offset
+    DeviceBuffer hidden;              // FP16 [rows][F], SwiGLU output
+    DeviceBuffer logits;              // FP16 [chunk][head rows]
+    DeviceBuffer meta;                // INT32: the pass's tokens, targets, positions [rows] each, then segment offsets
+    DeviceBuffer nll;                 // FP32 [rows]
+    DeviceBuffer greedy;              // UINT8 [rows]
+    DeviceBuffer rope_cos, rope_sin;  // FP32 [rows][head_dim/2]
+    uint64_t bytes = 0;
+
+    int32_t *tokens() const { return meta.get<int32_t>(); }
+    int32_t *targets() const { return tokens() + rows; }     // token r + 1 of r's sequence, -1 at a sequence's end
+    int32_t *positions() const { return tokens() + 2 * rows; }  // r's position inside its sequence
+    int32_t *offsets() const { return tokens() + 3 * rows; }    // [segments + 1]
+};
+
+// The shape of one pass: T rows holding `segments` sequences of at most max_len tokens. A graph is captured per shape.
+struct PassShape {
+    int32_t rows = 0, segments = 0, max_len = 0;
+    bool operator<(const PassShape &o) const {
+        return std::tie(rows, segments, max_len) < std::tie(o.rows, o.segments, o.max_len);
+    }
+};
+
+// One pass shape's captured forward pass.
+struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    Tally per_replay;                                 // the GEMMs one replay runs
+    std::array<int32_t, kDispatchSettings> settings;  // the dispatcher settings at capture: the paths baked into it
+    ~Graph() {
+        if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
+};
+
+using BlockLinears = std::array<const DeviceLinear *, 5>;
+inline BlockLinears block_linears(const DeviceBlock &b) { return {&b.qkv, &b.out, &b.gate_up, &b.up, &b.down}; }
+
+}  // namespace detail
+
+struct GpuModel::State {
+    int32_t device = 0;
+    ModelConfig config;
+    GpuModelOptions options;
+    std::mutex mutex;  // one call at a time
+    cudaStream_t own_stream = nullptr;
+    cublasHandle_t cublas = nullptr;
+
+    DeviceBuffer embed;  // [vocab][d_model] in the file's dtype
+    gpu::TableType embed_type = gpu::TableType::F32;
+    std::vector<detail::DeviceBlock> pre;
+    detail::DeviceBlock loop;
+    DeviceBuffer final_norm;
+    detail::DeviceLinear head;
+    uint64_t weight_bytes = 0;
+    bool loop_has_rounding_channels = false;  // frac4 / sign_bit on a looped linear (cross-iteration rounding)
+
+    detail::Activations act;
+    DeviceBuffer workspace;  // the dispatcher's, zero-filled once
+    DeviceBuffer loop_fp16;  // the looped block's INT4 weights as FP16, dequantized once per pass (dequantized_once)
+    std::vector<int32_t> host_meta;  // the layout of act.meta
+    std::vector<float> host_nll;
+    std::vector<uint8_t> host_greedy;
+    std::map<detail::PassShape, std::unique_ptr<detail::Graph>> graphs;
+    std::set<detail::PassShape> uncapturable;  // pass shapes whose capture failed: they run eagerly
+
+    uint64_t dense_calls = 0;  // cuBLAS GEMMs enqueued (captured ones included)
+    detail::Tally ran;                 // GEMMs executed
+    uint64_t windows = 0, captures = 0, replays = 0;
+    double capture_seconds = 0.0;
+
+    ~State() {
+        graphs.clear();
+        if (cublas != nullptr) gpu::cublas_api()->destroy(cublas);  // created through it, so it is loaded
+        if (own_stream != nullptr) cudaStreamDestroy(own_stream);
+    }
+
+    std::vector<const detail::DeviceLinear *> linears() const {
+        std::vector<const detail::DeviceLinear *> all;
+        auto add_block = [&](const detail::DeviceBlock &b) {
+            for (const detail::DeviceLinear *l : {&b.qkv, &b.out, &b.gate_up, &b.up, &b.down}) {
+                if (l->n > 0) all.push_back(l);
+            }
+        };
+        for (const detail::DeviceBlock &b : pre) add_block(b);
+        add_block(loop);
+        all.push_back(&head);
+        return all;
+    }
+
+    detail::Tally counted() const {
+        detail::Tally t;
+        for (const detail::DeviceLinear *l : linears()) {
+            if (!l->quant) continue;
+            const DispatchCounts c = dispatch_counts(*l->quant);
+            const uint64_t v[6] = {c.fp16_body, c.marlin_fused, c.marlin_correction, c.dequant_cublas, c.native,
+                                   c.fallbacks};
+            for (int i = 0; i < 6; ++i) t.v[i] += v[i];
+        }
+        t.v[6] = dense_calls;
+        return t;
+    }
+};
+
+namespace detail {
+
+// ---- Defined in gpu_model.cpp ----
+
+// Whether a looped linear is dequantized once per pass: where the dispatcher would dequantize it to FP16 for cuBLAS
+// at each of the block's applications (passes of many rows), doing it once saves loops - 1 passes over its weights
+// (15% of the GPU time of 16-token windows on the 2B model was dequantization).
+bool dequantized_once(const GpuModel::State &s, const DeviceLinear &l, int32_t rows);
+
+// The rows a call's passes hold: pass_tokens (0: 8192 tokens), or the longest sequence when that is longer, but never
+// more than the call's sequences need in all; and within the budget when one is set (down to the longest sequence,
+// which must fit).
+int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest, size_t total_tokens,
+                  uint64_t budget);
+
+// Activations for passes of `rows` tokens and a workspace for every weight at that many rows; both only grow.
+// Any change drops the captured graphs (they hold the old addresses). The working set a call of `rows` tokens
+// uses is checked against the budget before anything is allocated.
+void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStream_t stream);
+
+// Without graphs: enqueue the pass. With graphs: replay the pass shape's graph when it is still valid; else run the
+// pass eagerly (which also performs the dispatcher's lazy set-up: cuBLAS handles, occupancy queries, neither of which
+// may happen inside a capture) and then capture it for the next passes of this shape. Returns the GEMMs run.
+Tally run_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream, bool use_graphs);
+
+// ---- Defined in gpu_forward.cpp ----
+
+// The forward pass of one pass (its tokens, targets, positions and segment offsets already in act.meta) up to
+// act.nll and act.greedy for every row. Enqueues only.
+void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace tl
