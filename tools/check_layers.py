@@ -8,7 +8,8 @@ their host side, cpp/gpu; capi is capi/; cli is cpp/cli.) A source may include h
 layers below it, except that cuda/ is self-contained: it includes nothing from cpp/ (its types are in its own headers).
 The public header capi/include/tinyloop.h is the C API's: below it only cpp/util/error.hpp includes it, for the status
 and constant values, and no code below capi/ names the ABI's TL_FORM_* or TL_DISPATCH_* constants (capi/ translates
-them into the GPU layer's own enums).
+them into the GPU layer's own enums). Nothing below the CLI reads the environment (getenv): settings belong on handles
+and options, and only the tool maps variables onto them.
 
     python3 tools/check_layers.py [REPO_ROOT]   check the repository (default: the one holding this script)
     python3 tools/check_layers.py --self-test   show that each rule catches a violation, on temporary trees
@@ -38,6 +39,8 @@ PUBLIC_HEADER = "capi/include/tinyloop.h"
 PUBLIC_HEADER_BELOW_CAPI = {"cpp/util/error.hpp"}
 # ABI constants that only capi/ (and above) may name: below it the library speaks its own types.
 ABI_ONLY = re.compile(r"\b(TL_FORM_\w+|TL_DISPATCH_\w+)")
+# The environment: only the CLI reads it.
+ENVIRONMENT = re.compile(r"\b(getenv|secure_getenv)\s*\(")
 # Where the build looks for "..." includes, after the including file's own folder.
 INCLUDE_ROOTS = ["cpp", "cuda", "capi/include", "capi/src"]
 SOURCE = re.compile(r"\.(c|cc|cpp|h|hpp|cu|cuh)$")
@@ -95,6 +98,9 @@ def check(root):
                     elif name in ONLY and target_name not in ONLY[name]:
                         problems.append(f"{path} ({name}) includes {target} ({target_name}): {name} may include only "
                                         f"{', '.join(sorted(ONLY[name]))}")
+                if name != "cli" and ENVIRONMENT.search(COMMENT.sub("", text)):
+                    problems.append(f"{path} ({name}) reads the environment: only the CLI may; take the value "
+                                    "from a handle's settings or a call's options")
                 if level < capi_level:
                     for constant in sorted(set(ABI_ONLY.findall(COMMENT.sub("", text)))):
                         problems.append(f"{path} ({name}) names the C API's {constant}: translate it in capi/ into "
@@ -140,6 +146,8 @@ VIOLATIONS = {
     "gpu names an ABI constant": ({"cpp/gpu/dispatch.hpp": "int s = TL_DISPATCH_USE_MARLIN;\n"},
                                   "cpp/gpu/dispatch.hpp (gpu) names the C API's TL_DISPATCH_USE_MARLIN"),
     "a folder in no layer": ({"cpp/other/x.hpp": "\n"}, "cpp/other/x.hpp: in no layer"),
+    "the library reads the environment": ({"cpp/gpu/dispatch.hpp": 'const char *v = std::getenv("X");\n'},
+                                          "cpp/gpu/dispatch.hpp (gpu) reads the environment"),
 }
 
 

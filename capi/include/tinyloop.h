@@ -463,28 +463,45 @@ TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options,
 TL_API tl_status tl_weight_pack_marlin(tl_weight *weight, const tl_pack_options *options,
                                        tl_pack_report *out_report);
 
-/** Dispatcher settings (process-global, read at each call). Each starts from its environment variable. */
-/** 1 (default where the kernel runs) / 0: use the Marlin-class kernel. Env TINYLOOP_USE_MARLIN. */
+/** Dispatcher settings. Each model and each owned weight carries its own (tl_model_set_dispatch,
+ *  tl_weight_set_dispatch): a model's apply to its scoring and to tl_quant_gemm on its weights. A setting a handle
+ *  has not set follows the process-wide default (tl_set_dispatch), from that handle's next call on. The library
+ *  reads no environment variable; the tinyloop tool maps its TINYLOOP_* variables onto its model's settings. */
+/** 1 (default where the kernel runs) / 0: use the Marlin-class kernel. */
 static const int32_t TL_DISPATCH_USE_MARLIN = 0;
-/** 0 (default) / 1: use a weight's FP16 body (if packed) first. Env TINYLOOP_EXPERIMENTAL_FP16_BODY. */
+/** 0 (default) / 1: use a weight's FP16 body (if packed) first; also makes tl_pack_marlin pack FP16 bodies. */
 static const int32_t TL_DISPATCH_FP16_BODY = 1;
 /** 0 (default) / 1: cross-iteration rounding of the looped block's weights that carry frac4/sign_bit channels
- *  (the rule: docs/quality.md). The CPU backend implements it; the CUDA backend declines such a request.
- *  Env TINYLOOP_CROSS_ITER_ROUND. */
+ *  (the rule: docs/quality.md). The CPU backend implements it; the CUDA backend declines such a request. */
 static const int32_t TL_DISPATCH_CROSS_ITER_ROUND = 2;
-/** Which Marlin-class form to prefer: 0 = the faster (default), 1 = fused, 2 = correction.
- *  Env TINYLOOP_MARLIN_MODE. */
+/** Which Marlin-class form to prefer: 0 = the faster (default), 1 = fused, 2 = correction. */
 static const int32_t TL_DISPATCH_MARLIN_MODE = 3;
 /** M from which dequantize-to-FP16 + cuBLAS replaces the Marlin-class kernel (default 512, measured on the H200;
  *  0 = never). Weights with K·N <= 2^25 switch at the smaller of this and 128 rows (measured: the Marlin-class
  *  kernels lose there), weights with K·N >= 2^27 at twice this (measured: the wgmma kernel still wins at 512 rows
- *  there). Env TINYLOOP_CUBLAS_MIN_M. */
+ *  there). */
 static const int32_t TL_DISPATCH_CUBLAS_MIN_M = 4;
+/** GPU scoring's attention: 0 (default) the tensor-core kernel where it runs, 1 the FP32 SIMT kernel (A/B runs). */
+static const int32_t TL_DISPATCH_ATTENTION = 5;
 
-/** Sets a dispatcher setting. Thread-safe; calls already under way use the old value. */
+/** Sets the process-wide default of a dispatcher setting: every handle that has not set it uses `value` from its
+ *  next call on. Thread-safe; calls already under way use the old value. */
 TL_API tl_status tl_set_dispatch(int32_t setting, int32_t value);
-/** Reads a dispatcher setting. */
+/** Reads the process-wide default of a dispatcher setting. */
 TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value);
+/** Sets a dispatcher setting on `model`: its scoring and tl_quant_gemm on its weights use `value`; -1 returns the
+ *  setting to the process-wide default. Thread-safe (also while other threads score with the model); calls already
+ *  under way use the old value. */
+TL_API tl_status tl_model_set_dispatch(tl_model *model, int32_t setting, int32_t value);
+/** The value `model` uses for `setting` now: its own, else the process-wide default. */
+TL_API tl_status tl_model_get_dispatch(const tl_model *model, int32_t setting, int32_t *out_value);
+/** Sets a dispatcher setting on an owned weight (from tl_weight_create / tl_weight_quantize /
+ *  tl_weight_import_int4), as tl_model_set_dispatch does on a model; TL_ERR_INVALID_ARGUMENT for a weight borrowed
+ *  from a model (set the model's). */
+TL_API tl_status tl_weight_set_dispatch(tl_weight *weight, int32_t setting, int32_t value);
+/** The value `weight` uses for `setting` now: its own (its model's, for a borrowed weight), else the process-wide
+ *  default. */
+TL_API tl_status tl_weight_get_dispatch(const tl_weight *weight, int32_t setting, int32_t *out_value);
 
 /** Device memory and streams, for callers without their own CUDA runtime (Rust, Python through ctypes, dlopen).
  *  Pointers and streams made here are ordinary CUDA ones: they mix freely with the caller's own. */

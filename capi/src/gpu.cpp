@@ -37,6 +37,7 @@ tl::DispatchSetting dispatch_setting(int32_t setting) {
         case TL_DISPATCH_CROSS_ITER_ROUND: return tl::DispatchSetting::CrossIterRound;
         case TL_DISPATCH_MARLIN_MODE: return tl::DispatchSetting::MarlinMode;
         case TL_DISPATCH_CUBLAS_MIN_M: return tl::DispatchSetting::CublasMinM;
+        case TL_DISPATCH_ATTENTION: return tl::DispatchSetting::Attention;
         default:
             tl::fail(TL_ERR_INVALID_ARGUMENT, "setting " + std::to_string(setting) + " is not a TL_DISPATCH_* value");
     }
@@ -150,6 +151,38 @@ TL_API tl_status tl_get_dispatch(int32_t setting, int32_t *out_value) {
     });
 }
 
+TL_API tl_status tl_model_set_dispatch(tl_model *model, int32_t setting, int32_t value) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        model->dispatch.set(dispatch_setting(setting), value);
+    });
+}
+
+TL_API tl_status tl_model_get_dispatch(const tl_model *model, int32_t setting, int32_t *out_value) {
+    return guarded([&] {
+        require_not_null(model, "model");
+        require_not_null(out_value, "out_value");
+        *out_value = model->dispatch.get(dispatch_setting(setting));
+    });
+}
+
+TL_API tl_status tl_weight_set_dispatch(tl_weight *weight, int32_t setting, int32_t value) {
+    return guarded([&] {
+        require_not_null(weight, "weight");
+        require(!weight->borrowed, "weight '" + weight->linear.name +
+                                       "' belongs to a model: set the model's settings with tl_model_set_dispatch");
+        weight->own_dispatch.set(dispatch_setting(setting), value);
+    });
+}
+
+TL_API tl_status tl_weight_get_dispatch(const tl_weight *weight, int32_t setting, int32_t *out_value) {
+    return guarded([&] {
+        require_not_null(weight, "weight");
+        require_not_null(out_value, "out_value");
+        *out_value = weight->dispatch->get(dispatch_setting(setting));
+    });
+}
+
 TL_API tl_status tl_device_malloc(int32_t device, size_t bytes, void **out_ptr) {
     return guarded([&] {
         require_not_null(out_ptr, "out_ptr");
@@ -187,7 +220,8 @@ TL_API tl_status tl_stream_synchronize(void *stream) {
 TL_API tl_status tl_quant_gemm_workspace_size(const tl_weight *weight, int64_t m, size_t *out_bytes) {
     return guarded([&] {
         require_not_null(out_bytes, "out_bytes");
-        *out_bytes = tl::quant_gemm_workspace_size(packed_weight(weight), m);
+        const tl::DeviceWeight &dw = packed_weight(weight);
+        *out_bytes = tl::quant_gemm_workspace_size(dw, m, weight->dispatch->resolve());
     });
 }
 
@@ -204,8 +238,9 @@ TL_API tl_status tl_quant_gemm_dtype(const tl_weight *weight, int32_t dtype, con
             tl::fail(TL_ERR_INVALID_ARGUMENT,
                      "dtype must be TL_DTYPE_FP16 (0) or TL_DTYPE_BF16 (1), got " + std::to_string(dtype));
         }
-        tl::quant_gemm(packed_weight(weight), x, y, m, dtype == TL_DTYPE_BF16 ? tl::Dtype::BF16 : tl::Dtype::F16,
-                       stream, workspace, workspace_bytes);
+        const tl::DeviceWeight &dw = packed_weight(weight);
+        tl::quant_gemm(dw, x, y, m, dtype == TL_DTYPE_BF16 ? tl::Dtype::BF16 : tl::Dtype::F16,
+                       weight->dispatch->resolve(), stream, workspace, workspace_bytes);
     });
 }
 

@@ -11,16 +11,21 @@
 #include "gpu/device_weight.hpp"
 #include "gpu/gpu_model.hpp"
 #include "format/model.hpp"
+#include "score/dispatch_settings.hpp"
 
 struct tl_weight {
     tl::Linear linear;  // views share ownership of their storage through linear.keepalive
     bool borrowed = false;
     // The weight's device forms once packed (tl_pack_marlin / tl_weight_pack_marlin); null before.
     std::shared_ptr<tl::DeviceWeight> device;
+    // An owned weight's dispatcher settings; a borrowed weight uses its model's (`dispatch` points at them).
+    tl::DispatchOverrides own_dispatch;
+    const tl::DispatchOverrides *dispatch = &own_dispatch;
 };
 
 struct tl_model {
     std::unique_ptr<tl::Model> model;
+    tl::DispatchOverrides dispatch;  // for its scoring and its weights' GEMMs
     std::vector<std::unique_ptr<tl_weight>> weights;  // the quantized linears, canonical order
     std::map<std::string, size_t> weight_index;
     // The model on each device tl_score's CUDA backend used, created on first use (under gpu_mutex). A GpuModel

@@ -40,6 +40,7 @@ TL_API tl_status tl_model_load(const char *path, const tl_load_options *options,
             auto w = std::make_unique<tl_weight>();
             w->linear = *linear;
             w->borrowed = true;
+            w->dispatch = &handle->dispatch;
             handle->weight_index.emplace(linear->name, handle->weights.size());
             handle->weights.push_back(std::move(w));
         }

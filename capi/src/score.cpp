@@ -35,7 +35,7 @@ tl::GpuModel &gpu_model_for(const tl_model &model, int32_t device, double *setup
     if (!slot) {
         const auto start = std::chrono::steady_clock::now();
         tl::GpuModelOptions options;
-        if (tl::get_dispatch(tl::DispatchSetting::Fp16Body)) options.forms.fp16_body = true;
+        if (model.dispatch.get(tl::DispatchSetting::Fp16Body)) options.forms.fp16_body = true;
         try {
             slot = std::make_unique<tl::GpuModel>(*model.model, device, options);
         } catch (...) {
@@ -80,12 +80,13 @@ void require_token_nll_room(const tl_score_options &opts, size_t needed, const c
 }
 
 // The core's options for checked C options; progress goes to the C callback (non-zero: stop).
-tl::ScoreOptions core_score_options(const tl_score_options &opts) {
+tl::ScoreOptions core_score_options(const tl_model &model, const tl_score_options &opts) {
     tl::ScoreOptions score;
+    score.dispatch = model.dispatch.resolve();
     score.n_threads = opts.n_threads;
     score.window = opts.window;
     score.token_nll = opts.token_nll;
-    score.cross_iter_round = tl::get_dispatch(tl::DispatchSetting::CrossIterRound) != 0;
+    score.cross_iter_round = score.dispatch[tl::DispatchSetting::CrossIterRound] != 0;
     score.use_graphs = opts.use_graphs != 0;
     score.max_memory_bytes = opts.max_memory_bytes;
     if (opts.progress != nullptr) {
@@ -176,7 +177,7 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
                                    std::to_string(n_tokens));
         require_token_nll_room(opts, n_tokens - 1, "n_tokens - 1");
-        const tl::ScoreOptions score = core_score_options(opts);
+        const tl::ScoreOptions score = core_score_options(*model, opts);
         const tl_score_result result = run_score(
             *model, opts, "score", start,
             [&](tl::GpuModel &gpu, tl::GpuScoreStats *ran) {
@@ -220,7 +221,7 @@ TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequen
             result.backend = wants_gpu(opts) ? TL_BACKEND_CUDA : TL_BACKEND_CPU;
             result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         } else {
-            const tl::ScoreOptions score = core_score_options(opts);
+            const tl::ScoreOptions score = core_score_options(*model, opts);
             result = run_score(
                 *model, opts, "score_batch", start,
                 [&](tl::GpuModel &gpu, tl::GpuScoreStats *ran) {

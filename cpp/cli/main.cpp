@@ -278,6 +278,35 @@ struct ModelHandle {
     ModelHandle &operator=(const ModelHandle &) = delete;
 };
 
+// The dispatcher settings the tool takes from its environment, applied to the model it scores (the library itself
+// reads no environment). An unset or empty variable leaves the library's default.
+void apply_dispatch_environment(tl_model *model) {
+    static const struct {
+        const char *name;
+        int32_t setting;
+    } kVariables[] = {{"TINYLOOP_USE_MARLIN", TL_DISPATCH_USE_MARLIN},
+                      {"TINYLOOP_EXPERIMENTAL_FP16_BODY", TL_DISPATCH_FP16_BODY},
+                      {"TINYLOOP_CROSS_ITER_ROUND", TL_DISPATCH_CROSS_ITER_ROUND},
+                      {"TINYLOOP_MARLIN_MODE", TL_DISPATCH_MARLIN_MODE},
+                      {"TINYLOOP_CUBLAS_MIN_M", TL_DISPATCH_CUBLAS_MIN_M}};
+    for (const auto &v : kVariables) {
+        const char *text = std::getenv(v.name);
+        if (text == nullptr || *text == '\0') continue;
+        char *end = nullptr;
+        errno = 0;
+        const long value = std::strtol(text, &end, 10);
+        if (*end != '\0' || errno != 0 || value < 0 || value > INT32_MAX ||
+            tl_model_set_dispatch(model, v.setting, static_cast<int32_t>(value)) != TL_OK) {
+            throw UsageError(std::string(v.name) + "='" + text + "' is not a value of this setting (see --help)");
+        }
+    }
+    if (const char *attention = std::getenv("TINYLOOP_ATTENTION"); attention != nullptr && *attention != '\0') {
+        const std::string a = attention;
+        if (a != "simt" && a != "auto") throw UsageError("TINYLOOP_ATTENTION='" + a + "' is not simt or auto");
+        check(tl_model_set_dispatch(model, TL_DISPATCH_ATTENTION, a == "simt" ? 1 : 0), "TINYLOOP_ATTENTION");
+    }
+}
+
 // ---- Commands ----
 
 int cmd_info(const std::string &path, bool json) {
@@ -356,6 +385,7 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
     const auto load_start = std::chrono::steady_clock::now();
     ModelHandle h(model_path);
+    apply_dispatch_environment(h.model);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
     ProgressLog progress_log;
@@ -528,6 +558,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     }
     std::ostream &out = output == "-" ? std::cout : file;
     ModelHandle h(model_path);
+    apply_dispatch_environment(h.model);
     tl_model_properties properties;
     properties.struct_size = sizeof properties;
     check(tl_model_info(h.model, &properties), "info");

@@ -26,77 +26,16 @@
 
 namespace tl {
 
-// ---- Dispatcher settings: process-global, initialised from the environment ----------------------------------
-
-namespace {
-
-int32_t env_setting(const char *name, int32_t fallback) {
-    const char *text = std::getenv(name);
-    if (text == nullptr || *text == '\0') return fallback;
-    char *end = nullptr;
-    const long v = std::strtol(text, &end, 10);
-    if (*end != '\0' || v < 0 || v > INT32_MAX) {
-        log(TL_LOG_WARN, std::string("ignoring ") + name + "='" + text + "' (not a non-negative integer)");
-        return fallback;
-    }
-    return static_cast<int32_t>(v);
-}
-
-struct Settings {
-    std::atomic<int32_t> values[kDispatchSettings];
-    std::atomic<int32_t> &operator[](DispatchSetting setting) { return values[static_cast<int32_t>(setting)]; }
-    Settings() {
-        (*this)[DispatchSetting::UseMarlin] = env_setting("TINYLOOP_USE_MARLIN", 1);
-        (*this)[DispatchSetting::Fp16Body] = env_setting("TINYLOOP_EXPERIMENTAL_FP16_BODY", 0);
-        (*this)[DispatchSetting::CrossIterRound] = env_setting("TINYLOOP_CROSS_ITER_ROUND", 0);
-        (*this)[DispatchSetting::MarlinMode] = env_setting("TINYLOOP_MARLIN_MODE", 0);
-        (*this)[DispatchSetting::CublasMinM] = env_setting("TINYLOOP_CUBLAS_MIN_M", kDefaultCublasMinM);
-    }
-};
-
-Settings &settings() {
-    static Settings s;
-    return s;
-}
-
-// The C API translates its values; this guards the array against a value cast from anything else.
-void check_setting(DispatchSetting setting) {
-    const int32_t index = static_cast<int32_t>(setting);
-    if (index < 0 || index >= kDispatchSettings) {
-        fail(TL_ERR_INVALID_ARGUMENT, "setting " + std::to_string(index) + " is not a dispatcher setting");
-    }
-}
-
-}  // namespace
-
-void set_dispatch(DispatchSetting setting, int32_t value) {
-    check_setting(setting);
-    const int32_t max = setting == DispatchSetting::MarlinMode   ? 2
-                        : setting == DispatchSetting::CublasMinM ? INT32_MAX
-                                                                 : 1;
-    if (value < 0 || value > max) {
-        fail(TL_ERR_INVALID_ARGUMENT,
-             "value " + std::to_string(value) + " is out of range [0, " + std::to_string(max) + "] for setting " +
-                 std::to_string(static_cast<int32_t>(setting)));
-    }
-    settings()[setting].store(value, std::memory_order_relaxed);
-}
-
-int32_t get_dispatch(DispatchSetting setting) {
-    check_setting(setting);
-    return settings()[setting].load(std::memory_order_relaxed);
-}
-
 #if !defined(TL_WITH_CUDA)
 
 // ---- A build without CUDA -------------------------------------------------------------------------------------
 
-size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t) { fail_without_cuda(); }
-void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, Dtype, void *, void *, size_t, void *,
-                const uint16_t *) {
+size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t, const DispatchSettings &) { fail_without_cuda(); }
+void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, Dtype, const DispatchSettings &, void *, void *,
+                size_t, void *, const uint16_t *) {
     fail_without_cuda();
 }
-bool dequant_cublas_wanted(const DeviceWeight &, int64_t) { fail_without_cuda(); }
+bool dequant_cublas_wanted(const DeviceWeight &, int64_t, const DispatchSettings &) { fail_without_cuda(); }
 DispatchCounts dispatch_counts(const DeviceWeight &) { fail_without_cuda(); }
 
 #else
@@ -192,32 +131,35 @@ void check_device_range(const void *p, size_t bytes, int device, const char *nam
     }
 }
 
-bool cublas_path_wanted(const DeviceWeight &dw, int64_t m) {
-    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, get_dispatch(DispatchSetting::CublasMinM));
+bool cublas_path_wanted(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings) {
+    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, settings[DispatchSetting::CublasMinM]);
     return dw.marlin_ok && min_m > 0 && m >= min_m;
 }
 
 }  // namespace
 
-size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
+size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings) {
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
-    // The scratch of every path the current settings may take for this M.
+    // The scratch of every path the settings may take for this M.
     size_t scratch = 0;
-    if (get_dispatch(DispatchSetting::Fp16Body) && dw.fp16_body) scratch = dw.cublas_workspace;
-    if (get_dispatch(DispatchSetting::UseMarlin) && dw.marlin_ok) {
-        if (cublas_path_wanted(dw, m)) scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
+    if (settings[DispatchSetting::Fp16Body] && dw.fp16_body) scratch = dw.cublas_workspace;
+    if (settings[DispatchSetting::UseMarlin] && dw.marlin_ok) {
+        if (cublas_path_wanted(dw, m, settings)) {
+            scratch = std::max(scratch, dequant_scratch_bytes(dw) + dw.cublas_workspace);
+        }
         if (dw.has_correction) scratch = std::max(scratch, correction_scratch_bytes(dw, m));
     }
     return dw.marlin_workspace + gathered_x_bytes(dw, m) + padded_y_bytes(dw, m) + scratch;
 }
 
-bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m) {
-    if (get_dispatch(DispatchSetting::Fp16Body) && dw.fp16_body) return false;
-    return get_dispatch(DispatchSetting::UseMarlin) && cublas_path_wanted(dw, m);
+bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings) {
+    if (settings[DispatchSetting::Fp16Body] && dw.fp16_body) return false;
+    return settings[DispatchSetting::UseMarlin] && cublas_path_wanted(dw, m, settings);
 }
 
-void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, void *stream_ptr,
-                void *workspace, size_t workspace_bytes, void *cublas_handle, const uint16_t *dequantized) {
+void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, const DispatchSettings &settings,
+                void *stream_ptr, void *workspace, size_t workspace_bytes, void *cublas_handle,
+                const uint16_t *dequantized) {
     const bool f16 = dtype == Dtype::F16;  // (the C API checked the value)
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
@@ -314,16 +256,17 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype
         if (rc == 0) return done_padded(dw.n_cublas);
         refused(rc, "cuBLAS on the caller's dequantized weight");
     }
-    if (get_dispatch(DispatchSetting::Fp16Body) && dw.fp16_body && f16) {
+    if (settings[DispatchSetting::Fp16Body] && dw.fp16_body && f16) {
         const int rc = fp16_gemm(dw.fp16_body.get<uint16_t>());
         if (rc == 0) return done_padded(dw.n_fp16);
         refused(rc, "FP16 body");
     }
 
-    if (get_dispatch(DispatchSetting::UseMarlin) && dw.marlin_ok) {
+    if (settings[DispatchSetting::UseMarlin] && dw.marlin_ok) {
         const bool workspace_ok = workspace_bytes >= dw.marlin_workspace && yp != nullptr;
         const size_t dequant_bytes = dequant_scratch_bytes(dw);
-        if (cublas_path_wanted(dw, m) && yp != nullptr && scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
+        if (cublas_path_wanted(dw, m, settings) && yp != nullptr &&
+            scratch_bytes >= dequant_bytes + dw.cublas_workspace) {
             const int rc = with_cublas([&](cublasHandle_t h) {
                 return gpu::dequant_cublas_gemm(h, xh, dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
                                                 dw.zeros.get<uint16_t>(), yp, mi, np, kp, dw.group_size, dtype,
@@ -333,7 +276,7 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype
             if (rc == 0) return done_padded(dw.n_cublas);
             refused(rc, "dequantize + cuBLAS");
         }
-        const int32_t mode = get_dispatch(DispatchSetting::MarlinMode);
+        const int32_t mode = settings[DispatchSetting::MarlinMode];
         int rc = gpu::kRcUnsupported;
         std::atomic<uint64_t> *counter = nullptr;
         if (!workspace_ok) {

@@ -1,6 +1,6 @@
 // The quantized-GEMM dispatcher (FP16 body -> Marlin-class (or dequantize + cuBLAS at large M) -> native INT4) over a
-// weight's device forms (device_weight.hpp), and its settings. Compiled in every build; in a build without CUDA every
-// function but the settings' throws TL_ERR_NO_DEVICE.
+// weight's device forms (device_weight.hpp), under the settings a call passes (dispatch_settings.hpp). Compiled in every
+// build; in a build without CUDA every function throws TL_ERR_NO_DEVICE.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,7 @@
 
 #include "dtype.hpp"
 #include "gpu/device_weight.hpp"
+#include "score/dispatch_settings.hpp"
 
 namespace tl {
 
@@ -16,7 +17,8 @@ struct DispatchCounts {
     uint64_t fp16_body = 0, marlin_fused = 0, marlin_correction = 0, dequant_cublas = 0, native = 0, fallbacks = 0;
 };
 
-size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
+// Every call takes the dispatcher settings it runs under (resolved from its handle: dispatch_settings.hpp).
+size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings);
 // cublas_handle: a cuBLAS handle the caller owns and uses from one thread at a time (cublasHandle_t), or nullptr
 // for one borrowed from the library's pool for this call. Callers that capture CUDA graphs pass their own: a
 // captured cuBLAS GEMM keeps using its handle's workspace at every replay, so that handle must not serve anyone
@@ -24,26 +26,13 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
 // dtype: the type of x and y. The FP16 body and the correction form take FP16 alone; a BF16 call skips them.
 // dequantized: dw's FP16 form [N][K] (dequantize_weight) that the caller keeps for several calls, or nullptr; with it
 // an FP16 call runs cuBLAS on it instead of any other path (falling through to them only if cuBLAS refuses).
-void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, void *stream, void *workspace,
-                size_t workspace_bytes, void *cublas_handle = nullptr, const uint16_t *dequantized = nullptr);
-// Whether quant_gemm, for m rows under the current settings, would dequantize dw to FP16 and call cuBLAS: then a
+void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, const DispatchSettings &settings,
+                void *stream, void *workspace, size_t workspace_bytes, void *cublas_handle = nullptr,
+                const uint16_t *dequantized = nullptr);
+// Whether quant_gemm, for m rows under `settings`, would dequantize dw to FP16 and call cuBLAS: then a
 // caller running dw many times at that M can dequantize it once (dequantize_weight) and pass the result.
-bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m);
+bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings);
 DispatchCounts dispatch_counts(const DeviceWeight &dw);
 
-// The dispatcher settings: process-wide, initialised from the environment (TINYLOOP_USE_MARLIN, ...). capi/ translates
-// the C API's TL_DISPATCH_* values into these; the numbers are the same, so a message names a setting by the number
-// the caller passed.
-enum class DispatchSetting : int32_t {
-    UseMarlin = 0,
-    Fp16Body = 1,
-    CrossIterRound = 2,
-    MarlinMode = 3,
-    CublasMinM = 4,
-};
-constexpr int32_t kDispatchSettings = 5;
-// TL_ERR_INVALID_ARGUMENT for a value out of the setting's range (MarlinMode 0-2, CublasMinM >= 0, the others 0 or 1).
-void set_dispatch(DispatchSetting setting, int32_t value);
-int32_t get_dispatch(DispatchSetting setting);
 
 }  // namespace tl

@@ -12,6 +12,7 @@
 
 #include "dtype.hpp"
 #include "marlin/marlin_plan.hpp"
+#include "score/dispatch_settings.hpp"  // kDefaultCublasMinM, the setting's default
 
 namespace tl {
 
@@ -20,10 +21,6 @@ namespace tl {
 // FP16 weights (the FP16 body, the seed's correction form) take FP16 calls alone (Dtype); the others take both, with
 // the same policy. ----
 
-// TL_DISPATCH_CUBLAS_MIN_M's default: between 256 rows, where the wgmma kernel still beats dequantize + cuBLAS (which
-// pays a full extra pass over the weights), and 1024, where it loses. Without the wgmma kernel the crossover is nearer
-// 128 rows.
-constexpr int32_t kDefaultCublasMinM = 512;
 // A small weight (K·N <= 2^25) gives the Marlin-class kernels too few 256-column tiles to fill the GPU from 128 rows.
 constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
 constexpr int64_t kSmallWeightCublasMinM = 128;

@@ -54,7 +54,7 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
           const uint16_t *dequantized = nullptr) {
     if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
-        quant_gemm(*w.quant, x, y, m, Dtype::F16, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
+        quant_gemm(*w.quant, x, y, m, Dtype::F16, s.dispatch, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
                    dequantized);
         return;
     }
@@ -85,8 +85,9 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         gemm(s, b.qkv, xn, qkv, T, stream, fp16[0]);
         check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions()),
                  "RoPE");
-        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, gpu::AttentionKernel::Auto, segments),
-                 "attention");
+        const gpu::AttentionKernel attention =
+            s.dispatch[DispatchSetting::Attention] == 1 ? gpu::AttentionKernel::Simt : gpu::AttentionKernel::Auto;
+        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, attention, segments), "attention");
         gemm(s, b.out, att, proj, T, stream, fp16[1]);
         check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + mlp_norm");
@@ -224,6 +225,7 @@ ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segme
             lock.unlock();
             const bool go_on = options.progress(result.tokens_scored, to_score);
             lock.lock();
+            s.dispatch = options.dispatch;
             if (!go_on) {
                 fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
                                            std::to_string(result.tokens_scored) + " of " + std::to_string(to_score) +
@@ -269,6 +271,7 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
     // Held while this call uses the model's buffers, and released around the progress callback (after a pass's work
     // is done and its NLLs are copied out), so the callback may call into the library, this model included.
     std::unique_lock<std::mutex> lock(s.mutex);
+    s.dispatch = options.dispatch;
     DeviceScope scope(s.device);
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, windows, options, stream, lock, stats, nullptr);
@@ -292,6 +295,7 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
         nll_offset += q.n_tokens - 1;
     }
     std::unique_lock<std::mutex> lock(s.mutex);  // as in score_cuda
+    s.dispatch = options.dispatch;
     DeviceScope scope(s.device);
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);

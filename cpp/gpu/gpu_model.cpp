@@ -250,12 +250,12 @@ ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
     return z;
 }
 
-// The dispatcher's workspace for every weight at up to `rows` rows (and the head's chunk) under the current settings.
+// The dispatcher's workspace for every weight at up to `rows` rows (and the head's chunk) under the call's settings.
 size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
     size_t needed = 0;
     const int64_t max_m = std::max(rows, chunk);
     for (const DeviceLinear *l : s.linears()) {
-        if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m));
+        if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m, s.dispatch));
     }
     return needed;
 }
@@ -268,16 +268,10 @@ size_t working_set_bytes(const GpuModel::State &s, int32_t rows) {
 
 // ---- The graph cache ----
 
-std::array<int32_t, kDispatchSettings> dispatch_settings() {
-    std::array<int32_t, kDispatchSettings> s{};
-    for (int32_t i = 0; i < kDispatchSettings; ++i) s[i] = get_dispatch(static_cast<DispatchSetting>(i));
-    return s;
-}
-
 std::unique_ptr<Graph> capture_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
     const auto start = std::chrono::steady_clock::now();
     auto g = std::make_unique<Graph>();
-    g->settings = dispatch_settings();
+    g->settings = s.dispatch;
     const Tally before = s.counted();
     // Relaxed: the dispatcher makes host-side CUDA calls (pointer attributes, cuBLAS stream binding) while
     // enqueueing; they are not stream work and must not invalidate the capture.
@@ -307,7 +301,7 @@ std::unique_ptr<Graph> capture_pass(GpuModel::State &s, const PassShape &shape, 
 namespace detail {
 
 bool dequantized_once(const GpuModel::State &s, const DeviceLinear &l, int32_t rows) {
-    return s.config.loops > 1 && l.n > 0 && l.quant && dequant_cublas_wanted(*l.quant, rows);
+    return s.config.loops > 1 && l.n > 0 && l.quant && dequant_cublas_wanted(*l.quant, rows, s.dispatch);
 }
 
 int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest, size_t total_tokens,
@@ -360,7 +354,7 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         s.host_nll.resize(static_cast<size_t>(rows));
         s.host_greedy.resize(static_cast<size_t>(rows));
     }
-    // Sized at every call: the dequantize + cuBLAS path's share depends on the current dispatcher settings.
+    // Sized at every call: the dequantize + cuBLAS path's share depends on the call's dispatcher settings.
     if (needed > s.workspace.bytes()) {
         s.graphs.clear();
         s.workspace = DeviceBuffer{};
@@ -380,7 +374,7 @@ Tally run_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream, 
         const auto it = s.graphs.find(shape);
         if (it != s.graphs.end()) {
             const Graph &g = *it->second;
-            if (g.settings == dispatch_settings()) {
+            if (g.settings == s.dispatch) {
                 check_cuda(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
                 ++s.replays;
                 return g.per_replay;

@@ -10,8 +10,8 @@
 //
 // Thread safety: a GpuModel serializes its own calls (an internal mutex held while a score_cuda call uses the model,
 // released around the progress callback), so the caller needs no lock; calls on one GpuModel take turns pass by
-// pass, calls on different GpuModels may overlap. The dispatcher settings (set_dispatch) are process-wide and read
-// at every call.
+// pass, calls on different GpuModels may overlap. Each call runs under the dispatcher settings it passes
+// (ScoreOptions::dispatch, the settings of the C API's model).
 #pragma once
 
 #include <cstddef>

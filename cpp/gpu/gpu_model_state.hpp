@@ -109,7 +109,7 @@ struct PassShape {
 struct Graph {
     cudaGraphExec_t exec = nullptr;
     Tally per_replay;                                 // the GEMMs one replay runs
-    std::array<int32_t, kDispatchSettings> settings;  // the dispatcher settings at capture: the paths baked into it
+    DispatchSettings settings;  // the dispatcher settings at capture: the paths baked into it
     ~Graph() {
         if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
@@ -125,6 +125,9 @@ struct GpuModel::State {
     ModelConfig config;
     GpuModelOptions options;
     std::mutex mutex;  // one call at a time
+    // The dispatcher settings of the call holding `mutex` (a call sets them again after releasing it around its
+    // progress callback, since another call may have run with other settings meanwhile).
+    DispatchSettings dispatch = default_dispatch_settings();
     cudaStream_t own_stream = nullptr;
     cublasHandle_t cublas = nullptr;
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "format/model.hpp"
+#include "score/dispatch_settings.hpp"
 
 namespace tl {
 
@@ -17,9 +18,11 @@ struct ScoreOptions {
     // Called with (tokens done, total); returning false cancels (TL_ERR_CANCELLED).
     std::function<bool(uint64_t, uint64_t)> progress;
     float *token_nll = nullptr;  // optional [n_tokens - 1]
-    // Cross-iteration rounding (TINYLOOP_CROSS_ITER_ROUND=1): the looped block's linears that carry frac4 or
-    // sign_bit channels use different codes on each loop iteration (cross_iter.hpp, docs/quality.md).
+    // Cross-iteration rounding: the looped block's linears that carry frac4 or sign_bit channels use different codes
+    // on each loop iteration (cross_iter.hpp, docs/quality.md). The C API sets it from dispatch's CrossIterRound.
     bool cross_iter_round = false;
+    // CUDA backend: the dispatcher settings of the call's model (its GEMM paths and attention kernel).
+    DispatchSettings dispatch = default_dispatch_settings();
     // Optional: called on the calling thread with each linear layer's input x [rows][w.k] just before the layer
     // runs, the looped block's linears once per loop iteration and the head with the rows it scores. For
     // collecting calibration activations.

@@ -14,8 +14,6 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "../gpu_common.cuh"
 #include "forward_kernels.hpp"
@@ -218,15 +216,6 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int hea
     return 0;
 }
 
-// TINYLOOP_ATTENTION=simt: Auto runs the SIMT kernel everywhere (A/B against the tensor-core kernel).
-bool simt_forced_by_env() {
-    static const bool forced = [] {
-        const char *text = std::getenv("TINYLOOP_ATTENTION");
-        return text != nullptr && std::strcmp(text, "simt") == 0;
-    }();
-    return forced;
-}
-
 }  // namespace
 
 // attention_mma.cu
@@ -251,8 +240,7 @@ int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_head
         return kRcBadArgument;
     }
     if (kernel == AttentionKernel::TensorCore ||
-        (kernel == AttentionKernel::Auto && !simt_forced_by_env() &&
-         attention_tensor_core_supported(qkv, out, head_dim))) {
+        (kernel == AttentionKernel::Auto && attention_tensor_core_supported(qkv, out, head_dim))) {
         const int rc = causal_attention_tensor_core(qkv, out, t_count, n_heads, head_dim, segments, stream);
         // Auto falls back where the device cannot give the kernel its shared memory (none of the GPUs we build for).
         if (rc != kRcUnsupported || kernel == AttentionKernel::TensorCore) return rc;

@@ -61,8 +61,8 @@ constexpr int kMaxSegments = 65535;  // the grid's z dimension
 //  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, probabilities rounded to FP16 for the
 //    P V product (as FlashAttention does); head_dim 64 or 128, qkv 16-byte aligned, out 4-byte aligned.
 //  - Simt (attention.cu): FP32 FMA throughout, 32 x 32 tiles; any head_dim, qkv and out 4-byte aligned.
-// Auto picks TensorCore where it applies, else Simt; TINYLOOP_ATTENTION=simt in the environment (read once) makes
-// Auto always pick Simt, for A/B runs. Asking for TensorCore where it does not apply returns kRcUnsupported.
+// Auto picks TensorCore where it applies, else Simt (the dispatcher setting Attention = 1 asks for Simt, for A/B runs).
+// Asking for TensorCore where it does not apply returns kRcUnsupported.
 constexpr int kAttentionMaxHeadDim = 256;
 enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2 };
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,

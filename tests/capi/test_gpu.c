@@ -127,10 +127,70 @@ Test(gpu, dispatch_settings_round_trip_and_reject_bad_values) {
     ASSERT_FAILS_NAMING(tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 2), TL_ERR_INVALID_ARGUMENT, "value");
     ASSERT_FAILS_NAMING(tl_set_dispatch(TL_DISPATCH_MARLIN_MODE, 3), TL_ERR_INVALID_ARGUMENT, "value");
     ASSERT_FAILS_NAMING(tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, -1), TL_ERR_INVALID_ARGUMENT, "value");
-    ASSERT_FAILS_NAMING(tl_set_dispatch(5, 0), TL_ERR_INVALID_ARGUMENT, "setting");
+    ASSERT_OK(tl_set_dispatch(TL_DISPATCH_ATTENTION, 1));
+    ASSERT_OK(tl_get_dispatch(TL_DISPATCH_ATTENTION, &value));
+    cr_assert_eq(value, 1);
+    ASSERT_FAILS_NAMING(tl_set_dispatch(TL_DISPATCH_ATTENTION, 2), TL_ERR_INVALID_ARGUMENT, "value");
+    ASSERT_FAILS_NAMING(tl_set_dispatch(6, 0), TL_ERR_INVALID_ARGUMENT, "setting");
     ASSERT_FAILS_NAMING(tl_set_dispatch(-1, 0), TL_ERR_INVALID_ARGUMENT, "setting");
     ASSERT_FAILS_NAMING(tl_get_dispatch(TL_DISPATCH_FP16_BODY, NULL), TL_ERR_INVALID_ARGUMENT, "out_value");
     ASSERT_FAILS_NAMING(tl_get_dispatch(99, &value), TL_ERR_INVALID_ARGUMENT, "setting");
+}
+
+/* A model's settings are its own: set ones hold whatever the process-wide default does, unset ones (and ones set
+ * back to -1) follow it. Its weights read the model's; an owned weight has its own. */
+Test(gpu, dispatch_settings_belong_to_their_handle) {
+    tl_model *a = load_fixture(), *b = load_fixture();
+    int32_t value = -1;
+    ASSERT_OK(tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 512));
+    ASSERT_OK(tl_model_set_dispatch(a, TL_DISPATCH_CUBLAS_MIN_M, 64));
+    ASSERT_OK(tl_model_get_dispatch(a, TL_DISPATCH_CUBLAS_MIN_M, &value));
+    cr_assert_eq(value, 64);
+    ASSERT_OK(tl_model_get_dispatch(b, TL_DISPATCH_CUBLAS_MIN_M, &value));
+    cr_assert_eq(value, 512, "a setting of one model changed another's");
+    ASSERT_OK(tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 2048));
+    ASSERT_OK(tl_model_get_dispatch(a, TL_DISPATCH_CUBLAS_MIN_M, &value));
+    cr_assert_eq(value, 64, "the process-wide default overrode a model's own setting");
+    ASSERT_OK(tl_model_get_dispatch(b, TL_DISPATCH_CUBLAS_MIN_M, &value));
+    cr_assert_eq(value, 2048, "an unset setting does not follow the process-wide default");
+    ASSERT_OK(tl_model_set_dispatch(a, TL_DISPATCH_CUBLAS_MIN_M, -1));
+    ASSERT_OK(tl_model_get_dispatch(a, TL_DISPATCH_CUBLAS_MIN_M, &value));
+    cr_assert_eq(value, 2048, "-1 did not return the setting to the default");
+
+    /* A model's weights read its settings and cannot be given their own. */
+    const tl_weight *borrowed = NULL;
+    ASSERT_OK(tl_model_weight_at(a, 0, &borrowed));
+    ASSERT_OK(tl_model_set_dispatch(a, TL_DISPATCH_MARLIN_MODE, 2));
+    ASSERT_OK(tl_weight_get_dispatch(borrowed, TL_DISPATCH_MARLIN_MODE, &value));
+    cr_assert_eq(value, 2);
+    ASSERT_FAILS_NAMING(tl_weight_set_dispatch((tl_weight *)borrowed, TL_DISPATCH_MARLIN_MODE, 1),
+                        TL_ERR_INVALID_ARGUMENT, "tl_model_set_dispatch");
+
+    static float values[64 * 64];
+    for (int i = 0; i < 64 * 64; ++i) values[i] = (float)((i * 37) % 17) - 8.0f;
+    tl_weight *owned = NULL;
+    ASSERT_OK(tl_weight_quantize(values, 64, 64, NULL, &owned));
+    ASSERT_OK(tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
+    ASSERT_OK(tl_weight_set_dispatch(owned, TL_DISPATCH_USE_MARLIN, 0));
+    ASSERT_OK(tl_weight_get_dispatch(owned, TL_DISPATCH_USE_MARLIN, &value));
+    cr_assert_eq(value, 0);
+    ASSERT_OK(tl_model_get_dispatch(b, TL_DISPATCH_USE_MARLIN, &value));
+    cr_assert_eq(value, 1, "an owned weight's setting changed a model's");
+    tl_weight_free(owned);
+
+    /* Bad arguments, each named. */
+    ASSERT_FAILS_NAMING(tl_model_set_dispatch(NULL, TL_DISPATCH_USE_MARLIN, 0), TL_ERR_INVALID_ARGUMENT, "model");
+    ASSERT_FAILS_NAMING(tl_model_set_dispatch(a, 99, 0), TL_ERR_INVALID_ARGUMENT, "setting");
+    ASSERT_FAILS_NAMING(tl_model_set_dispatch(a, TL_DISPATCH_USE_MARLIN, 2), TL_ERR_INVALID_ARGUMENT, "value");
+    ASSERT_FAILS_NAMING(tl_model_set_dispatch(a, TL_DISPATCH_USE_MARLIN, -2), TL_ERR_INVALID_ARGUMENT, "value");
+    ASSERT_FAILS_NAMING(tl_model_get_dispatch(a, TL_DISPATCH_USE_MARLIN, NULL), TL_ERR_INVALID_ARGUMENT, "out_value");
+    ASSERT_FAILS_NAMING(tl_model_get_dispatch(NULL, TL_DISPATCH_USE_MARLIN, &value), TL_ERR_INVALID_ARGUMENT,
+                        "model");
+    ASSERT_FAILS_NAMING(tl_weight_set_dispatch(NULL, TL_DISPATCH_USE_MARLIN, 0), TL_ERR_INVALID_ARGUMENT, "weight");
+    ASSERT_FAILS_NAMING(tl_weight_get_dispatch(NULL, TL_DISPATCH_USE_MARLIN, &value), TL_ERR_INVALID_ARGUMENT,
+                        "weight");
+    tl_model_free(a);
+    tl_model_free(b);
 }
 
 /* ---- struct_size of the GPU structs: checked before any device work, so this holds with or without a GPU ---- */

@@ -1,10 +1,12 @@
 // Eight threads on one shared model, through the public C API only (linked against the shared library): tl_score
 // on the CPU with mixed windows and progress callbacks (bit-identical to a single-threaded run), weight reads,
-// tl_set_log_callback racing calls that log, and per-thread tl_last_error_message. scripts/test.sh builds these
+// tl_set_log_callback racing calls that log, per-thread tl_last_error_message, and two models with their own dispatcher
+// settings. scripts/test.sh builds these
 // under ThreadSanitizer and runs them by their label (ctest -L concurrency).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -28,10 +30,6 @@ tl_score_options one_thread_cpu_options() {
 }
 
 constexpr int kThreads = 8;
-
-// Set by every test but the log one: the log test's exact count needs the dispatcher settings (which log once per
-// process when first read) not to have been read yet, which holds when CTest runs it alone in its process.
-bool g_library_used = false;
 
 // std::barrier is C++20.
 class Barrier {
@@ -74,7 +72,6 @@ void on_threads(Body body) {
 class Concurrency : public ::testing::Test {
 protected:
     void SetUp() override {
-        g_library_used = true;
         ASSERT_EQ(tl_model_load(TL_TEST_FIXTURE, nullptr, &model_), TL_OK) << tl_last_error_message();
         props_.struct_size = sizeof props_;
         ASSERT_EQ(tl_model_info(model_, &props_), TL_OK) << tl_last_error_message();
@@ -273,33 +270,37 @@ TEST_F(Concurrency, SharedWeightsReadConsistently) {
 // ---- the log callback ----
 
 struct LogSink {
-    std::atomic<int> warnings{0};      // messages about the bad environment variable
+    std::atomic<int> score_lines{0};    // the debug line each tl_score call writes
     std::atomic<int> wrong_pairing{0};  // called with another sink's user data: a torn (callback, user_data) pair
 };
 LogSink g_sink_a, g_sink_b;
 
 void log_into(LogSink &expected, void *user_data, const char *message) {
     if (user_data != &expected) expected.wrong_pairing.fetch_add(1);
-    if (message != nullptr && std::strstr(message, "TINYLOOP_CUBLAS_MIN_M") != nullptr) expected.warnings.fetch_add(1);
+    if (message != nullptr && std::strncmp(message, "[score] ", 8) == 0) expected.score_lines.fetch_add(1);
 }
 void log_a(void *user_data, int32_t, const char *message) { log_into(g_sink_a, user_data, message); }
 void log_b(void *user_data, int32_t, const char *message) { log_into(g_sink_b, user_data, message); }
 
 TEST(ConcurrencyLog, CallbackSwapsRaceCallsThatLog) {
-    const bool fresh = !g_library_used;
-    g_library_used = true;
-    // The dispatcher settings start from the environment when first read and warn, once, about a bad value: the
-    // one log line a CPU-only build can be made to write on demand.
-    ASSERT_EQ(setenv("TINYLOOP_CUBLAS_MIN_M", "not-a-number", 1), 0);
     ASSERT_EQ(tl_set_log_callback(log_a, &g_sink_a, TL_LOG_DEBUG), TL_OK);
     tl_model *model = nullptr;
     ASSERT_EQ(tl_model_load(TL_TEST_FIXTURE, nullptr, &model), TL_OK) << tl_last_error_message();
+    const int32_t toks[4] = {1, 2, 3, 4};
+    const auto score_once = [&] {
+        const tl_score_options options = one_thread_cpu_options();
+        tl_score_result result;
+        tl_score_result_init(&result, sizeof result);
+        return tl_score(model, toks, 4, &options, &result) == TL_OK ? std::string() : tl_last_error_message();
+    };
 
+    // Half the threads swap the callback (never to NULL, at debug or warning level), half score: each call writes one
+    // debug line, which goes to at most one sink, and always with that sink's own user data.
+    constexpr int kScoresPerThread = 5;
     std::vector<std::string> failures(kThreads);
     on_threads([&](int t) {
         for (int i = 0; i < 50; ++i) {
             if (t % 2 == 0) {
-                // Never NULL here, so the one warning must reach one of the two sinks.
                 const bool a = (i + t / 2) % 2 == 0;
                 const tl_status s = tl_set_log_callback(a ? log_a : log_b, a ? &g_sink_a : &g_sink_b,
                                                         i % 3 == 0 ? TL_LOG_WARN : TL_LOG_DEBUG);
@@ -308,27 +309,105 @@ TEST(ConcurrencyLog, CallbackSwapsRaceCallsThatLog) {
                 int32_t value = -1;
                 if (tl_get_dispatch(TL_DISPATCH_CUBLAS_MIN_M, &value) != TL_OK) failures[t] = tl_last_error_message();
                 if (i % 10 == 0) {
-                    const int32_t toks[4] = {1, 2, 3, 4};
-                    const tl_score_options options = one_thread_cpu_options();
-                    tl_score_result result;
-                    tl_score_result_init(&result, sizeof result);
-                    if (tl_score(model, toks, 4, &options, &result) != TL_OK) failures[t] = tl_last_error_message();
+                    const std::string failure = score_once();
+                    if (!failure.empty()) failures[t] = failure;
                 }
             }
         }
     });
-    ASSERT_EQ(tl_set_log_callback(nullptr, nullptr, TL_LOG_ERROR), TL_OK);
-    tl_model_free(model);
-    unsetenv("TINYLOOP_CUBLAS_MIN_M");
-
     for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
     EXPECT_EQ(g_sink_a.wrong_pairing.load() + g_sink_b.wrong_pairing.load(), 0);
-    const int warnings = g_sink_a.warnings.load() + g_sink_b.warnings.load();
-    if (fresh) {
-        EXPECT_EQ(warnings, 1) << "the bad TINYLOOP_CUBLAS_MIN_M must be reported exactly once";
-    } else {
-        EXPECT_LE(warnings, 1);
+    const int raced = g_sink_a.score_lines.load() + g_sink_b.score_lines.load();
+    EXPECT_LE(raced, kThreads / 2 * kScoresPerThread) << "a line was delivered twice";
+
+    // Once the swaps are over, one call's line reaches the one callback set, exactly once.
+    ASSERT_EQ(tl_set_log_callback(log_b, &g_sink_b, TL_LOG_DEBUG), TL_OK);
+    const int before = g_sink_b.score_lines.load();
+    EXPECT_EQ(score_once(), "");
+    EXPECT_EQ(g_sink_b.score_lines.load(), before + 1);
+    ASSERT_EQ(tl_set_log_callback(nullptr, nullptr, TL_LOG_ERROR), TL_OK);
+    tl_model_free(model);
+}
+
+// ---- dispatcher settings on handles ----
+
+// The NLL sum of scoring `tokens` on the CPU, or NaN with the error in `failure`.
+double cpu_nll(const tl_model *model, const std::vector<int32_t> &tokens, std::string *failure = nullptr) {
+    const tl_score_options options = one_thread_cpu_options();
+    tl_score_result result;
+    tl_score_result_init(&result, sizeof result);
+    if (tl_score(model, tokens.data(), tokens.size(), &options, &result) != TL_OK) {
+        if (failure != nullptr) *failure = tl_last_error_message();
+        return std::nan("");
     }
+    return result.nll_sum;
+}
+
+// A model whose looped block carries rounding channels, so that cross-iteration rounding, a setting the CPU backend
+// honours, changes its scores.
+tl_model *load_rounding_model() {
+    tl_model *model = nullptr;
+    EXPECT_EQ(tl_model_load(TL_TEST_ROUNDING_FIXTURE, nullptr, &model), TL_OK) << tl_last_error_message();
+    return model;
+}
+
+const std::vector<int32_t> kRoundingTokens = {3, 17, 5, 28, 9, 0, 31, 12, 7, 22, 14, 1, 30, 8, 19, 4};
+
+// Two models in one process with different settings, scored from several threads while other threads change the
+// process-wide default: each scores as it does alone with its own settings.
+TEST(ConcurrencySettings, TwoModelsKeepTheirOwnSettingsAcrossThreads) {
+    tl_model *plain = load_rounding_model(), *rounded = load_rounding_model();
+    ASSERT_NE(plain, nullptr);
+    ASSERT_NE(rounded, nullptr);
+    ASSERT_EQ(tl_model_set_dispatch(plain, TL_DISPATCH_CROSS_ITER_ROUND, 0), TL_OK);
+    ASSERT_EQ(tl_model_set_dispatch(rounded, TL_DISPATCH_CROSS_ITER_ROUND, 1), TL_OK);
+    const double want_plain = cpu_nll(plain, kRoundingTokens), want_rounded = cpu_nll(rounded, kRoundingTokens);
+    ASSERT_NE(want_plain, want_rounded) << "cross-iteration rounding changed nothing: the test cannot tell";
+
+    std::vector<std::string> failures(kThreads);
+    on_threads([&](int t) {
+        for (int i = 0; i < 10; ++i) {
+            if (t >= kThreads - 2) {  // the default flips under the scoring threads
+                if (tl_set_dispatch(TL_DISPATCH_CROSS_ITER_ROUND, (i + t) % 2) != TL_OK) {
+                    failures[t] = tl_last_error_message();
+                }
+                continue;
+            }
+            const bool round = t % 2 == 1;
+            std::string failure;
+            const double got = cpu_nll(round ? rounded : plain, kRoundingTokens, &failure);
+            if (!failure.empty()) failures[t] = failure;
+            else if (got != (round ? want_rounded : want_plain)) failures[t] = "score " + std::to_string(got);
+        }
+    });
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+    ASSERT_EQ(tl_set_dispatch(TL_DISPATCH_CROSS_ITER_ROUND, 0), TL_OK);
+    tl_model_free(plain);
+    tl_model_free(rounded);
+}
+
+// The library reads no environment variable: the ones the tinyloop tool maps onto its model change nothing here.
+TEST(ConcurrencySettings, EnvironmentVariablesChangeNothing) {
+    const std::pair<const char *, const char *> variables[] = {
+        {"TINYLOOP_USE_MARLIN", "0"},   {"TINYLOOP_EXPERIMENTAL_FP16_BODY", "1"}, {"TINYLOOP_CROSS_ITER_ROUND", "1"},
+        {"TINYLOOP_MARLIN_MODE", "2"}, {"TINYLOOP_CUBLAS_MIN_M", "7"},           {"TINYLOOP_ATTENTION", "simt"}};
+    for (const auto &[name, value] : variables) ASSERT_EQ(setenv(name, value, 1), 0);
+    tl_model *model = load_rounding_model();
+    ASSERT_NE(model, nullptr);
+    const int32_t builtin[] = {1, 0, 0, 0, 512, 0};  // TL_DISPATCH_USE_MARLIN .. TL_DISPATCH_ATTENTION
+    for (int32_t setting = 0; setting <= TL_DISPATCH_ATTENTION; ++setting) {
+        int32_t value = -1;
+        ASSERT_EQ(tl_model_get_dispatch(model, setting, &value), TL_OK);
+        EXPECT_EQ(value, builtin[setting]) << "setting " << setting;
+    }
+    const double from_environment = cpu_nll(model, kRoundingTokens);
+    ASSERT_EQ(tl_model_set_dispatch(model, TL_DISPATCH_CROSS_ITER_ROUND, 1), TL_OK);
+    const double rounded = cpu_nll(model, kRoundingTokens);
+    ASSERT_EQ(tl_model_set_dispatch(model, TL_DISPATCH_CROSS_ITER_ROUND, 0), TL_OK);
+    EXPECT_EQ(from_environment, cpu_nll(model, kRoundingTokens));
+    EXPECT_NE(from_environment, rounded) << "TINYLOOP_CROSS_ITER_ROUND=1 in the environment turned rounding on";
+    for (const auto &[name, value] : variables) unsetenv(name);
+    tl_model_free(model);
 }
 
 // ---- per-thread error messages ----

@@ -330,6 +330,62 @@ TEST(ScoreStress, EightThreadsShareOneModel) {
     tl_model_free(model);
 }
 
+// Two models in one process with different dispatcher settings, scored on the GPU from eight threads at once while
+// the process-wide default flips: one runs every INT4 GEMM on the native kernel, the other on the Marlin-class kernel
+// and the SIMT attention, and each call's results and GEMM counts are those of the same call alone.
+TEST(ScoreStress, TwoModelsKeepTheirOwnSettings) {
+    tl_model *native = nullptr, *marlin = nullptr;
+    TL_OK_(tl_model_load(TL_TEST_FIXTURE, nullptr, &native));
+    TL_OK_(tl_model_load(TL_TEST_FIXTURE, nullptr, &marlin));
+    TL_OK_(tl_model_set_dispatch(native, TL_DISPATCH_USE_MARLIN, 0));
+    TL_OK_(tl_model_set_dispatch(marlin, TL_DISPATCH_USE_MARLIN, 1));
+    TL_OK_(tl_model_set_dispatch(marlin, TL_DISPATCH_CUBLAS_MIN_M, 0));
+    TL_OK_(tl_model_set_dispatch(marlin, TL_DISPATCH_ATTENTION, 1));
+    tl_model_properties props;
+    props.struct_size = sizeof props;
+    TL_OK_(tl_model_info(native, &props));
+    std::vector<int32_t> tokens(200);
+    std::uniform_int_distribution<int32_t> token(0, props.vocab - 1);
+    for (int32_t &v : tokens) v = token(rng());
+    const Scored native_alone = score(native, tokens, 0, 1), marlin_alone = score(marlin, tokens, 0, 1);
+    ASSERT_EQ(native_alone.status, TL_OK) << native_alone.error;
+    ASSERT_EQ(marlin_alone.status, TL_OK) << marlin_alone.error;
+    ASSERT_GT(native_alone.result.gemm_native, 0u);
+    ASSERT_EQ(native_alone.result.gemm_marlin_fused + native_alone.result.gemm_marlin_correction, 0u);
+    ASSERT_EQ(marlin_alone.result.gemm_native, 0u);
+    ASSERT_GT(marlin_alone.result.gemm_marlin_fused + marlin_alone.result.gemm_marlin_correction, 0u);
+
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            for (int rep = 0; rep <= repeats(); ++rep) {
+                if (t == kThreads - 1) {  // the process-wide default flips under the others
+                    tl_set_dispatch(TL_DISPATCH_USE_MARLIN, rep % 2);
+                    continue;
+                }
+                const bool use_native = (t + rep) % 2 == 0;
+                const Scored s = score(use_native ? native : marlin, tokens, 0, rep % 2);
+                const Scored &want = use_native ? native_alone : marlin_alone;
+                std::string e;
+                if (s.status != TL_OK) e = "tl_score: " + s.error;
+                else if (std::fabs(s.result.nll_sum - want.result.nll_sum) > 1e-5 * std::fabs(want.result.nll_sum))
+                    e = "nll_sum " + std::to_string(s.result.nll_sum) + " vs " + std::to_string(want.result.nll_sum);
+                else if (s.result.gemm_native != want.result.gemm_native ||
+                         s.result.gemm_marlin_fused != want.result.gemm_marlin_fused ||
+                         s.result.gemm_marlin_correction != want.result.gemm_marlin_correction)
+                    e = "GEMM paths differ from the model's own settings";
+                if (!e.empty() && errors[t].empty()) errors[t] = "rep " + std::to_string(rep) + ": " + e;
+            }
+        });
+    }
+    for (auto &th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+    TL_OK_(tl_set_dispatch(TL_DISPATCH_USE_MARLIN, 1));
+    tl_model_free(native);
+    tl_model_free(marlin);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) { return run_gpu_tests(argc, argv, "GPU concurrency tests"); }

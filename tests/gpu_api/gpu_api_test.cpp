@@ -171,6 +171,25 @@ TEST(GpuApi, TooSmallWorkspaceFallsThrough) {
     EXPECT_EQ(c.marlin_fused, 0u);
 }
 
+// An owned weight's own setting holds whatever the process-wide default says; set back to -1 it follows the default.
+TEST(GpuApi, AWeightsOwnSettingsChooseItsPath) {
+    WeightPtr w = random_weight(1024, 512, 128);
+    tl_pack_report report;
+    pack(w.get(), TL_FORM_MARLIN_FUSED, &report);
+    select(Path::Fused);  // the process-wide defaults
+    TL_OK_(tl_weight_set_dispatch(w.get(), TL_DISPATCH_USE_MARLIN, 0));
+    const Problem pr = make_problem(w.get(), 16);
+    EXPECT_LE(run_gemm(w.get(), pr), 2e-3);
+    tl_dispatch_counts c = counts_of(w.get());
+    EXPECT_EQ(c.native, 1u);
+    EXPECT_EQ(c.marlin_fused, 0u);
+    TL_OK_(tl_weight_set_dispatch(w.get(), TL_DISPATCH_USE_MARLIN, -1));
+    EXPECT_LE(run_gemm(w.get(), pr), 2e-3);
+    c = counts_of(w.get());
+    EXPECT_EQ(c.native, 1u);
+    EXPECT_EQ(c.marlin_fused, 1u);
+}
+
 // A weight whose K is not a multiple of 8 cannot get an FP16 body (the dequantizer's vector width): packing skips
 // the body instead of failing, and the FP16-body setting then runs the weight on the next path.
 TEST(GpuApi, Fp16BodySkippedWhereTheDequantizerCannotRun) {

@@ -306,8 +306,7 @@ double check_attention(int T, int H, int hd, const std::vector<int> &rows_in,
     SCOPED_TRACE("T=" + std::to_string(T) + " H=" + std::to_string(H) + " hd=" + std::to_string(hd) + " kernel " +
                  std::to_string(static_cast<int>(kernel)) + " misalign " + std::to_string(misalign));
     const int A = H * hd;
-    // The kernel that runs: Auto picks the tensor cores for hd 64/128 with a 16-byte aligned qkv (TINYLOOP_ATTENTION
-    // unset; with =simt the SIMT kernel passes the looser bound too).
+    // The kernel that runs: Auto picks the tensor cores for hd 64/128 with a 16-byte aligned qkv.
     const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore ||
                         (kernel == tl::gpu::AttentionKernel::Auto && (hd == 64 || hd == 128) && misalign % 8 == 0);
     std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A + misalign, 0);

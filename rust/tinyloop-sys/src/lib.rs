@@ -229,6 +229,8 @@ c_constants! {
     pub const TL_DISPATCH_MARLIN_MODE: i32 = 3;
     /// Dispatcher setting: M from which dequantize + cuBLAS is used (0 = never).
     pub const TL_DISPATCH_CUBLAS_MIN_M: i32 = 4;
+    /// Dispatcher setting: GPU scoring's attention, 0 = tensor cores where they run, 1 = the FP32 SIMT kernel.
+    pub const TL_DISPATCH_ATTENTION: i32 = 5;
 
     /// Element type of x and y for `tl_quant_gemm_dtype`: IEEE half precision.
     pub const TL_DTYPE_FP16: i32 = 0;
@@ -570,10 +572,18 @@ c_functions! {
         options: *const tl_pack_options,
         out_report: *mut tl_pack_report,
     ) -> tl_status;
-    /// Sets a `TL_DISPATCH_*` setting.
+    /// Sets the process-wide default of a `TL_DISPATCH_*` setting.
     pub fn tl_set_dispatch(setting: i32, value: i32) -> tl_status;
-    /// Reads a `TL_DISPATCH_*` setting.
+    /// Reads the process-wide default of a `TL_DISPATCH_*` setting.
     pub fn tl_get_dispatch(setting: i32, out_value: *mut i32) -> tl_status;
+    /// Sets a `TL_DISPATCH_*` setting on a model (-1: back to the process-wide default).
+    pub fn tl_model_set_dispatch(model: *mut tl_model, setting: i32, value: i32) -> tl_status;
+    /// The value a model uses for a `TL_DISPATCH_*` setting.
+    pub fn tl_model_get_dispatch(model: *const tl_model, setting: i32, out_value: *mut i32) -> tl_status;
+    /// Sets a `TL_DISPATCH_*` setting on an owned weight (-1: back to the process-wide default).
+    pub fn tl_weight_set_dispatch(weight: *mut tl_weight, setting: i32, value: i32) -> tl_status;
+    /// The value a weight uses for a `TL_DISPATCH_*` setting.
+    pub fn tl_weight_get_dispatch(weight: *const tl_weight, setting: i32, out_value: *mut i32) -> tl_status;
     /// cudaMalloc on a device.
     pub fn tl_device_malloc(device: i32, bytes: usize, out_ptr: *mut *mut c_void) -> tl_status;
     /// Frees device memory, stream-ordered when `stream` is not NULL. NULL ptr is a no-op.

@@ -374,48 +374,51 @@ pub fn quant_gemm<W: QuantWeight + ?Sized, E: GemmElement>(
     })
 }
 
-/// A process-wide setting of the GEMM dispatcher (read at each call; each starts from its environment
-/// variable).
+/// A setting of the GEMM dispatcher. Each [`Model`](crate::Model) and owned [`Weight`](crate::Weight) carries its own
+/// ([`Model::set_dispatch`](crate::Model::set_dispatch)); a setting a handle has not set follows the process-wide
+/// default ([`set_dispatch`]). The library reads no environment variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DispatchSetting {
-    /// 1 (default where the kernel runs) / 0: use the Marlin-class kernel. Env `TINYLOOP_USE_MARLIN`.
+    /// 1 (default where the kernel runs) / 0: use the Marlin-class kernel.
     UseMarlin,
-    /// 0 (default) / 1: use a weight's FP16 body (if packed) first. Env `TINYLOOP_EXPERIMENTAL_FP16_BODY`.
+    /// 0 (default) / 1: use a weight's FP16 body (if packed) first.
     Fp16Body,
-    /// 0 (default) / 1: cross-iteration rounding for weights with frac4/sign-bit channels (accepted, no effect
-    /// yet). Env `TINYLOOP_CROSS_ITER_ROUND`.
+    /// 0 (default) / 1: cross-iteration rounding for weights with frac4/sign-bit channels (CPU backend).
     CrossIterRound,
-    /// Which Marlin-class form: 0 = the faster (default), 1 = fused, 2 = correction. Env `TINYLOOP_MARLIN_MODE`.
+    /// Which Marlin-class form: 0 = the faster (default), 1 = fused, 2 = correction.
     MarlinMode,
     /// M from which dequantize + cuBLAS replaces the Marlin-class kernel (default 512; 0 = never); weights with
     /// K·N ≤ 2^25 switch at the smaller of this and 128, weights with K·N ≥ 2^27 at twice this.
-    /// Env `TINYLOOP_CUBLAS_MIN_M`.
     CublasMinM,
+    /// GPU scoring's attention: 0 (default) the tensor-core kernel where it runs, 1 the FP32 SIMT kernel.
+    Attention,
 }
 
 impl DispatchSetting {
     /// Every setting, in the C API's order.
-    pub const ALL: [DispatchSetting; 5] = [
+    pub const ALL: [DispatchSetting; 6] = [
         DispatchSetting::UseMarlin,
         DispatchSetting::Fp16Body,
         DispatchSetting::CrossIterRound,
         DispatchSetting::MarlinMode,
         DispatchSetting::CublasMinM,
+        DispatchSetting::Attention,
     ];
 
-    fn to_c(self) -> i32 {
+    pub(crate) fn to_c(self) -> i32 {
         match self {
             DispatchSetting::UseMarlin => sys::TL_DISPATCH_USE_MARLIN,
             DispatchSetting::Fp16Body => sys::TL_DISPATCH_FP16_BODY,
             DispatchSetting::CrossIterRound => sys::TL_DISPATCH_CROSS_ITER_ROUND,
             DispatchSetting::MarlinMode => sys::TL_DISPATCH_MARLIN_MODE,
             DispatchSetting::CublasMinM => sys::TL_DISPATCH_CUBLAS_MIN_M,
+            DispatchSetting::Attention => sys::TL_DISPATCH_ATTENTION,
         }
     }
 }
 
-/// Sets a dispatcher setting for the whole process ([`Error::InvalidArgument`] for a value out of its range).
-/// Calls already under way use the old value. Works in every build (without CUDA it only affects later GPU
+/// Sets the process-wide default of a dispatcher setting, which every handle that has not set its own follows
+/// ([`Error::InvalidArgument`] for a value out of its range). Calls already under way use the old value. Works in every build (without CUDA it only affects later GPU
 /// calls, which there are none of).
 pub fn set_dispatch(setting: DispatchSetting, value: u32) -> Result<()> {
     let value = to_c_int(value as usize, "dispatch value")?;
@@ -423,7 +426,7 @@ pub fn set_dispatch(setting: DispatchSetting, value: u32) -> Result<()> {
     check(unsafe { sys::tl_set_dispatch(setting.to_c(), value) })
 }
 
-/// Reads a dispatcher setting.
+/// Reads the process-wide default of a dispatcher setting.
 pub fn get_dispatch(setting: DispatchSetting) -> Result<u32> {
     let mut value = 0i32;
     // SAFETY: `value` is writable.

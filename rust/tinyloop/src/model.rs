@@ -7,7 +7,8 @@ use std::ptr::{self, NonNull};
 use tinyloop_sys as sys;
 
 use crate::error::{check, Error, Result};
-use crate::to_usize;
+use crate::gemm::DispatchSetting;
+use crate::{to_c_int, to_usize};
 use crate::weight::{WeightInfo, WeightRef};
 
 /// Options of [`Model::load_with`]; `Default` gives the library's defaults.
@@ -180,6 +181,26 @@ impl Model {
     /// The model's configuration and counts.
     pub fn info(&self) -> ModelInfo {
         self.info
+    }
+
+    /// Sets a dispatcher setting on this model: its scoring and the GEMMs on its weights use `value`; `None` returns
+    /// the setting to the process-wide default ([`crate::set_dispatch`]). Thread-safe; calls already under way keep
+    /// the old value. [`Error::InvalidArgument`] for a value out of the setting's range.
+    pub fn set_dispatch(&self, setting: DispatchSetting, value: Option<u32>) -> Result<()> {
+        let value = match value {
+            Some(v) => to_c_int(v as usize, "dispatch value")?,
+            None => -1,
+        };
+        // SAFETY: the model is live; the C API makes this call safe while other threads use the model.
+        check(unsafe { sys::tl_model_set_dispatch(self.raw().as_ptr(), setting.to_c(), value) })
+    }
+
+    /// The value this model uses for a dispatcher setting: its own, else the process-wide default.
+    pub fn dispatch(&self, setting: DispatchSetting) -> Result<u32> {
+        let mut value = 0i32;
+        // SAFETY: the model is live and `value` writable.
+        check(unsafe { sys::tl_model_get_dispatch(self.raw().as_ptr(), setting.to_c(), &mut value) })?;
+        crate::to_usize(value, "dispatch value").map(|v| v as u32)
     }
 
     /// The quantized weights in file order of blocks: `pre.0.attn_qkv`, …, `loop.mlp_down`, then `head` if

@@ -8,6 +8,7 @@ use half::f16;
 use tinyloop_sys as sys;
 
 use crate::error::{check, Error, Result};
+use crate::gemm::DispatchSetting;
 use crate::{to_c_int, to_usize};
 
 /// Shape and storage facts of a quantized weight `W[k, n] = q * s + z` (K input features, N output features).
@@ -318,6 +319,25 @@ impl Weight {
     /// Dequantizes on the host into a row-major `[n][k]` matrix: `out[j * k + i] = W[i, j]`.
     pub fn dequantize(&self) -> Result<Vec<f32>> {
         dequantize(self.raw, &self.info)
+    }
+
+    /// Sets a dispatcher setting on this weight (its GEMMs use `value`); `None` returns it to the process-wide
+    /// default. Thread-safe. [`Error::InvalidArgument`] for a value out of the setting's range.
+    pub fn set_dispatch(&self, setting: DispatchSetting, value: Option<u32>) -> Result<()> {
+        let value = match value {
+            Some(v) => to_c_int(v as usize, "dispatch value")?,
+            None => -1,
+        };
+        // SAFETY: the weight is live and owned; the C API makes this call safe while other threads use it.
+        check(unsafe { sys::tl_weight_set_dispatch(self.raw.as_ptr(), setting.to_c(), value) })
+    }
+
+    /// The value this weight uses for a dispatcher setting: its own, else the process-wide default.
+    pub fn dispatch(&self, setting: DispatchSetting) -> Result<u32> {
+        let mut value = 0i32;
+        // SAFETY: the weight is live and `value` writable.
+        check(unsafe { sys::tl_weight_get_dispatch(self.raw.as_ptr(), setting.to_c(), &mut value) })?;
+        to_usize(value, "dispatch value").map(|v| v as u32)
     }
 }
 

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{fixture, max_distinct_per_group, ScratchFile};
-use tinyloop::{Error, HeadKind, LoadOptions, Model, Weight, WeightRef};
+use tinyloop::{DispatchSetting, Error, HeadKind, LoadOptions, Model, Weight, WeightRef};
 
 /// The fixture's quantized weights, as docs/format.md names and shapes them for d_model 64, 4 heads of 16,
 /// ffn 128, one pre block: (name, k, n).
@@ -159,4 +159,18 @@ fn models_and_weights_are_send_and_sync() {
         }
     });
     std::thread::spawn(move || drop(model)).join().unwrap();
+}
+
+#[test]
+fn dispatch_settings_belong_to_the_model() {
+    let a = Model::load(fixture()).unwrap();
+    let b = Model::load(fixture()).unwrap();
+    let default = tinyloop::get_dispatch(DispatchSetting::CublasMinM).unwrap();
+    a.set_dispatch(DispatchSetting::CublasMinM, Some(64)).unwrap();
+    assert_eq!(a.dispatch(DispatchSetting::CublasMinM).unwrap(), 64);
+    assert_eq!(b.dispatch(DispatchSetting::CublasMinM).unwrap(), default, "one model's setting changed another's");
+    a.set_dispatch(DispatchSetting::CublasMinM, None).unwrap();
+    assert_eq!(a.dispatch(DispatchSetting::CublasMinM).unwrap(), default);
+    assert!(matches!(a.set_dispatch(DispatchSetting::UseMarlin, Some(2)), Err(Error::InvalidArgument(_))));
+    assert!(matches!(a.set_dispatch(DispatchSetting::Attention, Some(1)), Ok(())));
 }
