@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails when a lower layer of the library includes a higher one (docs/architecture.md, "Layers").
 
-The layers, lowest first: util -> format -> quant -> score -> cpu -> gptq -> gpu (cpp/gpu and cuda/) -> capi -> cli.
+The layers, lowest first: util -> text (tokenizers) -> format -> quant -> score -> cpu -> gptq -> gpu (cpp/gpu and cuda/) -> capi -> cli.
 A source may include headers of its own layer and of the layers below it. The public header capi/include/tinyloop.h
 is the C API's: below it only cpp/util/error.hpp includes it, for the status and constant values.
 
@@ -13,6 +13,7 @@ import sys
 
 LAYERS = [
     ("util", ["cpp/util/"]),
+    ("text", ["cpp/text/"]),
     ("format", ["cpp/format/"]),
     ("quant", ["cpp/quant/"]),
     ("score", ["cpp/score/"]),
