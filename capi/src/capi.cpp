@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "barrier.hpp"
 #include "build_info.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "util/error.hpp"
@@ -982,3 +983,8 @@ TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequen
 }
 
 }  // extern "C"
+
+// Lends the barrier above to the C API's other source files (barrier.hpp).
+tl_status tl::capi::guarded_call(void (*body)(void *), void *context) noexcept {
+    return guarded([&] { body(context); });
+}

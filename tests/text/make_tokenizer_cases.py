@@ -25,6 +25,7 @@ the tokenizer.model. Written:
                        tokenizer.json and the tokenizer.model (the JSON wins); ckpt_wordpiece has a WordPiece
                        tokenizer.json (refused); ckpt_small_vocab a vocab of 300, which the tokenizers exceed
   OUT_DIR/bad/*.json   tokenizer.json files to refuse (tests/text checks each one's status and message)
+  OUT_DIR/cli/         corpus.txt, <name>.ids (its reference ids by each tokenizer), not_utf8.txt (Latin-1)
 """
 import collections
 import io
@@ -444,6 +445,17 @@ def main():
         for case in entry["cases"]:
             rows.append("\t".join([name, case["name"], case["text"].encode().hex(),
                                    " ".join(map(str, case["ids"])), case["decoded"].encode().hex()]))
+    # For the CLI tests (check_text_cli.cmake): the corpus, its reference ids by each tokenizer, a text that is not
+    # UTF-8.
+    os.makedirs(os.path.join(out, "cli"), exist_ok=True)
+    with open(os.path.join(out, "cli", "corpus.txt"), "wb") as f:
+        f.write(CORPUS.encode())
+    for name, entry in cases.items():
+        (corpus,) = [c for c in entry["cases"] if c["name"] == "corpus"]
+        with open(os.path.join(out, "cli", name + ".ids"), "w") as f:
+            f.write(" ".join(map(str, corpus["ids"])) + "\n")
+    with open(os.path.join(out, "cli", "not_utf8.txt"), "wb") as f:
+        f.write(b"caf\xe9 au lait")  # Latin-1
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, indent=1)
     with open(os.path.join(out, "cases.tsv"), "w", encoding="utf-8") as f:
