@@ -1,6 +1,12 @@
 // A SentencePiece tokenizer.model (Llama 2, Mistral), encoded and decoded by Debian's libsentencepiece with the
 // model's own normalization (its dummy prefix, byte fallback, ...). No beginning- or end-of-text id is added: the
 // processor's encode options are left at their defaults.
+//
+// Long texts are encoded in pieces: the library holds ~200 bytes per input byte while it encodes one text (an 11 MB
+// text took 2 GB), so a text over kChunkBytes is cut at single spaces between two printable ASCII characters, and
+// each piece after the first is encoded without its leading space, which the model's dummy prefix stands for. That
+// gives the same ids as encoding the whole text for the models that have a dummy prefix and split at whitespace
+// (Llama 2's, Mistral's: checked for each model at load with probe texts); other models encode the whole text.
 
 #include <string>
 #include <vector>
@@ -29,16 +35,37 @@ public:
                                     std::to_string(kMaxTokenizerIds));
         }
         n_ids_ = pieces;
+        // Cutting "left right" at its space must give encode("left") + encode("right").
+        chunkable_ = true;
+        for (const char *probe : {"a b", "Hello world", "x. y", "1 2", "foo, bar!", "it's (ok) [yes]", "A-B C/D"}) {
+            const std::string text = probe;
+            const size_t cut = text.find(' ');
+            std::vector<int32_t> whole = encode_whole(text), parts = encode_whole(text.substr(0, cut));
+            const std::vector<int32_t> right = encode_whole(text.substr(cut + 1));
+            parts.insert(parts.end(), right.begin(), right.end());
+            chunkable_ = chunkable_ && whole == parts;
+        }
     }
 
     int32_t n_ids() const override { return n_ids_; }
 
     std::vector<int32_t> encode(std::string_view text) const override {
         require_utf8(text);  // SentencePiece would replace a bad byte with U+FFFD: refused here instead
-        std::vector<int> ids;
-        const auto status = processor_.Encode(text, &ids);
-        if (!status.ok()) fail(TL_ERR_INVALID_ARGUMENT, "SentencePiece cannot encode the text: " + status.ToString());
-        return std::vector<int32_t>(ids.begin(), ids.end());
+        if (!chunkable_ || text.size() <= kChunkBytes) return encode_whole(text);
+        std::vector<int32_t> ids;
+        size_t start = 0;
+        while (text.size() - start > kChunkBytes) {
+            size_t cut = start + kChunkBytes;
+            while (cut + 1 < text.size() && !(text[cut] == ' ' && printable(text[cut - 1]) && printable(text[cut + 1])))
+                ++cut;
+            if (cut + 1 >= text.size()) break;  // no place to cut: the rest whole
+            const std::vector<int32_t> part = encode_whole(text.substr(start, cut - start));
+            ids.insert(ids.end(), part.begin(), part.end());
+            start = cut + 1;  // the space is the next piece's dummy prefix
+        }
+        const std::vector<int32_t> part = encode_whole(text.substr(start));
+        ids.insert(ids.end(), part.begin(), part.end());
+        return ids;
     }
 
     std::string decode(const int32_t *ids, size_t n) const override {
@@ -58,8 +85,20 @@ public:
     }
 
 private:
+    static constexpr size_t kChunkBytes = size_t{256} << 10;
+
+    static bool printable(char c) { return c > ' ' && c < 0x7F; }
+
+    std::vector<int32_t> encode_whole(std::string_view text) const {
+        std::vector<int> ids;
+        const auto status = processor_.Encode(text, &ids);
+        if (!status.ok()) fail(TL_ERR_INVALID_ARGUMENT, "SentencePiece cannot encode the text: " + status.ToString());
+        return std::vector<int32_t>(ids.begin(), ids.end());
+    }
+
     sentencepiece::SentencePieceProcessor processor_;
     int32_t n_ids_ = 0;
+    bool chunkable_ = false;  // encode may cut long texts (above)
 };
 
 }  // namespace

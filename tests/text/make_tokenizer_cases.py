@@ -25,7 +25,8 @@ the tokenizer.model. Written:
                        tokenizer.json and the tokenizer.model (the JSON wins); ckpt_wordpiece has a WordPiece
                        tokenizer.json (refused); ckpt_small_vocab a vocab of 300, which the tokenizers exceed
   OUT_DIR/bad/*.json   tokenizer.json files to refuse (tests/text checks each one's status and message)
-  OUT_DIR/cli/         corpus.txt, <name>.ids (its reference ids by each tokenizer), not_utf8.txt (Latin-1)
+  OUT_DIR/cli/         corpus.txt, <name>.ids (its reference ids by each tokenizer), not_utf8.txt (Latin-1),
+                       long.txt (over 256 KiB) and sentencepiece_long.ids (its ids, the text encoded whole)
 """
 import collections
 import io
@@ -454,6 +455,13 @@ def main():
         (corpus,) = [c for c in entry["cases"] if c["name"] == "corpus"]
         with open(os.path.join(out, "cli", name + ".ids"), "w") as f:
             f.write(" ".join(map(str, corpus["ids"])) + "\n")
+    # A text long enough that the library encodes it with SentencePiece in pieces (over 256 KiB), and the ids of the
+    # whole text.
+    long_text = "".join(c["text"] for c in cases["gpt2"]["cases"] if c["name"] not in ("nul", "controls")) * 400
+    with open(os.path.join(out, "cli", "long.txt"), "wb") as f:
+        f.write(long_text.encode())
+    with open(os.path.join(out, "cli", "sentencepiece_long.ids"), "w") as f:
+        f.write(" ".join(map(str, sp.encode(long_text))) + "\n")
     with open(os.path.join(out, "cli", "not_utf8.txt"), "wb") as f:
         f.write(b"caf\xe9 au lait")  # Latin-1
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:

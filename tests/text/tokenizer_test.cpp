@@ -234,6 +234,20 @@ TEST(Tokenizer, LongInputsStayFast) {
     }
 }
 
+// SentencePiece encodes a text over 256 KiB in pieces cut at spaces; the ids are those of the whole text (the
+// generator's, from the Python binding encoding it whole).
+TEST(Tokenizer, SentencePieceLongTextsInPieces) {
+    std::ifstream text_file(kDir + "/cli/long.txt", std::ios::binary), ids_file(kDir + "/cli/sentencepiece_long.ids");
+    std::stringstream text;
+    text << text_file.rdbuf();
+    ASSERT_GT(text.str().size(), size_t{600} << 10);
+    std::vector<int32_t> expected;
+    for (int32_t id; ids_file >> id;) expected.push_back(id);
+    const std::vector<int32_t> ids = load("sentencepiece")->encode(text.str());
+    ASSERT_EQ(ids.size(), expected.size());
+    EXPECT_EQ(ids, expected);
+}
+
 TEST(Tokenizer, ThreadsShareOneTokenizer) {
     for (const char *name : kAll) {
         const auto tok = load(name);
