@@ -11,6 +11,9 @@ packages=(
   libeigen3-dev        # Cholesky factorizations of the GPTQ quantizer (header-only)
   libgtest-dev         # C++ unit tests
   libcriterion-dev     # C API conformance suite
+  libpcre2-dev         # tokenizers: tokenizer.json's split regexes (Unicode properties, lookahead)
+  libutf8proc-dev      # tokenizers: tokenizer.json's NFC normalizer
+  libsentencepiece-dev # tokenizers: SentencePiece tokenizer.model files
   librust-cc-dev       # Rust build script: compiles the C++ core
   librust-jobserver-dev  # Rust build script: the cc crate's parallel compilation
   librust-log-dev      # Rust crate: destructors log the errors they cannot return
@@ -22,6 +25,8 @@ packages=(
   librust-half-dev        # Rust crate: half::f16, the FP16 type of the safe API
   python3              # the ctypes example (examples/python), run by CTest
   python3-numpy        # the Python package (python/): token and NLL arrays
+  python3-regex        # tokenizer tests (tests/text): the reference BPE's split regexes (\p{L}, lookahead)
+  python3-sentencepiece  # tokenizer tests (tests/text): trains the test SentencePiece model, its reference ids
   python3-pytest       # the Python package's tests (scripts/test.sh)
   python3-setuptools   # builds the Python package (pyproject.toml's backend, offline: --no-build-isolation)
   python3-wheel        # setuptools 66's bdist_wheel, which pip's build of the package calls

@@ -59,7 +59,7 @@ ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" --output-on-fail
 # ---- Fuzzing (tests/fuzz): clang, libFuzzer + ASan + UBSan, CPU only; only the fuzz targets are built ----
 # One target per parser of outside input: NAME has tests/fuzz/fuzz_NAME.cpp, its seeds in tests/fuzz/corpus/NAME/ and
 # its dictionary in tests/fuzz/NAME.dict.
-fuzz_targets=(model_load requests import int4_import)
+fuzz_targets=(model_load requests import int4_import tokenizer)
 fuzz_seconds=${TL_FUZZ_SECONDS:-45}  # of fuzzing per target
 echo "== fuzz: build ${fuzz_targets[*]} (clang, libFuzzer + ASan + UBSan, CPU build) =="
 step_start=$SECONDS

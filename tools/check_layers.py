@@ -2,9 +2,9 @@
 """Fails when a lower layer of the library includes a higher one (docs/architecture.md, "Layers").
 
 The layers, lowest first:
-    util -> format -> quant -> score -> cpu -> gptq -> import -> cuda -> gpu -> capi -> cli
-(util is cpp/util; format .. import are the core, cpp/<name>; cuda is the kernels and their launchers, cuda/; gpu is
-their host side, cpp/gpu; capi is capi/; cli is cpp/cli.) A source may include headers of its own layer and of the
+    util -> text -> format -> quant -> score -> cpu -> gptq -> import -> cuda -> gpu -> capi -> cli
+(util is cpp/util; text is cpp/text, the tokenizers; format .. import are the core, cpp/<name>; cuda is the kernels
+and their launchers, cuda/; gpu is their host side, cpp/gpu; capi is capi/; cli is cpp/cli.) A source may include headers of its own layer and of the
 layers below it, except that cuda/ is self-contained: it includes nothing from cpp/ (its types are in its own headers).
 The public header capi/include/tinyloop.h is the C API's: below it only cpp/util/error.hpp includes it, for the status
 and constant values, and no code below capi/ names the ABI's TL_FORM_* or TL_DISPATCH_* constants (capi/ translates
@@ -22,6 +22,7 @@ import tempfile
 
 LAYERS = [
     ("util", ["cpp/util/"]),
+    ("text", ["cpp/text/"]),
     ("format", ["cpp/format/"]),
     ("quant", ["cpp/quant/"]),
     ("score", ["cpp/score/"]),

@@ -707,6 +707,47 @@ TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequen
                                 const tl_score_options *options, tl_sequence_score *out_scores,
                                 tl_score_result *out_result);
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Text: the model's tokenizer
+ *
+ * A model file may store its tokenizer (docs/format.md, "The tokenizer"): `tinyloop import` takes a checkpoint
+ * folder's tokenizer.json (a Hugging Face byte-level BPE: GPT-2, Llama 3, Qwen2 style) or tokenizer.model (a
+ * SentencePiece model: Llama 2, Mistral), and `tinyloop set-tokenizer` adds one to a model file. A model without
+ * one is byte-level: each byte of the text is one token, its value the id. Neither function adds a beginning- or
+ * end-of-text token (a tokenizer.json's post_processor and SentencePiece's add_bos are not applied): a caller who
+ * wants one puts its id first (with a tokenizer.json, writing the special token's text, "<|begin_of_text|>" say,
+ * gives its id too: added tokens are matched literally). Both are thread-safe on a shared model.
+ * ------------------------------------------------------------------------------------------------------- */
+
+/** Tokenizer kinds (tl_model_tokenizer). */
+static const int32_t TL_TOKENIZER_BYTES = 0;         /* none stored: one token per byte, ids 0-255 */
+static const int32_t TL_TOKENIZER_HUGGINGFACE = 1;   /* a tokenizer.json holding a byte-level BPE */
+static const int32_t TL_TOKENIZER_SENTENCEPIECE = 2; /* a SentencePiece tokenizer.model */
+
+/** The model's tokenizer: its kind (TL_TOKENIZER_*) into *out_kind and, when out_n_ids is not NULL, one more than
+ *  the largest id it can give or take into *out_n_ids (256 for byte-level; at most the model's vocab otherwise). */
+TL_API tl_status tl_model_tokenizer(const tl_model *model, int32_t *out_kind, int32_t *out_n_ids);
+
+/** Token ids of `len` bytes of text (`text` may be NULL when len is 0; it need not be NUL-terminated and may hold
+ *  NUL bytes) by the model's tokenizer. A tokenizer.json or tokenizer.model needs valid UTF-8:
+ *  TL_ERR_INVALID_ARGUMENT otherwise, naming the offset of the first bad byte; byte-level takes any bytes.
+ *  On success *out_n is the number of ids and out_ids[0 .. *out_n) holds them. When they do not fit in `cap`, the
+ *  call returns TL_ERR_BUFFER_TOO_SMALL, writes nothing to out_ids and sets *out_n to the number needed (the one
+ *  output written on failure): call with cap 0 (out_ids may then be NULL) to learn the size. There is no bound
+ *  by `len` alone (SentencePiece's dummy prefix may make one byte two tokens). */
+TL_API tl_status tl_tokenize(const tl_model *model, const char *text, size_t len, int32_t *out_ids, size_t cap,
+                             size_t *out_n);
+
+/** The text of `n_ids` token ids (`ids` may be NULL when n_ids is 0): the bytes each token stands for, an added or
+ *  special token's text included (SentencePiece's control tokens, <s> and </s>, decode to nothing). The result is
+ *  not NUL-terminated and need not be valid UTF-8 (a token may hold part of a character); byte-level gives the bytes
+ *  themselves. An id that is no token of the tokenizer is TL_ERR_INVALID_ARGUMENT naming its index. On success
+ *  *out_len is the number of bytes and out_text[0 .. *out_len) holds them; when they do not fit in `cap`, the call
+ *  returns TL_ERR_BUFFER_TOO_SMALL, writes nothing to out_text and sets *out_len to the number needed (call with
+ *  cap 0, out_text NULL, to learn it). */
+TL_API tl_status tl_detokenize(const tl_model *model, const int32_t *ids, size_t n_ids, char *out_text, size_t cap,
+                               size_t *out_len);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

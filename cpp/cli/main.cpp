@@ -1,4 +1,4 @@
-// The `tinyloop` command-line tool: info, make-model, quantize, import, score, score-batch.
+// The `tinyloop` command-line tool: info, make-model, quantize, import, set-tokenizer, tokenize, score, score-batch.
 // Scoring and inspection go through the public C API (the same path users take); model creation and
 // quantization use the C++ core directly because the C API has no model writer.
 
@@ -29,6 +29,7 @@
 #include "gptq/gptq.hpp"
 #include "quant/quant.hpp"
 #include "import/synthetic.hpp"
+#include "text/tokenizer.hpp"
 #include "cli/requests.hpp"
 #include "tinyloop.h"
 
@@ -81,10 +82,9 @@ constexpr uint64_t kMaxInputTokens = uint64_t{1} << 30;
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-// Byte-level tokens, one per byte: reads in chunks and stops after `max_tokens` bytes (0 = all), so a prefix of
-// a huge or endless file costs only that prefix.
-// "-" reads standard input.
-std::vector<int32_t> read_text_tokens(const std::string &path, uint64_t max_tokens) {
+// A text file's bytes: reads in chunks and stops after `max_tokens` bytes (0 = all), so a prefix of a huge or endless
+// file costs only that prefix. "-" reads standard input.
+std::string read_text(const std::string &path, uint64_t max_tokens) {
     const bool from_stdin = path == "-";
     const int fd = from_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw CliError("cannot open text file '" + path + "': " + errno_text(errno));
@@ -122,13 +122,20 @@ std::vector<int32_t> read_text_tokens(const std::string &path, uint64_t max_toke
         total += static_cast<uint64_t>(got);
     }
     if (total > kMaxInputTokens) throw too_large();
-    std::vector<int32_t> tokens;
-    tokens.reserve(static_cast<size_t>(total));
+    std::string text;
+    text.reserve(static_cast<size_t>(total));
     for (size_t b = 0; b < blocks.size(); ++b) {
         const size_t used = b + 1 < blocks.size() ? blocks[b].size() : filled;
-        tokens.insert(tokens.end(), blocks[b].begin(), blocks[b].begin() + static_cast<std::ptrdiff_t>(used));
+        text.append(reinterpret_cast<const char *>(blocks[b].data()), used);
         blocks[b] = {};
     }
+    return text;
+}
+
+// Byte-level tokens, one per byte.
+std::vector<int32_t> byte_tokens(const std::string &text) {
+    std::vector<int32_t> tokens(text.size());
+    for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
     return tokens;
 }
 
@@ -307,6 +314,33 @@ void apply_dispatch_environment(tl_model *model) {
     }
 }
 
+// The model's tokenizer (TL_TOKENIZER_*).
+int32_t tokenizer_kind(const tl_model *model) {
+    int32_t kind = TL_TOKENIZER_BYTES;
+    check(tl_model_tokenizer(model, &kind, nullptr), "tokenizer");
+    return kind;
+}
+
+const char *tokenizer_name(int32_t kind) {
+    return kind == TL_TOKENIZER_HUGGINGFACE ? "huggingface" : kind == TL_TOKENIZER_SENTENCEPIECE ? "sentencepiece"
+                                                                                                  : "bytes";
+}
+
+// Token ids of a text by the model's tokenizer (tl_tokenize): first into room for one id a byte, which a
+// tokenizer.json or byte-level model never exceeds, then, for a SentencePiece model that did, into the size it gave.
+std::vector<int32_t> tokenize(const tl_model *model, const std::string &text) {
+    std::vector<int32_t> ids(text.size() + 1);
+    size_t n = 0;
+    tl_status status = tl_tokenize(model, text.data(), text.size(), ids.data(), ids.size(), &n);
+    if (status == TL_ERR_BUFFER_TOO_SMALL) {
+        ids.resize(n);
+        status = tl_tokenize(model, text.data(), text.size(), ids.data(), ids.size(), &n);
+    }
+    check(status, "tokenize");
+    ids.resize(n);
+    return ids;
+}
+
 // ---- Commands ----
 
 int cmd_info(const std::string &path, bool json) {
@@ -315,6 +349,8 @@ int cmd_info(const std::string &path, bool json) {
     p.struct_size = sizeof p;
     check(tl_model_info(h.model, &p), "info");
     const char *head = p.head_kind == 1 ? "quantized" : p.head_kind == 0 ? "dense" : "tied to the embedding";
+    int32_t tokenizer = TL_TOKENIZER_BYTES, tokenizer_ids = 0;
+    check(tl_model_tokenizer(h.model, &tokenizer, &tokenizer_ids), "tokenizer");
     if (json) {
         const nlohmann::ordered_json j = {
             {"model", path}, {"format_version", p.format_version}, {"d_model", p.d_model}, {"n_heads", p.n_heads},
@@ -325,7 +361,8 @@ int cmd_info(const std::string &path, bool json) {
             {"n_quant_weights", p.n_quant_weights}, {"n_dense_linears", p.n_dense_linears},
             {"has_frac4", p.has_frac4 != 0}, {"has_sign_bit", p.has_sign_bit != 0},
             {"parameter_count", p.parameter_count}, {"file_bytes", p.file_bytes}, {"n_tensors", p.n_tensors},
-            {"tensor_bytes", p.tensor_bytes}, {"quant_weight_bytes", p.quant_weight_bytes}};
+            {"tensor_bytes", p.tensor_bytes}, {"quant_weight_bytes", p.quant_weight_bytes},
+            {"tokenizer", tokenizer_name(tokenizer)}, {"tokenizer_ids", tokenizer_ids}};
         std::printf("%s\n", j.dump().c_str());
         return 0;
     }
@@ -351,6 +388,8 @@ int cmd_info(const std::string &path, bool json) {
     std::printf("file             %llu bytes, %u tensors, quantized weights %llu bytes\n",
                 static_cast<unsigned long long>(p.file_bytes), p.n_tensors,
                 static_cast<unsigned long long>(p.quant_weight_bytes));
+    if (tokenizer == TL_TOKENIZER_BYTES) std::printf("tokenizer        none (one token per byte)\n");
+    else std::printf("tokenizer        %s (%d ids)\n", tokenizer_name(tokenizer), tokenizer_ids);
     return 0;
 }
 
@@ -380,13 +419,23 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
         per_token_out.open(per_token);
         if (!per_token_out) throw CliError("cannot open '" + per_token + "' for writing: " + errno_text(errno));
     }
-    std::vector<int32_t> tokens =
-        token_file.empty() ? read_text_tokens(text, max_tokens) : read_token_file(token_file, max_tokens);
-    if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
     const auto load_start = std::chrono::steady_clock::now();
     ModelHandle h(model_path);
     apply_dispatch_environment(h.model);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    // Text goes through the model's tokenizer; a byte-level model reads only the --max-tokens bytes it scores, any
+    // other reads the whole text and scores its first --max-tokens tokens.
+    const int32_t tokenizer = tokenizer_kind(h.model);
+    std::vector<int32_t> tokens;
+    if (!token_file.empty()) {
+        tokens = read_token_file(token_file, max_tokens);
+    } else if (tokenizer == TL_TOKENIZER_BYTES) {
+        tokens = byte_tokens(read_text(text, max_tokens));
+    } else {
+        tokens = tokenize(h.model, read_text(text, 0));
+        if (max_tokens > 0 && tokens.size() > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+    }
+    if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
 
     ProgressLog progress_log;
     tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
@@ -416,6 +465,8 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
             {"model", model_path},
             {"text", token_file.empty() ? nlohmann::ordered_json(text) : nlohmann::ordered_json()},
             {"token_file", token_file.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(token_file)},
+            {"tokenizer",
+             token_file.empty() ? nlohmann::ordered_json(tokenizer_name(tokenizer)) : nlohmann::ordered_json()},
             {"tokens", tokens.size()}, {"tokens_scored", r.tokens_scored}, {"nll_sum", r.nll_sum},
             {"nll_mean", r.nll_sum / static_cast<double>(r.tokens_scored)}, {"perplexity", r.perplexity},
             {"perplexity_stderr", ppl_stderr},  // NaN (fewer than 2 tokens scored) is written as null
@@ -455,6 +506,37 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
         std::printf("time          load %.3f s, scoring %.3f s (%.1f tokens/s)\n", load_seconds, scoring_seconds,
                     tokens_per_second);
     }
+    return 0;
+}
+
+// A copy of a model with another tokenizer (a tokenizer.json or tokenizer.model file), or with none ("none").
+int cmd_set_tokenizer(const std::string &model_path, const std::string &tokenizer_file, const std::string &out) {
+    auto model = tl::load_model(model_path, tl::LoadOptions{});
+    tl::set_tokenizer(*model, tokenizer_file == "none" ? nullptr : tl::text::read_tokenizer_file(tokenizer_file));
+    tl::save_model(out, *model);
+    std::printf("wrote %s: tokenizer %s\n", out.c_str(),
+                model->tokenizer ? tl::text::kind_name(model->tokenizer->kind()) : "none (one token per byte)");
+    return 0;
+}
+
+// A text's token ids by the model's tokenizer, space-separated on one line: what score --tokens reads.
+int cmd_tokenize(const std::string &model_path, const std::string &text) {
+    ModelHandle h(model_path);
+    const std::string bytes = read_text(text, 0);
+    const std::vector<int32_t> ids =
+        tokenizer_kind(h.model) == TL_TOKENIZER_BYTES ? byte_tokens(bytes) : tokenize(h.model, bytes);
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (i > 0) line.push_back(' ');
+        line += std::to_string(ids[i]);
+        if (line.size() >= (size_t{1} << 16)) {
+            std::fwrite(line.data(), 1, line.size(), stdout);
+            line.clear();
+        }
+    }
+    line.push_back('\n');
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    if (std::fflush(stdout) != 0) throw CliError("cannot write the ids to stdout: " + errno_text(errno));
     return 0;
 }
 
@@ -563,6 +645,11 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     properties.struct_size = sizeof properties;
     check(tl_model_info(h.model, &properties), "info");
     const size_t max_seq = static_cast<size_t>(properties.max_seq);
+    // Text fields through the model's tokenizer; a byte-level model's are read one token per byte.
+    tl::cli::TextEncoder encode;
+    if (tokenizer_kind(h.model) != TL_TOKENIZER_BYTES) {
+        encode = [&h](const std::string &s) { return tokenize(h.model, s); };
+    }
 
     ProgressLog progress_log;
     tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
@@ -610,7 +697,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
             PendingRequest p;
             p.line = reader.line_number();
             try {
-                p.request = tl::cli::parse_request(line);
+                p.request = tl::cli::parse_request(line, encode);
                 p.context_truncated = tl::cli::truncate_context(p.request, max_seq);
             } catch (const tl::cli::RequestError &e) {
                 p.error = e.what();
@@ -719,17 +806,37 @@ int main(int argc, char **argv) {
     import_cmd->add_option("--max-seq", import_max_seq, "max_seq of the model, 0 = config.json's max_position_embeddings")
         ->check(CLI::Range(0, INT32_MAX))->capture_default_str();
 
+    std::string tokenizer_file;
+    auto *set_tokenizer_cmd = app.add_subcommand(
+        "set-tokenizer", "write a copy of a model with a tokenizer (tokenizer.json or tokenizer.model), or none");
+    set_tokenizer_cmd->footer(std::string("TOKENIZER is a Hugging Face tokenizer.json holding a byte-level BPE (GPT-2, "
+                                          "Llama 3, Qwen2 style) or a SentencePiece tokenizer.model, stored in the "
+                                          "file; none removes a stored one (the model then reads one token per byte). "
+                                          "Its ids must fit the model's vocab. See docs/format.md, \"The "
+                                          "tokenizer\".\n\n") +
+                              kExitStatus);
+    set_tokenizer_cmd->add_option("model", model_path, "the .tinyloop file")->required();
+    set_tokenizer_cmd->add_option("tokenizer", tokenizer_file, "a tokenizer.json or tokenizer.model, or none")
+        ->required();
+    set_tokenizer_cmd->add_option("--out", out_path, "the .tinyloop file to write (MODEL itself is fine)")->required();
+
     std::string text, token_file, backend = "auto", per_token;
+    auto *tokenize_cmd = app.add_subcommand(
+        "tokenize", "print a text's token ids by the model's tokenizer (the format score --tokens reads)");
+    tokenize_cmd->add_option("model", model_path, "the .tinyloop file")->required();
+    tokenize_cmd->add_option("--text", text, "a text file (1 GiB at most); - for stdin")->required();
+
     int threads = 0, window = 0;
     int64_t max_tokens = 0;  // signed, so that a negative value is refused rather than wrapped to "all"
-    auto *score = app.add_subcommand("score", "perplexity of a text (one token per byte) or a token file");
-    score->footer(std::string("Text is read as raw bytes: each byte of the --text file is one token (0-255), with no "
-                              "tokenizer and no decoding, so a non-ASCII UTF-8 character is several tokens. This fits "
-                              "byte-level models (vocab 256, like the demo model); for another tokenizer's ids use "
-                              "--tokens.\n\n") + kExitStatus);
+    auto *score = app.add_subcommand("score", "perplexity of a text (by the model's tokenizer) or a token file");
+    score->footer(std::string("--text goes through the model's tokenizer when its file stores one (a tokenizer.json "
+                              "or tokenizer.model: tinyloop import, set-tokenizer), with no beginning-of-text token "
+                              "added; otherwise each byte of the file is one token (0-255), as byte-level models "
+                              "such as the demo model read text. For another tokenizer's ids use --tokens.\n\n") +
+                  kExitStatus);
     score->add_option("model", model_path, "the .tinyloop file")->required();
     auto *text_opt = score->add_option("--text", text,
-                                       "a text file read as bytes, one token per byte (1 GiB at most); - for stdin");
+                                       "a text file, tokenized by the model (1 GiB at most); - for stdin");
     auto *tokens_opt =
         score->add_option("--tokens", token_file, "a file of whitespace-separated token ids; - for stdin");
     text_opt->excludes(tokens_opt);
@@ -772,8 +879,8 @@ int main(int argc, char **argv) {
                     "  {\"tokens\": [ids], \"n_context\": k}          the first k are context only (k optional, "
                     "default 0)\n"
                     "  {\"context\": [ids], \"continuation\": [ids]}  the continuation is scored\n"
-                    "  {\"text\": \"...\", \"context_text\": \"...\"}     strings as their UTF-8 bytes, one token per "
-                    "byte (context_text optional)\n"
+                    "  {\"text\": \"...\", \"context_text\": \"...\"}     strings through the model's tokenizer, "
+                    "each on its own (one token per byte for a byte-level model; context_text optional)\n"
                     "The tokens after the context are scored (with no context, every token but the "
                     "first). Output: one JSON object per request, in order: {\"index\", \"nll_sum\", "
                     "\"tokens_scored\", \"mean_nll\", \"perplexity\", \"greedy\"}; greedy is true when every scored "
@@ -855,16 +962,20 @@ int main(int argc, char **argv) {
                              calibrating ? "tokens" : "linears");
                 };
             }
-            const std::vector<int32_t> calib =
-                calib_path.empty() ? std::vector<int32_t>{} : read_text_tokens(calib_path, 0);
             tl::LoadOptions load;
             auto model = tl::load_model(in_path, load);
+            // Calibration text through the model's tokenizer, one token per byte for a byte-level model.
+            const std::string calib_text = calib_path.empty() ? std::string() : read_text(calib_path, 0);
+            const std::vector<int32_t> calib = model->tokenizer ? model->tokenizer->encode(calib_text)
+                                                                : byte_tokens(calib_text);
             tl::quantize_model(*model, quant, calib);
             tl::save_model(out_path, *model);
             std::printf("wrote %s\n", out_path.c_str());
             return 0;
         }
         if (*import_cmd) return cmd_import(import_dir, import_out, import_max_seq);
+        if (*set_tokenizer_cmd) return cmd_set_tokenizer(model_path, tokenizer_file, out_path);
+        if (*tokenize_cmd) return cmd_tokenize(model_path, text);
         if (*score) {
             if (text.empty() && token_file.empty()) throw UsageError("score needs --text FILE or --tokens FILE");
             return cmd_score(model_path, text, token_file, backend, threads, device, quiet, window,

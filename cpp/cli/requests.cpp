@@ -40,11 +40,23 @@ std::vector<int32_t> json_tokens(const json &request, const char *key) {
     return tokens;
 }
 
-// Byte-level tokens of a request's string, one per byte (as score --text reads a file).
-void append_text_tokens(const json &request, const char *key, std::vector<int32_t> &tokens) {
+// The tokens of a request's string: `encode`'s, or one per byte without it (as score --text reads a file).
+void append_text_tokens(const json &request, const char *key, std::vector<int32_t> &tokens,
+                        const TextEncoder &encode) {
     const json &value = request.at(key);
     if (!value.is_string()) throw RequestError(std::string("\"") + key + "\" must be a string, not " + describe(value));
-    for (const char c : value.get_ref<const std::string &>()) tokens.push_back(static_cast<unsigned char>(c));
+    const std::string &text = value.get_ref<const std::string &>();
+    if (!encode) {
+        for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
+        return;
+    }
+    std::vector<int32_t> ids;
+    try {
+        ids = encode(text);
+    } catch (const std::exception &e) {
+        throw RequestError(std::string("\"") + key + "\": " + e.what());
+    }
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
 }
 
 void require_context(const std::vector<int32_t> &tokens, const char *key) {
@@ -57,7 +69,7 @@ void require_context(const std::vector<int32_t> &tokens, const char *key) {
 
 }  // namespace
 
-BatchRequest parse_request(const std::string &line) {
+BatchRequest parse_request(const std::string &line, const TextEncoder &encode) {
     json request;
     try {
         request = parse_json(line, JsonLimits{kMaxRequestLineBytes}, "the request");
@@ -105,11 +117,11 @@ BatchRequest parse_request(const std::string &line) {
     } else if (request.contains("text")) {
         only("text", {"text", "context_text"});
         if (request.contains("context_text")) {
-            append_text_tokens(request, "context_text", r.tokens);
+            append_text_tokens(request, "context_text", r.tokens, encode);
             require_context(r.tokens, "context_text");
         }
         r.n_context = r.tokens.size();
-        append_text_tokens(request, "text", r.tokens);
+        append_text_tokens(request, "text", r.tokens, encode);
     } else {
         throw RequestError("expected \"tokens\", \"context\" and \"continuation\", or \"text\"");
     }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,12 +40,16 @@ constexpr const char *kOutputKeys[] = {"index",      "line",       "error",     
 // fit is left for the library to refuse by its length.
 size_t truncate_context(BatchRequest &request, size_t max_seq);
 
+// The token ids of a request's text (the model's tokenizer); it throws a std::exception whose message says why not.
+using TextEncoder = std::function<std::vector<int32_t>(const std::string &)>;
+
 // One line's request, in one of three forms: {"tokens": [ids], "n_context": k (optional, default 0)},
-// {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}. Throws
+// {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}, whose strings are
+// tokenized each on its own by `encode` (empty: one token per byte, their UTF-8 bytes). Throws
 // RequestError. Keys of no form are echoed (BatchRequest::echo), unless an output line has them too; keys of two
 // forms in one request are refused. An explicitly empty context is refused: the first continuation token would have nothing before it
 // to be scored from, and silently leaving it out would score a different continuation than the one asked for.
-BatchRequest parse_request(const std::string &line);
+BatchRequest parse_request(const std::string &line, const TextEncoder &encode = TextEncoder());
 
 // Reads lines of at most `max_bytes` bytes (the newline excluded) from a stream, holding no more than one line.
 class LineReader {

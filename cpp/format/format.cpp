@@ -41,6 +41,10 @@ constexpr const char *kMaxHeaderText = "16 MiB";
 // costs tens of MB to parse, not the ~20x its size that a DOM of small values would.
 constexpr JsonLimits kHeaderJsonLimits{kMaxHeaderBytes, 64, uint64_t{1} << 18};
 constexpr const char *kMetadataKey = "__metadata__";
+// The tokenizer's file, stored whole as a U8 tensor, and the metadata key naming its kind (docs/format.md).
+constexpr const char *kTokenizerJsonTensor = "tokenizer.json";
+constexpr const char *kTokenizerModelTensor = "tokenizer.model";
+constexpr const char *kTokenizerKey = "tokenizer";
 constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".k_perm", ".weight"};
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
@@ -405,6 +409,8 @@ std::set<std::string> known_tensor_names(const ModelConfig &c) {
         for (const char *linear : Block::kLinearNames) add_linear(prefix + linear);
     }
     add_linear("head");
+    names.insert(kTokenizerJsonTensor);
+    names.insert(kTokenizerModelTensor);
     return names;
 }
 
@@ -606,9 +612,47 @@ public:
             model->tie_head(storage_);
         }
 
+        set_tokenizer(*model, load_tokenizer());
         for (const auto &kv : header_.tensors) model->tensor_bytes += kv.second.end - kv.second.begin;
         model->n_tensors = static_cast<uint32_t>(header_.tensors.size());
         return model;
+    }
+
+    // The stored tokenizer: __metadata__ `tokenizer` names its kind and the tensor of that kind holds the file;
+    // neither (a file from before tokenizers, or a byte-level model): null.
+    std::shared_ptr<const text::Tokenizer> load_tokenizer() const {
+        const TensorEntry *json_file = find(kTokenizerJsonTensor), *model_file = find(kTokenizerModelTensor);
+        const auto key = header_.metadata.find(kTokenizerKey);
+        if (key == header_.metadata.end()) {
+            if (json_file || model_file) {
+                fail(TL_ERR_FORMAT, "tensor " + quoted(json_file ? kTokenizerJsonTensor : kTokenizerModelTensor) +
+                                        " but no __metadata__ " + quoted(kTokenizerKey) + " naming its kind");
+            }
+            return nullptr;
+        }
+        const std::string &kind = key->second;
+        const bool huggingface = kind == text::kind_name(text::TokenizerKind::HuggingFace);
+        if (!huggingface && kind != text::kind_name(text::TokenizerKind::SentencePiece)) {
+            fail(TL_ERR_FORMAT, "__metadata__ " + quoted(kTokenizerKey) + " is " + quoted(kind) + ", expected " +
+                                    quoted(text::kind_name(text::TokenizerKind::HuggingFace)) + " or " +
+                                    quoted(text::kind_name(text::TokenizerKind::SentencePiece)));
+        }
+        const char *name = huggingface ? kTokenizerJsonTensor : kTokenizerModelTensor;
+        const TensorEntry *file = huggingface ? json_file : model_file;
+        const TensorEntry *other = huggingface ? model_file : json_file;
+        if (other) {
+            fail(TL_ERR_FORMAT, "tensor " + quoted(other->name) + " with __metadata__ " + quoted(kTokenizerKey) +
+                                    " = " + quoted(kind) + ", whose file is " + quoted(name));
+        }
+        if (!file) fail(TL_ERR_FORMAT, "__metadata__ " + quoted(kTokenizerKey) + " is " + quoted(kind) +
+                                           " but tensor " + quoted(name) + " is missing");
+        if (file->dtype != DType::U8 || file->shape.size() != 1) {
+            fail(TL_ERR_FORMAT, "tensor " + quoted(name) + ": " + dtype_name(file->dtype) + " " +
+                                    shape_text(file->shape) + ", expected U8 [bytes] (the tokenizer file)");
+        }
+        const std::string bytes(reinterpret_cast<const char *>(file->bytes), file->end - file->begin);
+        const auto kind_of = huggingface ? text::TokenizerKind::HuggingFace : text::TokenizerKind::SentencePiece;
+        return text::parse_tokenizer(kind_of, bytes, "tensor " + quoted(name));
     }
 
 private:
@@ -949,9 +993,31 @@ void save_model(const std::string &path, const Model &model) {
     add_norm("final_norm.weight", model.final_norm);
     if (model.head_kind != HeadKind::Tied) add_linear("head", model.head, d, v);
 
-    const std::map<std::string, std::string> metadata = {
+    std::map<std::string, std::string> metadata = {
         {"format", "tinyloop"}, {"format_version", std::to_string(kFormatVersion)}, {"config", config_to_json(c)}};
+    if (model.tokenizer && model.tokenizer->kind() != text::TokenizerKind::Bytes) {
+        need(model.tokenizer->n_ids() <= v, "the tokenizer's ids go up to " +
+                                                std::to_string(model.tokenizer->n_ids() - 1) +
+                                                ", outside the vocabulary [0, " + std::to_string(v) + ")");
+        const bool huggingface = model.tokenizer->kind() == text::TokenizerKind::HuggingFace;
+        const std::string &file = model.tokenizer->source();
+        views.push_back({huggingface ? kTokenizerJsonTensor : kTokenizerModelTensor, DType::U8,
+                         {static_cast<int64_t>(file.size())}, file.data()});
+        metadata[kTokenizerKey] = text::kind_name(model.tokenizer->kind());
+    }
     write_safetensors(path, metadata, views);
+}
+
+void set_tokenizer(Model &model, std::shared_ptr<const text::Tokenizer> tokenizer) {
+    if (tokenizer && tokenizer->kind() == text::TokenizerKind::Bytes) tokenizer = nullptr;
+    if (tokenizer && tokenizer->n_ids() > model.config.vocab) {
+        const bool huggingface = tokenizer->kind() == text::TokenizerKind::HuggingFace;
+        const char *file = huggingface ? kTokenizerJsonTensor : kTokenizerModelTensor;
+        fail(TL_ERR_FORMAT, std::string("the tokenizer (") + file + ") has token ids up to " +
+                                std::to_string(tokenizer->n_ids() - 1) + ", outside the model's vocabulary [0, " +
+                                std::to_string(model.config.vocab) + ")");
+    }
+    model.tokenizer = std::move(tokenizer);
 }
 
 }  // namespace tl

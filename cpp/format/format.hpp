@@ -71,6 +71,10 @@ size_t first_nonfinite(DType dtype, const void *data, size_t count);
 // Serializes a model with the documented tensor names (quantized or dense linears, tied or separate head).
 void save_model(const std::string &path, const Model &model);
 
+// Gives `model` a tokenizer (null or byte-level: none, the model reads bytes), which save_model then stores. Throws
+// TL_ERR_FORMAT when the tokenizer has ids outside the model's vocabulary [0, config.vocab).
+void set_tokenizer(Model &model, std::shared_ptr<const text::Tokenizer> tokenizer);
+
 // The config as the JSON text stored in __metadata__["config"], and back (throws TL_ERR_FORMAT).
 std::string config_to_json(const ModelConfig &config);
 ModelConfig config_from_json(const std::string &text);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "text/tokenizer.hpp"
+
 namespace tl {
 
 enum class DType : uint8_t { F16, F32, BF16, U8, I32 };
@@ -103,6 +105,10 @@ struct Model {
     uint32_t n_tensors = 0;
 
     std::shared_ptr<const void> keepalive;  // the mapping or the buffer the views point into
+
+    // The tokenizer stored with the model (docs/format.md, "The tokenizer"); null: byte-level, one token per byte.
+    // Its ids fit the vocabulary (set it with set_tokenizer, which checks).
+    std::shared_ptr<const text::Tokenizer> tokenizer;
 
     // Every Linear in canonical order: pre.0.attn_qkv … pre.{P-1}.mlp_down, loop.attn_qkv … loop.mlp_down,
     // head (the head only when it is not tied).

@@ -833,7 +833,9 @@ std::unique_ptr<Model> import_checkpoint(const std::string &dir, const Checkpoin
     HfConfig config = read_config(join(dir, "config.json"), options);
     auto storage = std::make_shared<Storage>();
     const Checkpoint checkpoint(dir, options.use_mmap, storage.get());
-    return Importer(std::move(config), checkpoint, storage, options).build();
+    std::unique_ptr<Model> model = Importer(std::move(config), checkpoint, storage, options).build();
+    set_tokenizer(*model, text::find_tokenizer(dir));  // tokenizer.json or tokenizer.model travels with the model
+    return model;
 }
 
 void import_checkpoint_to_file(const std::string &dir, const std::string &out_path,

@@ -118,6 +118,10 @@ def test_constants_and_version():
     assert {k: int(v) for k, v in backends.items()} == {
         "TL_BACKEND_AUTO": capi.TL_BACKEND_AUTO, "TL_BACKEND_CPU": capi.TL_BACKEND_CPU,
         "TL_BACKEND_CUDA": capi.TL_BACKEND_CUDA}
+    tokenizers = dict(re.findall(r"static const int32_t (TL_TOKENIZER_\w+) = (\d+);", CODE))
+    assert {k: int(v) for k, v in tokenizers.items()} == {
+        "TL_TOKENIZER_BYTES": capi.TL_TOKENIZER_BYTES, "TL_TOKENIZER_HUGGINGFACE": capi.TL_TOKENIZER_HUGGINGFACE,
+        "TL_TOKENIZER_SENTENCEPIECE": capi.TL_TOKENIZER_SENTENCEPIECE}
     version = tuple(int(re.search(rf"#define TL_VERSION_{part} (\d+)", HEADER).group(1))
                     for part in ("MAJOR", "MINOR", "PATCH"))
     assert version == capi.ABI_VERSION

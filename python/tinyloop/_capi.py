@@ -28,10 +28,18 @@ STATUS_NAMES = {
     -10: "TL_ERR_NOT_FOUND",
     -11: "TL_ERR_CANCELLED",
 }
+STATUS_CODES = {name: value for value, name in STATUS_NAMES.items()}
 
 TL_BACKEND_AUTO = 0
 TL_BACKEND_CPU = 1
 TL_BACKEND_CUDA = 2
+
+# Tokenizer kinds (tl_model_tokenizer): the names the package gives them.
+TL_TOKENIZER_BYTES = 0
+TL_TOKENIZER_HUGGINGFACE = 1
+TL_TOKENIZER_SENTENCEPIECE = 2
+TOKENIZER_NAMES = {TL_TOKENIZER_BYTES: "bytes", TL_TOKENIZER_HUGGINGFACE: "huggingface",
+                   TL_TOKENIZER_SENTENCEPIECE: "sentencepiece"}
 
 tl_progress_fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 
@@ -164,6 +172,11 @@ FUNCTIONS = {
     "tl_score_batch": (_status, [_model_p, ctypes.POINTER(tl_sequence), ctypes.c_size_t,
                                  ctypes.POINTER(tl_score_options), ctypes.POINTER(tl_sequence_score),
                                  ctypes.POINTER(tl_score_result)]),
+    "tl_model_tokenizer": (_status, [_model_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)]),
+    "tl_tokenize": (_status, [_model_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32),
+                              ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "tl_detokenize": (_status, [_model_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t, ctypes.c_char_p,
+                                ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
 }
 
 

@@ -168,6 +168,15 @@ class Model:
             # A float field as its shortest decimal (norm_eps 1e-05, not the double 9.999999747378752e-06).
             self._info[name] = float(str(np.float32(value))) if c_type is ctypes.c_float else value
         self._info["path"] = self.path
+        kind, n_ids = ctypes.c_int32(), ctypes.c_int32()
+        try:
+            check(self._lib, "tl_model_tokenizer",
+                  self._lib.tl_model_tokenizer(self._handle, ctypes.byref(kind), ctypes.byref(n_ids)))
+        except Error:
+            self.close()
+            raise
+        self._tokenizer = _capi.TOKENIZER_NAMES.get(kind.value, str(kind.value))
+        self._tokenizer_ids = n_ids.value
 
     # ---- lifetime ----
 
@@ -218,14 +227,69 @@ class Model:
         device = _BACKEND_NAMES[self._backend] + (f":{self._device}" if self._backend == _capi.TL_BACKEND_CUDA else "")
         return f"<tinyloop.Model {self.path!r} {state} device={device}>"
 
+    # ---- text ----
+
+    @property
+    def tokenizer(self):
+        """The tokenizer the model file stores: "huggingface" (a tokenizer.json byte-level BPE), "sentencepiece" (a
+        tokenizer.model), or "bytes" (none: one token per byte of the UTF-8 text)."""
+        return self._tokenizer
+
+    @property
+    def tokenizer_ids(self):
+        """One more than the largest id the tokenizer gives or takes (256 for "bytes")."""
+        return self._tokenizer_ids
+
+    def tokenize(self, data):
+        """The token ids of a text (str, as UTF-8, or bytes-like) by the model's tokenizer (tl_tokenize), as an int32
+        array. No beginning- or end-of-text token is added (a tokenizer.json's special tokens written in the text
+        are matched). A "huggingface" or "sentencepiece" tokenizer needs valid UTF-8 (Error INVALID_ARGUMENT naming
+        the first bad byte's offset); "bytes" takes any bytes."""
+        handle = self._live_handle()
+        raw = text.as_bytes(data)
+        # One id a byte is room enough for byte-level and BPE tokenizers; SentencePiece may need more, and then the
+        # first call says how much.
+        ids = np.zeros(len(raw) + 1, dtype=np.int32)
+        n = ctypes.c_size_t()
+        for _ in range(2):
+            status = self._lib.tl_tokenize(handle, raw, len(raw), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                           ids.size, ctypes.byref(n))
+            if status == _capi.STATUS_CODES["TL_ERR_BUFFER_TOO_SMALL"] and n.value > ids.size:
+                ids = np.zeros(n.value, dtype=np.int32)
+                continue
+            break
+        check(self._lib, "tl_tokenize", status)
+        return ids[: n.value].copy()
+
+    def detokenize(self, ids):
+        """The bytes token ids stand for (tl_detokenize), special tokens' text included; .decode("utf-8") them where
+        they are text (a token may hold part of a character). An id that is no token raises Error
+        INVALID_ARGUMENT naming its index."""
+        handle = self._live_handle()
+        array = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+        if array.size and (array.min() < -2**31 or array.max() >= 2**31):
+            raise ValueError("token ids must be int32")
+        array = array.astype(np.int32)
+        out = ctypes.create_string_buffer(array.size * 8 + 16)
+        n = ctypes.c_size_t()
+        for _ in range(2):
+            status = self._lib.tl_detokenize(handle, array.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), array.size,
+                                             out, len(out), ctypes.byref(n))
+            if status == _capi.STATUS_CODES["TL_ERR_BUFFER_TOO_SMALL"] and n.value > len(out):
+                out = ctypes.create_string_buffer(n.value)
+                continue
+            break
+        check(self._lib, "tl_detokenize", status)
+        return out.raw[: n.value]
+
     # ---- tokens in ----
 
     def tokens(self, data, what="tokens"):
-        """`data` as a contiguous int32 array of this model's token ids: str / bytes-like through the byte-level
-        tokenizer (tinyloop.text.encode), anything else as a 1-D array of integers, each checked to be in
-        [0, vocab)."""
+        """`data` as a contiguous int32 array of this model's token ids: str / bytes-like through the model's
+        tokenizer (tokenize: one token per byte for a byte-level model), anything else as a 1-D array of integers,
+        each checked to be in [0, vocab)."""
         if isinstance(data, (str, bytes, bytearray, memoryview)):
-            array = text.encode(data)
+            array = self.tokenize(data)
         else:
             array = np.asarray(data)
             if array.size == 0:
@@ -278,9 +342,9 @@ class Model:
     def score(self, data, *, window=0, per_token=False, progress=None):
         """Scores one sequence (tl_score): the NLL of each token given those before it.
 
-        data: token ids (any 1-D integer array or list) or text (str / bytes: one token per byte). At least two
-        tokens. window: the window length, 2..max_seq (0 = max_seq); a longer sequence is scored in windows that
-        overlap by one token. per_token: also return each predicted token's NLL as a float32 array. progress: a
+        data: token ids (any 1-D integer array or list) or text (str / bytes: through the model's tokenizer, see
+        tokenize). At least two tokens. window: the window length, 2..max_seq (0 = max_seq); a longer sequence is
+        scored in windows that overlap by one token. per_token: also return each predicted token's NLL as a float32 array. progress: a
         callable (done, total) called between windows; a true return value stops the call (Error CANCELLED)."""
         handle = self._live_handle()
         tokens = self.tokens(data)
@@ -320,7 +384,8 @@ class Model:
 
         Each request is one of: token ids (the whole sequence is scored, its first token only as context);
         (tokens, n_context) (the first n_context tokens are context only); (context, continuation), each token ids
-        or text (the continuation is scored given the context; an empty context is refused, since the first token
+        or text (the continuation is scored given the context; text is tokenized, context and continuation each on
+        its own; an empty context is refused, since the first token
         has nothing to be predicted from). Each sequence must fit max_seq. per_token: each SequenceScore also gets
         the NLLs of all its predicted tokens, context tokens included. progress: as for score, in scored tokens."""
         handle = self._live_handle()

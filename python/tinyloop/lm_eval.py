@@ -8,8 +8,9 @@
 Once this module is imported the class is also registered with lm-eval as "tinyloop" (model="tinyloop",
 model_args="path=...,bos_token_id=10").
 
-Text becomes tokens through tinyloop.text.encode (one token per UTF-8 byte: the models so far are byte-level).
-Such a model has no BOS token, and a token with nothing before it cannot be scored: a request with an empty context
+Text becomes tokens through the model's tokenizer (Model.tokenize: a stored tokenizer.json or tokenizer.model, else
+one token per UTF-8 byte), a request's context and continuation each on its own, with no BOS token added. A byte-level
+model has no BOS token, and a token with nothing before it cannot be scored: a request with an empty context
 (loglikelihood), or the first token of a text (loglikelihood_rolling), needs a token to condition on. Pass
 bos_token_id (any id of the model's vocabulary; for the byte-level demo model, 10, a newline, starts a line as a new
 document does) and it is put before an empty context and before every rolling text; without it such requests raise
@@ -22,7 +23,6 @@ except ImportError as error:
     raise ImportError("tinyloop.lm_eval needs lm-evaluation-harness (the lm_eval package), which is not "
                       f"importable here: {error}") from error
 
-from . import text
 from ._model import Model
 
 try:
@@ -76,7 +76,7 @@ class TinyLoopLM(LM):
         return self.model.max_seq
 
     def tok_encode(self, string):
-        return text.encode(string).tolist()
+        return self.model.tokenize(string).tolist()
 
     def _no_bos(self, what):
         return ValueError(
@@ -90,8 +90,8 @@ class TinyLoopLM(LM):
         batch, empty = [], set()
         for i, request in enumerate(requests):
             context, continuation = request.args
-            context_tokens = text.encode(context).tolist()
-            continuation_tokens = text.encode(continuation).tolist()
+            context_tokens = self.model.tokenize(context).tolist()
+            continuation_tokens = self.model.tokenize(continuation).tolist()
             if not continuation_tokens:
                 empty.add(i)  # nothing to score: probability 1, and greedy decoding produces it
                 continue
@@ -124,7 +124,7 @@ class TinyLoopLM(LM):
             (string,) = request.args
             if self.bos_token_id is None:
                 raise self._no_bos(f"loglikelihood_rolling request {i}")
-            tokens = [self.bos_token_id] + text.encode(string).tolist()
+            tokens = [self.bos_token_id] + self.model.tokenize(string).tolist()
             for start, end, n_context in rolling_windows(len(tokens), self.max_length):
                 batch.append((tokens[start:end], n_context))
                 owners.append(i)

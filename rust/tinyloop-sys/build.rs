@@ -27,6 +27,9 @@ const DEFAULT_CUDA_ARCHS: &str = "80;90";
 /// goes through `cc`'s `opt_level` and `NDEBUG` through `define`; these are the rest.
 const CMAKE_RELEASE_VISIBILITY_FLAGS: [&str; 2] = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"];
 
+/// The shared libraries the C++ core's tokenizers (cpp/text) link, as CMakeLists.txt links them.
+const TOKENIZER_LIBRARIES: [&str; 3] = ["pcre2-8", "utf8proc", "sentencepiece"];
+
 /// What `build_info()` reports as the build type of a library this script compiled.
 const BUILD_TYPE: &str = "cargo (Release: -O3 -DNDEBUG)";
 
@@ -288,6 +291,12 @@ fn build_from_source(root: &Path) {
 
     if let Some(cuda) = &cuda {
         build_cuda(root, cuda);
+    }
+    // The tokenizers' libraries (cpp/text; CMakeLists.txt finds the same ones): PCRE2 and utf8proc for tokenizer.json,
+    // libsentencepiece for tokenizer.model (Debian: libpcre2-dev, libutf8proc-dev, libsentencepiece-dev). Named after
+    // the static library above, so the linker resolves its references to them.
+    for library in TOKENIZER_LIBRARIES {
+        println!("cargo:rustc-link-lib={library}");
     }
     println!("cargo:rustc-link-lib=pthread");
     // Dependents' build scripts read it as DEP_TINYLOOP_INCLUDE.

@@ -90,10 +90,12 @@ elseif(CASE STREQUAL "help")
   set(expect_rc 0)
   set(expect_output "Exit status: 0 success[^\n]*; 1 runtime error[^\n]*; 2 usage error")
 elseif(CASE STREQUAL "score_help")
-  # Text is bytes, one token per byte; the help says so, and the exit statuses reach the subcommands' help too.
+  # Text goes through the model's tokenizer, else one token per byte; the help says so, and the exit statuses reach
+  # the subcommands' help too.
   set(args score --help)
   set(expect_rc 0)
-  set(expect_output "Text is read as raw bytes: each byte of the --text file is one token")
+  set(expect_output
+    "--text goes through the model's tokenizer when its file stores one.*otherwise each byte of the file is one token")
   set(expect_also "Exit status: 0 success")
 elseif(CASE STREQUAL "progress_log" OR CASE STREQUAL "progress_log_env")
   # stderr to a file: whole progress lines, one per window at interval 0, and the last at 100%.
@@ -161,7 +163,8 @@ elseif(CASE STREQUAL "score_batch_help")
   set(args score-batch --help)
   set(expect_rc 0)
   set(expect_output "\"context\": \\[ids\\], \"continuation\": \\[ids\\]")
-  set(expect_also "UTF-8 bytes, one token per\n? ?byte" "Exit status: 0 success")
+  set(expect_also "strings through the model's tokenizer, each on its own \\(one token per byte for a byte-level model"
+                  "Exit status: 0 success")
 elseif(CASE STREQUAL "text_stdin")
   # --text - reads standard input; -q prints no progress.
   set(input_file ${TEXT})

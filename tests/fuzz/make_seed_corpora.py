@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the request-line, checkpoint-import and INT4-import fuzz targets (the model loader's
-comes from make_corpus.py). Run by hand; the output is committed under tests/fuzz/corpus/ (CI never regenerates it):
+"""Writes the seed corpora of the request-line, checkpoint-import, INT4-import and tokenizer fuzz targets (the model
+loader's comes from make_corpus.py). Run by hand; the output is committed under tests/fuzz/corpus/ (CI never
+regenerates it):
 
-    python3 tests/fuzz/make_seed_corpora.py <build>/tests/import/looped_checkpoints tests/fuzz/corpus
+    python3 tests/fuzz/make_seed_corpora.py <build>/tests/import/looped_checkpoints tests/fuzz/corpus \
+        [<build>/tests/text/tokenizer_cases]
+
+The tokenizer seeds (only with the third argument: tests/text/make_tokenizer_cases.py's folder) are fuzz_tokenizer's
+mode byte followed by a tokenizer.json (0), the SentencePiece model (1) or a test text (2).
 
 The import seeds are the converter tests' checkpoints (tests/import/make_looped_checkpoints.py) in the fuzz target's
 layout: config.json, quantize_config.json and model.safetensors joined by its separator line.
@@ -74,8 +79,24 @@ def int4_seeds(out):
         write(out, name, head + body)
 
 
+def tokenizer_seeds(cases_dir, out):
+    for name in ["gpt2", "llama3", "qwen2"]:
+        data = json.dumps(json.loads(read(os.path.join(cases_dir, name, "tokenizer.json"))), separators=(",", ":"))
+        write(out, "json_" + name, b"\x00" + data.encode())
+    for name in ["wordpiece", "bad_regex", "merge_not_in_vocab", "duplicate_id", "truncated", "deep"]:
+        write(out, "json_bad_" + name, b"\x00" + read(os.path.join(cases_dir, "bad", name + ".json")))
+    write(out, "sentencepiece", b"\x01" + read(os.path.join(cases_dir, "sentencepiece", "tokenizer.model")))
+    cases = json.loads(read(os.path.join(cases_dir, "cases.json")))
+    for case in cases["gpt2"]["cases"]:
+        if case["name"] != "corpus":
+            write(out, "text_" + case["name"], b"\x02" + case["text"].encode())
+    write(out, "text_not_utf8", b"\x02caf\xe9 \xed\xa0\x80 \xc0\xaf")
+
+
 def main():
     checkpoints, out = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 3:
+        tokenizer_seeds(sys.argv[3], os.path.join(out, "tokenizer"))
     for name, data in REQUESTS.items():
         write(os.path.join(out, "requests"), name, data)
     import_seeds(checkpoints, os.path.join(out, "import"))

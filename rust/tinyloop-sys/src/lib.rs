@@ -243,6 +243,13 @@ c_constants! {
     pub const TL_BACKEND_CPU: i32 = 1;
     /// The CUDA backend.
     pub const TL_BACKEND_CUDA: i32 = 2;
+
+    /// No tokenizer stored: one token per byte, ids 0-255.
+    pub const TL_TOKENIZER_BYTES: i32 = 0;
+    /// A Hugging Face tokenizer.json holding a byte-level BPE.
+    pub const TL_TOKENIZER_HUGGINGFACE: i32 = 1;
+    /// A SentencePiece tokenizer.model.
+    pub const TL_TOKENIZER_SENTENCEPIECE: i32 = 2;
 }
 
 opaque_handles! {
@@ -644,6 +651,27 @@ c_functions! {
         options: *const tl_score_options,
         out_scores: *mut tl_sequence_score,
         out_result: *mut tl_score_result,
+    ) -> tl_status;
+
+    /// The model's tokenizer: a `TL_TOKENIZER_*` kind and, when `out_n_ids` is not NULL, its largest id + 1.
+    pub fn tl_model_tokenizer(model: *const tl_model, out_kind: *mut i32, out_n_ids: *mut i32) -> tl_status;
+    /// Token ids of `len` bytes of text; TL_ERR_BUFFER_TOO_SMALL sets `*out_n` to the number needed.
+    pub fn tl_tokenize(
+        model: *const tl_model,
+        text: *const c_char,
+        len: usize,
+        out_ids: *mut i32,
+        cap: usize,
+        out_n: *mut usize,
+    ) -> tl_status;
+    /// The bytes of `n_ids` token ids (not NUL-terminated); TL_ERR_BUFFER_TOO_SMALL sets `*out_len` to the size needed.
+    pub fn tl_detokenize(
+        model: *const tl_model,
+        ids: *const i32,
+        n_ids: usize,
+        out_text: *mut c_char,
+        cap: usize,
+        out_len: *mut usize,
     ) -> tl_status;
 }
 

@@ -71,6 +71,7 @@ mod gemm;
 mod logging;
 mod model;
 mod score;
+mod text;
 mod weight;
 
 pub use device::{Device, DeviceBuffer, DeviceCopy, DeviceInfo, Stream};
@@ -92,6 +93,7 @@ pub use half::f16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{import_checkpoint, HeadKind, ImportOptions, LoadOptions, Model, ModelInfo};
 pub use score::{Backend, ScoreOptions, ScoreResult, Sequence, SequenceScore};
+pub use text::{TokenizerInfo, TokenizerKind};
 pub use weight::{QuantMethod, QuantizeOptions, Weight, WeightDesc, WeightInfo, WeightRef};
 
 /// A library version, `major.minor.patch`.
