@@ -5,10 +5,13 @@
 #
 #   OUT=/path tools/gpu/device_check.sh     (SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=..., SANITIZER_TOOLS=memcheck,
 #                                       SANITIZE_ONLY=<binary name> to trim)
-# Header-only build dependencies the GPU image may lack (CLI11, Eigen) can come in a folder .devdeps at the repository
-# root, laid out like the root file system (.devdeps/usr/include/CLI, .devdeps/usr/include/eigen3,
-# .devdeps/usr/share/eigen3/cmake); where the system has none, the build is pointed at them (an include path, and
-# Eigen3_DIR); nothing is copied into system folders. The script itself writes only under $BUILD and $OUT.
+# Build dependencies the GPU image may lack can come in a folder .devdeps at the repository root, laid out like the
+# root file system: the header-only CLI11 and Eigen (.devdeps/usr/include/CLI, .devdeps/usr/include/eigen3,
+# .devdeps/usr/share/eigen3/cmake) and the tokenizers' libraries, Debian's packages unpacked with dpkg -x (libpcre2-dev,
+# libutf8proc-dev, libsentencepiece-dev and their runtime packages, libprotobuf-lite32). Where the system has none,
+# the build is pointed at them (an include path, Eigen3_DIR, a pkg-config sysroot, the SentencePiece paths) and the
+# tests find the libraries through LD_LIBRARY_PATH; nothing is copied into system folders. The script itself writes
+# only under $BUILD and $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
@@ -23,6 +26,14 @@ devdeps=()
 if [ -d .devdeps ]; then
   [ -d /usr/include/CLI ] || devdeps+=("-DCMAKE_CXX_FLAGS=-isystem $PWD/.devdeps/usr/include")
   [ -d /usr/include/eigen3 ] || devdeps+=("-DEigen3_DIR=$PWD/.devdeps/usr/share/eigen3/cmake")
+  libdir=$PWD/.devdeps/usr/lib/x86_64-linux-gnu
+  if ! pkg-config --exists libpcre2-8 libutf8proc 2>/dev/null; then
+    # The .pc files say prefix=/usr: the sysroot puts .devdeps in front of every path they give.
+    export PKG_CONFIG_PATH=$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PWD/.devdeps
+  fi
+  [ -f /usr/include/sentencepiece_processor.h ] || devdeps+=(
+    "-DTL_SENTENCEPIECE_INCLUDE_DIR=$PWD/.devdeps/usr/include" "-DTL_SENTENCEPIECE_LIBRARY=$libdir/libsentencepiece.so")
+  export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
   -DTL_CAPI_TESTS=OFF ${devdeps[@]+"${devdeps[@]}"} >"$OUT/build.log" 2>&1 || {
