@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "fuzz_common.hpp"
 #include "tinyloop.h"
 
 namespace {
@@ -28,30 +29,8 @@ void remove_scratch() {
     ::rmdir(g_dir.c_str());
 }
 
-void read_message(tl_status status) {
-    if (status == TL_OK) return;
-    volatile size_t n = std::strlen(tl_last_error_message()) + std::strlen(tl_status_string(status));
-    (void)n;
-}
-
-void discard_log(void *, int32_t, const char *message) {
-    volatile size_t n = std::strlen(message);
-    (void)n;
-}
-
-bool write_file(const std::string &path, const char *data, size_t size) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return false;
-    size_t done = 0;
-    while (done < size) {
-        const ssize_t n = ::write(fd, data + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        done += size_t(n);
-    }
-    ::close(fd);
-    return done == size;
-}
+using fuzz::discard_log;
+using fuzz::read_message;
 
 }  // namespace
 
@@ -82,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         const char *end = static_cast<const char *>(memmem(text + start, size - start, kSeparator, separator));
         const size_t stop = end != nullptr ? static_cast<size_t>(end - text) : size;
-        if (!write_file(path, text + start, stop - start)) std::abort();  // a full disk is no finding
+        if (!fuzz::write_file(path, text + start, stop - start)) std::abort();  // a full disk is no finding
         start = end != nullptr ? stop + separator : size + 1;
     }
     const std::string out = g_dir + "/out.tinyloop";

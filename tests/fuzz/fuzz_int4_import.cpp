@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "fuzz_common.hpp"
 #include "tinyloop.h"
 
 namespace {
@@ -27,11 +28,7 @@ struct Bytes {
     }
 };
 
-void read_message(tl_status status) {
-    if (status == TL_OK) return;
-    volatile size_t n = std::strlen(tl_last_error_message()) + std::strlen(tl_status_string(status));
-    (void)n;
-}
+using fuzz::read_message;
 
 // A dimension from two bytes: mostly in [1, kMaxDim], sometimes 0, negative or far out of range.
 int32_t dimension(Bytes &in) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_common.hpp"
 #include "tinyloop.h"
 
 namespace {
@@ -29,32 +30,8 @@ std::string g_path;  // the one scratch file every input is written to
 
 void remove_scratch() { ::unlink(g_path.c_str()); }
 
-// The logging code runs too; the text itself is dropped.
-void discard_log(void *, int32_t, const char *message) {
-    volatile size_t n = std::strlen(message);
-    (void)n;
-}
-
-// A status is fine; its message must still be a readable string.
-void read_message(tl_status status) {
-    if (status == TL_OK) return;
-    volatile size_t n = std::strlen(tl_last_error_message()) + std::strlen(tl_status_string(status));
-    (void)n;
-}
-
-bool write_scratch(const uint8_t *data, size_t size) {
-    const int fd = ::open(g_path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-    if (fd < 0) return false;
-    size_t done = 0;
-    while (done < size) {
-        const ssize_t n = ::write(fd, data + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        done += size_t(n);
-    }
-    ::close(fd);
-    return done == size;
-}
+using fuzz::discard_log;
+using fuzz::read_message;
 
 // FNV-1a over the whole input: the source of this input's load flags and tokens.
 uint64_t hash_of(const uint8_t *data, size_t size) {
@@ -150,7 +127,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!write_scratch(data, size)) std::abort();  // a full disk is no finding: stop loudly instead
+    if (!fuzz::write_file(g_path, data, size)) std::abort();  // a full disk is no finding: stop loudly instead
     uint64_t seed = hash_of(data, size);
 
     tl_load_options load;
