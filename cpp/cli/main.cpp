@@ -440,7 +440,7 @@ void check_convention_args(const ScoreArgs &a) {
             throw UsageError("--stride " + std::to_string(a.stride) + ": the stride S must satisfy 1 <= S <= "
                              "window - 1 (S = window - 1 is the default windows)");
         }
-        if (a.window != 0 && a.stride > a.window - 1) {
+        if (a.window >= 2 && a.stride > a.window - 1) {  // a --window below 2 is refused as such, with the model
             throw UsageError("--stride " + std::to_string(a.stride) +
                              ": the stride must be at most the window length - 1 = " + std::to_string(a.window - 1) +
                              " (--window " + std::to_string(a.window) +

@@ -232,6 +232,7 @@ for args, message in [
         (["--stride", "128"], r"--stride 128: the stride must be at most the window length - 1 = 127 \(the window is "
                               r"the model's max_seq"),
         (["--window", "200", "--stride", "5"], r"--window 200 is outside \[2, max_seq = 128\]"),
+        (["--window", "1", "--stride", "1"], r"--window 1 is outside \[2, max_seq = 128\]"),
         (["--llama-perplexity", "--ctx", "63"], r"--ctx 63: llama-perplexity's context must be even"),
         (["--llama-perplexity", "--ctx", "2"], r"--ctx 2: llama-perplexity's context must be at least 4"),
         (["--llama-perplexity", "--ctx", "256"], r"--ctx 256: above the model's max_seq = 128"),
