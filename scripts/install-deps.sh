@@ -18,6 +18,8 @@ packages=(
   librust-jobserver-dev  # Rust build script: the cc crate's parallel compilation
   librust-log-dev      # Rust crate: destructors log the errors they cannot return
   librust-serde-json-dev  # Rust scoring-service example: line-delimited JSON
+  librust-clap-dev        # Rust scoring-service example: its command line and --help (clap 4.0.32 in Debian 12;
+                          # it depends on librust-clap-derive-dev, so the derive feature is there)
   librust-criterion-dev   # Rust benchmarks (cargo bench)
   librust-bindgen+runtime-dev  # Rust drift test: reads tinyloop.h through libclang (test-only helper crate)
   librust-syn-dev         # Rust drift test: lists the items bindgen generates

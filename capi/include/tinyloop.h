@@ -585,7 +585,10 @@ static const int32_t TL_BACKEND_CUDA = 2;
 
 /** Progress: `done` of `total` tokens processed. Return 0 to go on, non-zero to stop (the call then returns
  *  TL_ERR_CANCELLED). Called on the thread that called tl_score, between windows, with no lock of the library
- *  held: it may call into the library, tl_score on the same model included. */
+ *  held: it may call into the library, tl_score on the same model included. When it runs, options->token_nll (if
+ *  set) already holds the NLLs of the work reported done, so a caller can show a running perplexity: for tl_score
+ *  token_nll[0, done); for tl_score_batch those of the first k sequences, whose tokens_scored add up to `done`
+ *  (sequences finish in order). */
 typedef int32_t (*tl_progress_fn)(void *user_data, uint64_t done, uint64_t total);
 
 typedef struct tl_score_options {

@@ -30,6 +30,7 @@
 #include "quant/quant.hpp"
 #include "import/synthetic.hpp"
 #include "text/tokenizer.hpp"
+#include "cli/perplexity.hpp"
 #include "cli/requests.hpp"
 #include "tinyloop.h"
 
@@ -163,20 +164,15 @@ std::vector<int32_t> read_token_file(const std::string &path, uint64_t max_token
 }
 
 // A progress bar on stderr; callers draw it only when stderr is a terminal.
-void draw_bar(const char *label, uint64_t done, uint64_t total, const char *unit) {
+void draw_bar(const char *label, uint64_t done, uint64_t total, const char *unit, const std::string &suffix = "") {
     if (total == 0) return;
     const int width = 40;
     const int filled = static_cast<int>(width * done / total);
-    std::fprintf(stderr, "\r%s[%.*s%*s] %3d%% %llu/%llu %s", label, filled, "========================================",
-                 width - filled, "", static_cast<int>(100 * done / total), static_cast<unsigned long long>(done),
-                 static_cast<unsigned long long>(total), unit);
+    std::fprintf(stderr, "\r%s[%.*s%*s] %3d%% %llu/%llu %s%s", label, filled,
+                 "========================================", width - filled, "", static_cast<int>(100 * done / total),
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total), unit, suffix.c_str());
     if (done == total) std::fprintf(stderr, "\n");
     std::fflush(stderr);
-}
-
-int32_t draw_progress(void *, uint64_t done, uint64_t total) {
-    draw_bar("", done, total, "tokens");
-    return 0;
 }
 
 std::string format_duration(double seconds) {
@@ -194,7 +190,17 @@ std::string format_duration(double seconds) {
 struct ProgressLog {
     double interval = 5;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
+    // score: the running perplexity over the windows (or chunks) done, added to each line and to the bar.
+    const tl::cli::RunningPerplexity *running = nullptr;
+    const char *unit = "window";
+
+    std::string detail() const { return running != nullptr ? running->progress_text(unit) : std::string(); }
 };
+
+int32_t draw_progress(void *user, uint64_t done, uint64_t total) {
+    draw_bar("", done, total, "tokens", static_cast<const ProgressLog *>(user)->detail());
+    return 0;
+}
 
 int32_t log_progress(void *user, uint64_t done, uint64_t total) {
     auto &p = *static_cast<ProgressLog *>(user);
@@ -204,9 +210,10 @@ int32_t log_progress(void *user, uint64_t done, uint64_t total) {
     const double elapsed = std::chrono::duration<double>(now - p.start).count();
     const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
     const std::string eta = done == total ? "0 s" : rate > 0 ? format_duration((total - done) / rate) : "unknown";
-    std::fprintf(stderr, "progress %llu/%llu tokens (%.1f%%), %.1f tok/s, ETA %s\n",
+    std::fprintf(stderr, "progress %llu/%llu tokens (%.1f%%), %.1f tok/s, ETA %s%s\n",
                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
-                 total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, rate, eta.c_str());
+                 total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, rate, eta.c_str(),
+                 p.detail().c_str());
     std::fflush(stderr);
     return 0;
 }
@@ -224,10 +231,8 @@ tl_score_options scoring_options(const std::string &backend, int threads, bool q
     log.interval = progress_interval;
     if (quiet) {
         opts.progress = nullptr;
-    } else if (isatty(STDERR_FILENO)) {
-        opts.progress = draw_progress;
     } else {
-        opts.progress = log_progress;
+        opts.progress = isatty(STDERR_FILENO) ? draw_progress : log_progress;
         opts.progress_user_data = &log;
     }
     return opts;
@@ -410,63 +415,298 @@ int cmd_import(const std::string &dir, const std::string &out, int max_seq) {
     return 0;
 }
 
-int cmd_score(const std::string &model_path, const std::string &text, const std::string &token_file,
-              const std::string &backend, int threads, int device, bool quiet, int window, uint64_t max_tokens,
-              const std::string &per_token, bool json, double progress_interval) {
+// What `score` was asked: the input, where it runs, and the perplexity convention with its parameters.
+struct ScoreArgs {
+    std::string model_path, text, token_file, backend = "auto", per_token;
+    int threads = 0, device = 0, window = 0;
+    bool quiet = false, json = false;
+    uint64_t max_tokens = 0;
+    double progress_interval = 5;
+    tl::cli::Convention convention = tl::cli::Convention::Windows;
+    int64_t stride = 0;  // --stride S
+    int64_t ctx = 0;     // --ctx N (0: the default)
+    int64_t bos = -1;    // --bos ID (-1: none)
+};
+
+// llama-perplexity's default context: 512, the context of most published llama-perplexity figures, capped at the
+// model's max_seq (rounded down to even).
+constexpr int64_t kDefaultLlamaContext = 512;
+
+// The checks of --stride, --ctx and --bos that need no model: usage errors (exit 2) before anything is loaded.
+void check_convention_args(const ScoreArgs &a) {
+    using tl::cli::Convention;
+    if (a.convention == Convention::Stride) {
+        if (a.stride < 1) {
+            throw UsageError("--stride " + std::to_string(a.stride) + ": the stride S must satisfy 1 <= S <= "
+                             "window - 1 (S = window - 1 is the default windows)");
+        }
+        if (a.window >= 2 && a.stride > a.window - 1) {  // a --window below 2 is refused as such, with the model
+            throw UsageError("--stride " + std::to_string(a.stride) +
+                             ": the stride must be at most the window length - 1 = " + std::to_string(a.window - 1) +
+                             " (--window " + std::to_string(a.window) +
+                             "): from a stride of the whole window on, tokens between the windows would go unscored");
+        }
+    }
+    if (a.convention == Convention::LlamaPerplexity) {
+        if (a.ctx != 0 && a.ctx % 2 != 0) {
+            throw UsageError("--ctx " + std::to_string(a.ctx) +
+                             ": llama-perplexity's context must be even (the second half of each chunk is scored)");
+        }
+        if (a.ctx != 0 && a.ctx < 4) {
+            throw UsageError("--ctx " + std::to_string(a.ctx) +
+                             ": llama-perplexity's context must be at least 4 (each chunk scores ctx/2 - 1 tokens)");
+        }
+        if (a.bos < -1) throw UsageError("--bos " + std::to_string(a.bos) + ": a token id must not be negative");
+    }
+}
+
+// The window length or chunk size of the convention, checked against the model (usage errors, exit 2). The default
+// windows leave --window to the library, as they always did.
+size_t convention_length(const ScoreArgs &a, const tl_model_properties &p) {
+    using tl::cli::Convention;
+    const int64_t max_seq = p.max_seq;
+    if (a.convention == Convention::Windows) return static_cast<size_t>(a.window != 0 ? a.window : max_seq);
+    if (a.convention == Convention::Stride) {
+        const int64_t window = a.window != 0 ? a.window : max_seq;
+        if (window < 2 || window > max_seq) {
+            throw UsageError("--window " + std::to_string(window) + " is outside [2, max_seq = " +
+                             std::to_string(max_seq) + "]");
+        }
+        if (a.stride > window - 1) {
+            throw UsageError("--stride " + std::to_string(a.stride) +
+                             ": the stride must be at most the window length - 1 = " + std::to_string(window - 1) +
+                             " (the window is the model's max_seq, " + std::to_string(max_seq) +
+                             "; --window sets another)");
+        }
+        return static_cast<size_t>(window);
+    }
+    int64_t ctx = a.ctx;
+    if (ctx == 0) ctx = std::min(kDefaultLlamaContext, max_seq) / 2 * 2;
+    if (ctx > max_seq) {
+        throw UsageError("--ctx " + std::to_string(ctx) + ": above the model's max_seq = " + std::to_string(max_seq));
+    }
+    if (ctx < 4) throw UsageError("the model's max_seq = " + std::to_string(max_seq) + " is too short for chunks of 4");
+    if (a.bos >= p.vocab) {
+        throw UsageError("--bos " + std::to_string(a.bos) + " is outside the vocabulary [0, " +
+                         std::to_string(p.vocab) + ")");
+    }
+    return static_cast<size_t>(ctx);
+}
+
+// The progress of a convention's scoring calls: the running perplexity takes in the passes each report completes,
+// then the tool's own progress (the bar or the log lines) hears of the whole run's tokens.
+struct ScoreProgress {
+    tl_progress_fn inner = nullptr;
+    void *inner_user = nullptr;
+    tl::cli::RunningPerplexity *running = nullptr;
+    uint64_t done_before = 0, total = 0;
+};
+
+int32_t score_progress(void *user, uint64_t done, uint64_t) {
+    auto &p = *static_cast<ScoreProgress *>(user);
+    p.running->take_in(done);
+    return p.inner != nullptr ? p.inner(p.inner_user, p.done_before + done, p.total) : 0;
+}
+
+// The NLL buffer of one tl_score_batch call holds at most about this many floats (64 MiB): a long text in a small
+// stride is scored in several calls.
+constexpr size_t kMaxCallNlls = size_t{1} << 24;
+
+// What the scoring calls of a convention add up to.
+struct Scored {
+    tl_score_result r{};
+    std::vector<float> nll;  // the scored tokens' NLLs, pass after pass (default windows: all tokens' but the first)
+    std::vector<double> running;  // batch conventions: the perplexity over passes 1..k, from the library's sums
+};
+
+// The default convention: one tl_score call, windows overlapping by one token.
+Scored score_windows(const tl_model *model, const std::vector<int32_t> &tokens, tl_score_options opts,
+                     tl::cli::RunningPerplexity &running, size_t n_passes) {
+    Scored s;
+    // Always taken (4 bytes a token, as much as the tokens): the perplexity's standard error needs every NLL.
+    s.nll.resize(tokens.size() - 1);
+    opts.token_nll = s.nll.data();
+    opts.token_nll_len = s.nll.size();
+    ScoreProgress progress{opts.progress, opts.progress_user_data, &running, 0, tokens.size() - 1};
+    running.begin_call(n_passes, s.nll.data(), tl::cli::RunningPerplexity::Layout::Windows);
+    opts.progress = score_progress;
+    opts.progress_user_data = &progress;
+    check(tl_score_result_init(&s.r, sizeof s.r), "score result");
+    check(tl_score(model, tokens.data(), tokens.size(), &opts, &s.r), "score");
+    running.take_in(s.r.tokens_scored);
+    return s;
+}
+
+// Stride and llama-perplexity: each pass a sequence of tl_score_batch, in calls of at most kMaxCallNlls NLLs.
+Scored score_passes(const tl_model *model, const std::vector<int32_t> &tokens, const std::vector<tl::cli::Pass> &passes,
+                    tl_score_options opts, tl::cli::RunningPerplexity &running) {
+    Scored s;
+    check(tl_score_result_init(&s.r, sizeof s.r), "score result");
+    uint64_t total = 0;
+    for (const tl::cli::Pass &p : passes) total += p.scored();
+    s.nll.reserve(static_cast<size_t>(total));
+    s.running.reserve(passes.size());
+    ScoreProgress progress{opts.progress, opts.progress_user_data, &running, 0, total};
+    opts.progress = score_progress;
+    opts.progress_user_data = &progress;
+    std::vector<float> call_nll;
+    double nll_sum = 0;
+    uint64_t scored = 0;
+    for (size_t first = 0; first < passes.size();) {
+        size_t end = first, nlls = 0;
+        while (end < passes.size() && (end == first || nlls + passes[end].length - 1 <= kMaxCallNlls)) {
+            nlls += passes[end++].length - 1;
+        }
+        std::vector<tl_sequence> sequences;
+        for (size_t i = first; i < end; ++i) {
+            sequences.push_back(tl_sequence{tokens.data() + passes[i].start, passes[i].length, passes[i].n_context});
+        }
+        call_nll.assign(nlls, 0.0f);
+        opts.token_nll = call_nll.data();
+        opts.token_nll_len = call_nll.size();
+        running.begin_call(end, call_nll.data(), tl::cli::RunningPerplexity::Layout::Sequences);
+        std::vector<tl_sequence_score> scores(sequences.size());
+        tl_score_result r;
+        check(tl_score_result_init(&r, sizeof r), "score result");
+        check(tl_score_batch(model, sequences.data(), sequences.size(), &opts, scores.data(), &r), "score");
+        running.take_in(r.tokens_scored);
+        size_t offset = 0;
+        for (size_t i = first; i < end; ++i) {
+            const tl::cli::Pass &p = passes[i];
+            for (size_t j = p.first_scored(); j < p.length; ++j) s.nll.push_back(call_nll[offset + j - 1]);
+            offset += p.length - 1;
+            nll_sum += scores[i - first].nll_sum;
+            scored += scores[i - first].tokens_scored;
+            s.running.push_back(std::exp(nll_sum / static_cast<double>(scored)));
+        }
+        if (first == 0) s.r.backend = r.backend;
+        s.r.n_windows += r.n_windows;
+        s.r.seconds += r.seconds;
+        s.r.setup_seconds += r.setup_seconds;
+        s.r.graph_capture_seconds += r.graph_capture_seconds;
+        for (auto [sum, add] :
+             {std::pair{&s.r.gemm_marlin_fused, r.gemm_marlin_fused},
+              {&s.r.gemm_marlin_correction, r.gemm_marlin_correction},
+              {&s.r.gemm_dequant_cublas, r.gemm_dequant_cublas}, {&s.r.gemm_fp16_body, r.gemm_fp16_body},
+              {&s.r.gemm_native, r.gemm_native}, {&s.r.gemm_dense_cublas, r.gemm_dense_cublas},
+              {&s.r.gemm_fallbacks, r.gemm_fallbacks}}) {
+            *sum += add;
+        }
+        progress.done_before += r.tokens_scored;
+        first = end;
+    }
+    s.r.nll_sum = nll_sum;
+    s.r.tokens_scored = scored;
+    s.r.perplexity = std::exp(nll_sum / static_cast<double>(scored));
+    return s;
+}
+
+int cmd_score(const ScoreArgs &a) {
+    using tl::cli::Convention;
     // Opened before any work, so that a path that cannot be written costs none.
     std::ofstream per_token_out;
-    if (!per_token.empty()) {
-        per_token_out.open(per_token);
-        if (!per_token_out) throw CliError("cannot open '" + per_token + "' for writing: " + errno_text(errno));
+    if (!a.per_token.empty()) {
+        per_token_out.open(a.per_token);
+        if (!per_token_out) throw CliError("cannot open '" + a.per_token + "' for writing: " + errno_text(errno));
     }
     const auto load_start = std::chrono::steady_clock::now();
-    ModelHandle h(model_path);
+    ModelHandle h(a.model_path);
     apply_dispatch_environment(h.model);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    tl_model_properties properties;
+    properties.struct_size = sizeof properties;
+    check(tl_model_info(h.model, &properties), "info");
+    const size_t length = convention_length(a, properties);  // the window or chunk length
     // Text goes through the model's tokenizer; a byte-level model reads only the --max-tokens bytes it scores, any
     // other reads the whole text and scores its first --max-tokens tokens.
     const int32_t tokenizer = tokenizer_kind(h.model);
     std::vector<int32_t> tokens;
-    if (!token_file.empty()) {
-        tokens = read_token_file(token_file, max_tokens);
+    if (!a.token_file.empty()) {
+        tokens = read_token_file(a.token_file, a.max_tokens);
     } else if (tokenizer == TL_TOKENIZER_BYTES) {
-        tokens = byte_tokens(read_text(text, max_tokens));
+        tokens = byte_tokens(read_text(a.text, a.max_tokens));
     } else {
-        tokens = tokenize(h.model, read_text(text, 0));
-        if (max_tokens > 0 && tokens.size() > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+        tokens = tokenize(h.model, read_text(a.text, 0));
+        if (a.max_tokens > 0 && tokens.size() > a.max_tokens) tokens.resize(static_cast<size_t>(a.max_tokens));
     }
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
 
+    std::vector<tl::cli::Pass> passes;
+    std::vector<int32_t> chunk_tokens;  // --bos: the tokens with each chunk's first replaced
+    const char *unit = "window";
+    switch (a.convention) {
+    case Convention::Windows: passes = tl::cli::overlap_windows(tokens.size(), length); break;
+    case Convention::Stride:
+        passes = tl::cli::stride_windows(tokens.size(), length, static_cast<size_t>(a.stride));
+        break;
+    case Convention::LlamaPerplexity:
+        unit = "chunk";
+        // llama-perplexity's own rule: at least two chunks.
+        if (tokens.size() < 2 * length) {
+            throw CliError("--llama-perplexity with chunks of " + std::to_string(length) + " tokens needs at least " +
+                           std::to_string(2 * length) + " tokens (two chunks, as llama-perplexity asks); the input " +
+                           "has " + std::to_string(tokens.size()) + ": give a smaller --ctx");
+        }
+        passes = tl::cli::llama_chunks(tokens.size(), length);
+        if (a.bos >= 0) {
+            chunk_tokens = tokens;
+            for (const tl::cli::Pass &p : passes) chunk_tokens[p.start] = static_cast<int32_t>(a.bos);
+        }
+        break;
+    }
+
     ProgressLog progress_log;
-    tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
-    opts.device = device;
-    opts.window = window;
-    // Always taken (4 bytes a token, as much as the tokens): the perplexity's standard error needs every NLL.
-    std::vector<float> nll(tokens.size() - 1);
-    opts.token_nll = nll.data();
-    opts.token_nll_len = nll.size();
-    tl_score_result r;
-    check(tl_score_result_init(&r, sizeof r), "score result");
+    tl::cli::RunningPerplexity running(passes);
+    progress_log.running = &running;
+    progress_log.unit = unit;
+    tl_score_options opts = scoring_options(a.backend, a.threads, a.quiet, a.progress_interval, progress_log);
+    opts.device = a.device;
     progress_log.start = progress_log.last = std::chrono::steady_clock::now();
-    check(tl_score(h.model, tokens.data(), tokens.size(), &opts, &r), "score");
-    const double ppl_stderr = perplexity_stderr(r.perplexity, nll);
+    Scored s;
+    if (a.convention == Convention::Windows) {
+        opts.window = a.window;
+        s = score_windows(h.model, tokens, opts, running, passes.size());
+    } else {
+        s = score_passes(h.model, chunk_tokens.empty() ? tokens : chunk_tokens, passes, opts, running);
+    }
+    const tl_score_result &r = s.r;
+    const double ppl_stderr = perplexity_stderr(r.perplexity, s.nll);
     // The one-time work (device copy and packing, graph captures) is reported apart from the scoring itself.
     const double scoring_seconds = r.seconds - r.setup_seconds - r.graph_capture_seconds;
     const double tokens_per_second = static_cast<double>(r.tokens_scored) / scoring_seconds;
-    if (!per_token.empty()) {
-        for (size_t i = 0; i < nll.size(); ++i) {
-            per_token_out << (i + 1) << '\t' << tokens[i + 1] << '\t' << nll[i] << '\n';
+    if (!a.per_token.empty()) {
+        // Each scored token: its position in the input, the token, its NLL.
+        size_t k = 0;
+        for (const tl::cli::Pass &p : passes) {
+            for (size_t j = p.first_scored(); j < p.length && k < s.nll.size(); ++j, ++k) {
+                per_token_out << (p.start + j) << '\t' << tokens[p.start + j] << '\t' << s.nll[k] << '\n';
+            }
         }
         per_token_out.flush();
-        if (!per_token_out) throw CliError("cannot write '" + per_token + "'");
+        if (!per_token_out) throw CliError("cannot write '" + a.per_token + "'");
     }
-    if (json) {
-        const nlohmann::ordered_json j = {
-            {"model", model_path},
-            {"text", token_file.empty() ? nlohmann::ordered_json(text) : nlohmann::ordered_json()},
-            {"token_file", token_file.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(token_file)},
+    nlohmann::ordered_json convention = {{"name", tl::cli::convention_name(a.convention)}};
+    switch (a.convention) {
+    case Convention::Windows: convention["window"] = length; break;
+    case Convention::Stride:
+        convention["window"] = length;
+        convention["stride"] = a.stride;
+        break;
+    case Convention::LlamaPerplexity:
+        convention["ctx"] = length;
+        convention["chunks"] = passes.size();
+        convention["scored_per_chunk"] = length - length / 2 - 1;
+        convention["bos"] = a.bos >= 0 ? nlohmann::ordered_json(a.bos) : nlohmann::ordered_json();
+        break;
+    }
+    if (a.json) {
+        nlohmann::ordered_json j = {
+            {"model", a.model_path},
+            {"text", a.token_file.empty() ? nlohmann::ordered_json(a.text) : nlohmann::ordered_json()},
+            {"token_file", a.token_file.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(a.token_file)},
             {"tokenizer",
-             token_file.empty() ? nlohmann::ordered_json(tokenizer_name(tokenizer)) : nlohmann::ordered_json()},
+             a.token_file.empty() ? nlohmann::ordered_json(tokenizer_name(tokenizer)) : nlohmann::ordered_json()},
+            {"convention", convention},
             {"tokens", tokens.size()}, {"tokens_scored", r.tokens_scored}, {"nll_sum", r.nll_sum},
             {"nll_mean", r.nll_sum / static_cast<double>(r.tokens_scored)}, {"perplexity", r.perplexity},
             {"perplexity_stderr", ppl_stderr},  // NaN (fewer than 2 tokens scored) is written as null
@@ -478,12 +718,34 @@ int cmd_score(const std::string &model_path, const std::string &text, const std:
              {{"marlin_fused", r.gemm_marlin_fused}, {"marlin_correction", r.gemm_marlin_correction},
               {"dequant_cublas", r.gemm_dequant_cublas}, {"fp16_body", r.gemm_fp16_body},
               {"native", r.gemm_native}, {"dense_cublas", r.gemm_dense_cublas}, {"fallbacks", r.gemm_fallbacks}}}};
+        // llama-perplexity's [k] values: the perplexity over chunks 1..k.
+        if (a.convention == Convention::LlamaPerplexity) j["running_perplexity"] = s.running;
         std::printf("%s\n", j.dump().c_str());
         return 0;
     }
 
-    std::printf("tokens        %llu scored (%zu in, %d window%s)\n", static_cast<unsigned long long>(r.tokens_scored),
-                tokens.size(), r.n_windows, r.n_windows == 1 ? "" : "s");
+    if (a.convention == Convention::LlamaPerplexity) {
+        // As llama-perplexity prints them: the running perplexity after each chunk, then its final line.
+        std::string line;
+        char buf[48];
+        for (size_t k = 0; k < s.running.size(); ++k) {
+            std::snprintf(buf, sizeof buf, "[%zu]%.4f,", k + 1, s.running[k]);
+            line += buf;
+        }
+        std::printf("%s\nFinal estimate: PPL = %.4f +/- %.5f\n", line.c_str(), r.perplexity, ppl_stderr);
+    }
+    std::printf("tokens        %llu scored (%zu in, %d %s%s)\n", static_cast<unsigned long long>(r.tokens_scored),
+                tokens.size(), r.n_windows, unit, r.n_windows == 1 ? "" : "s");
+    if (a.convention == Convention::Stride) {
+        std::printf("convention    stride %lld: windows of %zu tokens advancing by %lld, each after the first scoring "
+                    "its last %lld (Hugging Face)\n",
+                    static_cast<long long>(a.stride), length, static_cast<long long>(a.stride),
+                    static_cast<long long>(a.stride));
+    } else if (a.convention == Convention::LlamaPerplexity) {
+        std::printf("convention    llama-perplexity: chunks of %zu tokens, each scored alone, its last %zu scored%s\n",
+                    length, length - length / 2 - 1,
+                    a.bos >= 0 ? (", its first token replaced by " + std::to_string(a.bos)).c_str() : "");
+    }
     std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
     if (r.backend == TL_BACKEND_CUDA) {
         std::printf("gemm paths    marlin_fused %llu, marlin_correction %llu, dequant_cublas %llu, fp16_body %llu, "
@@ -840,11 +1102,37 @@ int main(int argc, char **argv) {
     auto *tokens_opt =
         score->add_option("--tokens", token_file, "a file of whitespace-separated token ids; - for stdin");
     text_opt->excludes(tokens_opt);
-    score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
+    auto *window_opt =
+        score->add_option("--window", window, "window length, 0 = the model's max_seq")->capture_default_str();
     score->add_option("--max-tokens", max_tokens, "score at most this many tokens (read only those), 0 = all")
         ->check(non_negative);
     score->add_option("--per-token", per_token, "write position, token and NLL per line to this file");
     score->add_flag("--json", json, "print one JSON object instead of the report");
+    // The perplexity conventions (docs/quality.md, "Perplexity conventions"); the default is tl_score's windows,
+    // which overlap by one token.
+    int64_t stride = 0, llama_ctx = 0, bos = -1;
+    bool llama = false;
+    auto *stride_opt = score->add_option(
+        "--stride", stride,
+        "Hugging Face's sliding window: windows of --window tokens advancing by S (1 <= S <= window - 1); each "
+        "window after the first scores only its last S tokens, the rest is context");
+    auto *llama_opt = score->add_flag(
+        "--llama-perplexity", llama,
+        "llama.cpp's llama-perplexity: the text cut into chunks of --ctx N tokens, each scored on its own, only its "
+        "second half scored (its last N/2 - 1 tokens, as llama.cpp counts); prints the running perplexity after each "
+        "chunk ([1]x,[2]y,...) and 'Final estimate: PPL = x +/- y'");
+    auto *ctx_opt = score->add_option("--ctx", llama_ctx,
+                                      "--llama-perplexity's chunk length N, even, 4 <= N <= max_seq; 0 = 512 capped "
+                                      "at the model's max_seq")
+                        ->capture_default_str();
+    auto *bos_opt = score->add_option("--bos", bos,
+                                      "--llama-perplexity: replace the first token of each chunk by this id, as "
+                                      "llama-perplexity does for models that use a beginning-of-text token "
+                                      "(default: none, the chunk's own token)");
+    stride_opt->excludes(llama_opt);
+    window_opt->excludes(llama_opt);
+    ctx_opt->needs(llama_opt);
+    bos_opt->needs(llama_opt);
     // What score and score-batch share: where they run and how often they report progress.
     double progress_interval = 5;
     int device = 0;
@@ -978,8 +1266,17 @@ int main(int argc, char **argv) {
         if (*tokenize_cmd) return cmd_tokenize(model_path, text);
         if (*score) {
             if (text.empty() && token_file.empty()) throw UsageError("score needs --text FILE or --tokens FILE");
-            return cmd_score(model_path, text, token_file, backend, threads, device, quiet, window,
-                             static_cast<uint64_t>(max_tokens), per_token, json, progress_interval);
+            ScoreArgs a;
+            a.model_path = model_path, a.text = text, a.token_file = token_file, a.backend = backend;
+            a.per_token = per_token, a.threads = threads, a.device = device, a.window = window;
+            a.quiet = quiet, a.json = json, a.max_tokens = static_cast<uint64_t>(max_tokens);
+            a.progress_interval = progress_interval;
+            a.convention = llama ? tl::cli::Convention::LlamaPerplexity
+                           : *stride_opt ? tl::cli::Convention::Stride
+                                         : tl::cli::Convention::Windows;
+            a.stride = stride, a.ctx = llama_ctx, a.bos = bos;
+            check_convention_args(a);
+            return cmd_score(a);
         }
         if (*score_batch) {
             return cmd_score_batch(model_path, input, output, backend, threads, device, quiet, progress_interval);

@@ -253,6 +253,49 @@ static void assert_cancelled_at(int stop_at_call) {
 Test(score, cancels_at_the_first_report) { assert_cancelled_at(1); }
 Test(score, cancels_between_windows) { assert_cancelled_at(2); }
 
+/* When the callback reports `done`, token_nll[0, done) already holds those tokens' final NLLs (what a running
+ * perplexity reads). The buffer starts as NaN; each report checks and records the entries it may read. */
+enum { NLL_WATCH_N = 100 };
+
+struct nll_watch {
+    const float *token_nll;
+    float seen[NLL_WATCH_N - 1];
+    uint64_t seen_up_to;
+    int calls, unwritten;
+};
+
+static int32_t watch_nll(void *user_data, uint64_t done, uint64_t total) {
+    (void)total;
+    struct nll_watch *w = user_data;
+    ++w->calls;
+    for (uint64_t i = 0; i < done; ++i) {
+        if (isnan(w->token_nll[i])) ++w->unwritten;
+        w->seen[i] = w->token_nll[i];
+    }
+    w->seen_up_to = done;
+    return 0;
+}
+
+Test(score, progress_sees_the_nlls_of_the_tokens_done) {
+    int32_t tokens[NLL_WATCH_N];
+    random_tokens(tokens, NLL_WATCH_N, FIXTURE_VOCAB);
+    float token_nll[NLL_WATCH_N - 1];
+    for (size_t i = 0; i < NLL_WATCH_N - 1; ++i) token_nll[i] = NAN;
+    struct nll_watch w = {token_nll, {0}, 0, 0, 0};
+    tl_score_options options = cpu_options(token_nll, NLL_WATCH_N - 1);
+    options.window = 20;
+    options.progress = watch_nll;
+    options.progress_user_data = &w;
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, NLL_WATCH_N, &options, &result));
+    cr_assert_gt(w.calls, 1);
+    cr_assert_eq(w.unwritten, 0, "a report came before the NLLs of the tokens it counted were written");
+    cr_assert_eq(w.seen_up_to, NLL_WATCH_N - 1);
+    for (size_t i = 0; i < NLL_WATCH_N - 1; ++i) {
+        cr_assert(w.seen[i] == token_nll[i], "token_nll[%zu] changed after its report", i);
+    }
+}
+
 /* The progress callback may call into the library, tl_score on the same model included (no lock is held). */
 struct reentry {
     const tl_model *model;

@@ -378,6 +378,51 @@ Test(score_batch, progress_counts_scored_tokens) {
     cr_assert_eq(result.tokens_scored, log.total);
 }
 
+/* Sequences finish in order, and when the callback reports `done`, token_nll holds the NLLs of the first k
+ * sequences, whose tokens_scored add up to `done`. The buffer starts as NaN. */
+struct batch_nll_watch {
+    const tl_sequence *sequences;
+    const float *token_nll;
+    int calls, unwritten, not_a_sum;
+};
+
+static int32_t watch_batch_nll(void *user_data, uint64_t done, uint64_t total) {
+    (void)total;
+    struct batch_nll_watch *w = user_data;
+    ++w->calls;
+    uint64_t scored = 0;
+    size_t offset = 0, s = 0;
+    while (scored < done) {
+        const tl_sequence *q = &w->sequences[s++];
+        scored += q->n_tokens - (q->n_context > 0 ? q->n_context : 1);
+        for (size_t j = 0; j + 1 < q->n_tokens; ++j) {
+            if (isnan(w->token_nll[offset + j])) ++w->unwritten;
+        }
+        offset += q->n_tokens - 1;
+    }
+    if (scored != done) ++w->not_a_sum;
+    return 0;
+}
+
+Test(score_batch, progress_sees_the_nlls_of_the_sequences_done) {
+    int32_t tokens[PROGRESS_TOKENS];
+    tl_sequence sequences[3];
+    progress_sequences(tokens, sequences);
+    enum { PREDICTED = (PROGRESS_TOKENS - 1) + 11 + 19 };
+    float token_nll[PREDICTED];
+    for (size_t i = 0; i < PREDICTED; ++i) token_nll[i] = NAN;
+    struct batch_nll_watch w = {sequences, token_nll, 0, 0, 0};
+    tl_score_options options = cpu_options(token_nll, PREDICTED);
+    options.progress = watch_batch_nll;
+    options.progress_user_data = &w;
+    tl_sequence_score scores[3];
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score_batch(model, sequences, 3, &options, scores, &result));
+    cr_assert_eq(w.calls, 3);
+    cr_assert_eq(w.not_a_sum, 0, "a report's done was not the tokens_scored of the first k sequences");
+    cr_assert_eq(w.unwritten, 0, "a report came before the NLLs of the sequences it counted were written");
+}
+
 static void assert_batch_cancelled_at(int stop_at_call) {
     int32_t tokens[PROGRESS_TOKENS];
     tl_sequence sequences[3];

@@ -230,11 +230,17 @@ endforeach()
 
 # Checks beyond the output's text.
 if(CASE MATCHES "^progress_log")
-  string(REGEX MATCHALL "progress [0-9]+/999 tokens \\([0-9.]+%\\), [0-9.]+ tok/s, ETA [^\n]+\n" lines
-    "${stderr_text}")
+  # Each line ends with the running perplexity over the windows done; the last one's is the report's.
+  string(REGEX MATCHALL
+    "progress [0-9]+/999 tokens \\([0-9.]+%\\), [0-9.]+ tok/s, ETA [^\n]+, PPL [0-9.]+ over [0-9]+ windows?\n"
+    lines "${stderr_text}")
   list(LENGTH lines n)
-  if(n LESS 11 OR NOT stderr_text MATCHES "progress 999/999 tokens \\(100.0%\\), [0-9.]+ tok/s, ETA 0 s\n$")
-    message(FATAL_ERROR "stderr (a file) lacks a progress line per window (11), the last at 100%:\n${stderr_text}")
+  string(REGEX MATCH "\nperplexity +([0-9.]+)\n" _ "${out}")
+  string(REPLACE "." "\\." ppl_re "${CMAKE_MATCH_1}")
+  if(n LESS 11 OR NOT stderr_text MATCHES
+     "progress 999/999 tokens \\(100.0%\\), [0-9.]+ tok/s, ETA 0 s, PPL ${ppl_re} over 11 windows\n$")
+    message(FATAL_ERROR "stderr (a file) lacks a progress line per window (11), the last at 100% with the "
+      "perplexity ${CMAKE_MATCH_1}:\n${stderr_text}")
   endif()
   if(stderr_text MATCHES "\r")
     message(FATAL_ERROR "stderr (a file) has the terminal's redrawn bar:\n${stderr_text}")

@@ -4,7 +4,11 @@
 //!
 //! ```text
 //! tinyloop-serve MODEL [--workers N]
+//! tinyloop-serve --help
 //! ```
+//!
+//! Arguments are parsed with clap (Debian's librust-clap-dev, 4.0, derive): `--help` and `--version` print and exit
+//! 0; a usage error prints clap's message and exits 2.
 //!
 //! Request (one per line): `{"id": <any JSON>, "text": "..."}` (bytes as tokens, for byte-level models) or
 //! `{"id": ..., "tokens": [1, 2, 3]}`, with an optional `"window"` (tokens per scoring window).
@@ -15,9 +19,11 @@
 //! them by `id`. The service keeps serving after a bad request and exits at the end of its input.
 
 use std::io::{self, BufRead, Write};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use clap::Parser;
 use serde_json::{json, Value};
 use tinyloop::{Backend, Error, Model, ScoreOptions};
 
@@ -98,31 +104,40 @@ fn answer(model: &Model, line: &str) -> Value {
     }
 }
 
-fn parse_args() -> Result<(String, usize), String> {
-    let mut args = std::env::args().skip(1);
-    let model = args.next().ok_or("usage: tinyloop-serve MODEL [--workers N]")?;
-    let mut workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--workers" => {
-                workers = args
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|&n| n > 0)
-                    .ok_or("--workers needs a positive integer")?
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
+/// A scoring service over the tinyloop crate: loads a .tinyloop model once, then answers line-delimited JSON
+/// requests on stdin with one JSON response per line on stdout.
+#[derive(Parser, Debug)]
+#[command(
+    name = "tinyloop-serve",
+    version,
+    after_help = "Requests, one JSON object a line: {\"id\": ..., \"text\": \"...\"} (bytes as tokens) or \
+                  {\"id\": ..., \"tokens\": [1, 2, 3]}, with an optional \"window\". Responses: {\"id\", \
+                  \"perplexity\", \"tokens_scored\", \"nll_sum\", \"backend\"} or {\"id\", \"error\": {\"kind\", \
+                  \"message\"}}, in the order requests finish. Exit status: 0 at the end of the input (or after \
+                  --help, --version), 1 when the model does not load, 2 for a usage error."
+)]
+struct Args {
+    /// The .tinyloop model to load
+    model: PathBuf,
+    /// Requests scored at once, each on its own thread [default: the machine's available parallelism]
+    #[arg(long, value_name = "N", value_parser = positive_count)]
+    workers: Option<usize>,
+}
+
+/// `--workers`: a positive integer.
+fn positive_count(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{value:?} is not a positive integer")),
     }
-    Ok((model, workers))
 }
 
 fn main() {
-    let (model_path, workers) = parse_args().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2);
-    });
-    let model = match Model::load(&model_path) {
+    // clap prints --help and --version (exit 0) and usage errors (exit 2) itself.
+    let args = Args::parse();
+    let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let model_path = args.model.display().to_string();
+    let model = match Model::load(&args.model) {
         Ok(model) => Arc::new(model),
         Err(error) => {
             eprintln!("tinyloop-serve: cannot load {model_path}: {error}");

@@ -122,3 +122,44 @@ fn good_and_bad_requests_get_scores_and_clear_errors() {
     assert_eq!(error_of(&responses, "\"short\"").0, "invalid_argument");
     assert_eq!(error_of(&responses, "\"window\"").0, "invalid_argument");
 }
+
+/// The command line (clap): --help and --version print and exit 0, a usage error exits 2 naming the problem, a
+/// model that does not load exits 1.
+#[test]
+fn help_version_and_usage_errors() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tinyloop-serve"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tinyloop-serve")
+    };
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let help = run(&["--help"]);
+    let help_text = text(&help.stdout);
+    assert_eq!(help.status.code(), Some(0), "{help_text}");
+    for needle in ["Usage: tinyloop-serve", "<MODEL>", "--workers <N>", "--version", "\"tokens\": [1, 2, 3]"] {
+        assert!(help_text.contains(needle), "--help lacks {needle:?}:\n{help_text}");
+    }
+    let version = run(&["--version"]);
+    assert_eq!(version.status.code(), Some(0));
+    assert!(text(&version.stdout).starts_with("tinyloop-serve 0."), "{}", text(&version.stdout));
+
+    let model = fixture().display().to_string();
+    for (args, needle) in [
+        (vec![], "<MODEL>"),
+        (vec![model.as_str(), "--workers"], "--workers"),
+        (vec![model.as_str(), "--workers", "0"], "\"0\" is not a positive integer"),
+        (vec![model.as_str(), "--workers", "many"], "\"many\" is not a positive integer"),
+        (vec![model.as_str(), "--frobnicate"], "--frobnicate"),
+        (vec![model.as_str(), "second-model"], "second-model"),
+    ] {
+        let output = run(&args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {needle:?} not in {stderr}");
+    }
+    let missing = run(&["no-such-model.tinyloop"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("cannot load no-such-model.tinyloop"), "{}", text(&missing.stderr));
+}

@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::ffi::c_void;
+use std::fmt;
 use std::ops::ControlFlow;
 use std::panic::{self, AssertUnwindSafe};
 
@@ -105,6 +106,48 @@ pub struct ScoreResult {
     pub dense_cublas_gemms: u64,
 }
 
+mod sealed {
+    /// What makes [`super::TokenId`] a closed set: the ids as the C API's `int32_t`, or the index of the first one
+    /// above `i32::MAX`.
+    pub trait Sealed: Sized {
+        fn as_c_ids(ids: &[Self]) -> Result<&[i32], usize>;
+    }
+
+    impl Sealed for i32 {
+        fn as_c_ids(ids: &[i32]) -> Result<&[i32], usize> {
+            Ok(ids)
+        }
+    }
+
+    impl Sealed for u32 {
+        fn as_c_ids(ids: &[u32]) -> Result<&[i32], usize> {
+            if let Some(index) = ids.iter().position(|&id| id > i32::MAX as u32) {
+                return Err(index);
+            }
+            // SAFETY: u32 and i32 have the same size and alignment, and every id is at most i32::MAX, so each
+            // reads as the same non-negative i32; the slice borrows `ids` for as long as `ids` is borrowed.
+            Ok(unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<i32>(), ids.len()) })
+        }
+    }
+}
+
+/// The type of the token ids the scoring functions take: `i32`, the C API's, or `u32`, as tokenizers (the
+/// `tokenizers` crate) and candle give them. A `u32` slice is passed to the library without a copy; an id above
+/// `i32::MAX` is no model's token and is refused with [`Error::InvalidArgument`] naming it before the library is
+/// called (ids up to `i32::MAX` but outside the vocabulary are the library's to refuse, as for `i32`). Implemented
+/// for these two types only.
+pub trait TokenId: Copy + fmt::Debug + fmt::Display + sealed::Sealed {}
+
+impl TokenId for i32 {}
+impl TokenId for u32 {}
+
+/// `tokens` as the C API's ids, or [`Error::InvalidArgument`] naming the first id above `i32::MAX` as `what[i]`.
+fn c_ids<'t, T: TokenId>(tokens: &'t [T], what: &str) -> Result<&'t [i32]> {
+    T::as_c_ids(tokens).map_err(|index| {
+        Error::InvalidArgument(format!("{what}[{index}] = {} is above i32::MAX: no token id", tokens[index]))
+    })
+}
+
 /// The progress closure and a panic it raised, carried through the C callback's `user_data`.
 struct Progress<'a> {
     callback: &'a mut dyn FnMut(u64, u64) -> ControlFlow<()>,
@@ -132,29 +175,38 @@ unsafe extern "C" fn progress_trampoline(user_data: *mut c_void, done: u64, tota
 /// One sequence of [`Model::score_batch`]: its tokens, of which the first `n_context` are context only. The tokens
 /// after the context are scored, each given every token before it in the sequence; `n_context` 0 means 1 (the
 /// first token has nothing to be predicted from). A loglikelihood request (context, continuation) is the two
-/// concatenated with `n_context = context.len()`.
+/// concatenated with `n_context = context.len()`. The ids are `i32` (the default) or `u32` (see [`TokenId`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sequence<'a> {
+pub struct Sequence<'a, T = i32> {
     /// The tokens, each in `0..vocab`; `2..=max_seq` of them.
-    pub tokens: &'a [i32],
+    pub tokens: &'a [T],
     /// How many leading tokens are context only, less than `tokens.len()`.
     pub n_context: usize,
 }
 
-impl<'a> Sequence<'a> {
+impl<'a, T: TokenId> Sequence<'a, T> {
     /// A sequence scored whole: every token but the first.
-    pub fn new(tokens: &'a [i32]) -> Self {
+    pub fn new(tokens: &'a [T]) -> Self {
         Sequence { tokens, n_context: 0 }
     }
 
     /// A sequence whose first `n_context` tokens are context only.
-    pub fn with_context(tokens: &'a [i32], n_context: usize) -> Self {
+    pub fn with_context(tokens: &'a [T], n_context: usize) -> Self {
         Sequence { tokens, n_context }
     }
+}
 
-    fn to_c(self) -> sys::tl_sequence {
-        sys::tl_sequence { tokens: self.tokens.as_ptr(), n_tokens: self.tokens.len(), n_context: self.n_context }
-    }
+/// The sequences as the C API's, pointing into their slices, or [`Error::InvalidArgument`] naming the first id
+/// above `i32::MAX` (`sequences[s].tokens[i]`).
+fn c_sequences<T: TokenId>(sequences: &[Sequence<'_, T>]) -> Result<Vec<sys::tl_sequence>> {
+    sequences
+        .iter()
+        .enumerate()
+        .map(|(index, s)| {
+            let tokens = c_ids(s.tokens, &format!("sequences[{index}].tokens"))?;
+            Ok(sys::tl_sequence { tokens: tokens.as_ptr(), n_tokens: tokens.len(), n_context: s.n_context })
+        })
+        .collect()
 }
 
 /// What [`Model::score_batch`] reports for one sequence.
@@ -182,29 +234,35 @@ impl SequenceScore {
 }
 
 impl Model {
-    /// Scores a token sequence: the NLL of each token given those before it. Tokens must be in `0..vocab` and
-    /// there must be at least 2. Any number of threads may score one model at the same time.
-    pub fn score(&self, tokens: &[i32], options: &ScoreOptions) -> Result<ScoreResult> {
-        self.score_impl(tokens, options, None, None)
+    /// Scores a token sequence: the NLL of each token given those before it. Tokens (`i32` or `u32`, see
+    /// [`TokenId`]) must be in `0..vocab` and there must be at least 2. Any number of threads may score one model
+    /// at the same time.
+    pub fn score<T: TokenId>(&self, tokens: &[T], options: &ScoreOptions) -> Result<ScoreResult> {
+        self.score_impl(c_ids(tokens, "tokens")?, options, None, None)
     }
 
     /// Like [`Model::score`], running the CUDA backend's work on `stream` instead of the library's own stream for
     /// this model and device (the device is the stream's). Returns when the work is done.
-    pub fn score_on_stream(&self, tokens: &[i32], options: &ScoreOptions, stream: &Stream) -> Result<ScoreResult> {
+    pub fn score_on_stream<T: TokenId>(
+        &self,
+        tokens: &[T],
+        options: &ScoreOptions,
+        stream: &Stream,
+    ) -> Result<ScoreResult> {
         let options = ScoreOptions { device: stream.device().index(), ..*options };
-        self.score_impl(tokens, &options, Some(stream), None)
+        self.score_impl(c_ids(tokens, "tokens")?, &options, Some(stream), None)
     }
 
     /// Like [`Model::score`], calling `progress(done, total)` (tokens processed so far, of `total`) on this
     /// thread as scoring advances. Returning `ControlFlow::Break(())` stops it with [`Error::Cancelled`]. A
     /// panic in `progress` stops scoring and resumes once the library has returned.
-    pub fn score_with_progress(
+    pub fn score_with_progress<T: TokenId>(
         &self,
-        tokens: &[i32],
+        tokens: &[T],
         options: &ScoreOptions,
         mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
     ) -> Result<ScoreResult> {
-        self.score_impl(tokens, options, None, Some(&mut progress))
+        self.score_impl(c_ids(tokens, "tokens")?, options, None, Some(&mut progress))
     }
 
     /// Scores independent sequences in one call (`tl_score_batch`): the backends pack many of them into each
@@ -213,7 +271,8 @@ impl Model {
     /// tokens in `0..vocab` and `n_context < tokens.len()` ([`Error::InvalidArgument`] names the sequence);
     /// `options.window` must be 0 (sequences are never split). With [`ScoreOptions::token_nll`], the totals'
     /// `token_nll` holds every token's NLL but each sequence's first, context tokens included, the sequences one
-    /// after another (`tokens.len() - 1` entries each). An empty batch succeeds with zero totals.
+    /// after another (`tokens.len() - 1` entries each). An empty batch succeeds with zero totals. The ids are `i32`
+    /// or `u32` ([`TokenId`]); a `u32` id above `i32::MAX` is [`Error::InvalidArgument`] naming its sequence.
     ///
     /// ```
     /// use tinyloop::{Model, ScoreOptions, Sequence};
@@ -234,24 +293,24 @@ impl Model {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn score_batch(
+    pub fn score_batch<T: TokenId>(
         &self,
-        sequences: &[Sequence<'_>],
+        sequences: &[Sequence<'_, T>],
         options: &ScoreOptions,
     ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
-        self.score_batch_impl(sequences, options, None)
+        self.score_batch_impl(&c_sequences(sequences)?, options, None)
     }
 
     /// Like [`Model::score_batch`], calling `progress(done, total)` (scored tokens so far, of `total`) on this
     /// thread between forward passes; `ControlFlow::Break(())` stops it with [`Error::Cancelled`], and a panic in
     /// `progress` resumes once the library has returned.
-    pub fn score_batch_with_progress(
+    pub fn score_batch_with_progress<T: TokenId>(
         &self,
-        sequences: &[Sequence<'_>],
+        sequences: &[Sequence<'_, T>],
         options: &ScoreOptions,
         mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
     ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
-        self.score_batch_impl(sequences, options, Some(&mut progress))
+        self.score_batch_impl(&c_sequences(sequences)?, options, Some(&mut progress))
     }
 
     fn score_impl(
@@ -269,15 +328,16 @@ impl Model {
         })
     }
 
+    /// `c_sequences` point into slices the caller borrows for the call (c_sequences()).
     fn score_batch_impl(
         &self,
-        sequences: &[Sequence<'_>],
+        c_sequences: &[sys::tl_sequence],
         options: &ScoreOptions,
         callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
     ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
-        let c_sequences: Vec<sys::tl_sequence> = sequences.iter().map(|s| s.to_c()).collect();
-        let predicted = sequences.iter().map(|s| s.tokens.len().saturating_sub(1)).sum();
-        let mut c_scores = vec![sys::tl_sequence_score { nll_sum: 0.0, tokens_scored: 0, greedy: 0 }; sequences.len()];
+        let predicted = c_sequences.iter().map(|s| s.n_tokens.saturating_sub(1)).sum();
+        let mut c_scores =
+            vec![sys::tl_sequence_score { nll_sum: 0.0, tokens_scored: 0, greedy: 0 }; c_sequences.len()];
         let total = self.run_score("tl_score_batch", options, None, callback, predicted, |c_options, result| {
             // SAFETY: the model is live; each tl_sequence points into a slice borrowed for the call with its
             // length; `c_scores` holds one entry per sequence; the options' pointers are valid for the call.

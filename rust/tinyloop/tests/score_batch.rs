@@ -71,7 +71,8 @@ fn greedy_is_the_lowest_nll_continuation() {
 #[test]
 fn an_empty_batch_is_fine() {
     let model = Model::load(fixture()).unwrap();
-    let (scores, total) = model.score_batch(&[], &ScoreOptions { token_nll: true, ..cpu() }).unwrap();
+    // An empty literal says nothing of the id type (i32 or u32, see TokenId): it is named.
+    let (scores, total) = model.score_batch::<i32>(&[], &ScoreOptions { token_nll: true, ..cpu() }).unwrap();
     assert!(scores.is_empty());
     assert_eq!((total.tokens_scored, total.nll_sum, total.n_windows), (0, 0.0, 0));
     assert_eq!(total.token_nll, Some(Vec::new()));
