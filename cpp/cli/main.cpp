@@ -677,11 +677,12 @@ int main(int argc, char **argv) {
     std::string import_dir, import_out;
     int import_max_seq = 0;
     auto *import_cmd = app.add_subcommand(
-        "import", "convert a Hugging Face-style checkpoint folder (dense, GPTQ or AWQ) of a looped model to .tinyloop");
-    import_cmd->footer(std::string("DIR holds config.json (Llama fields plus num_pre_layers and num_loops) and "
-                                   "model.safetensors or model.safetensors.index.json; see docs/format.md, "
-                                   "\"Importing Hugging Face-style checkpoints\". Dense linears stay dense "
-                                   "(tinyloop quantize makes them INT4).\n\n") +
+        "import", "convert a Hugging Face-style checkpoint folder (dense, GPTQ or AWQ) to .tinyloop");
+    import_cmd->footer(std::string("DIR holds config.json (a Llama, Mistral or Qwen2 config, or a looped model's with "
+                                   "num_pre_layers and num_loops), optionally AutoGPTQ's quantize_config.json, and "
+                                   "model.safetensors or model.safetensors.index.json; see docs/import.md, "
+                                   "\"Importing Hugging Face-style checkpoints\" (what is read, refused and "
+                                   "ignored). Dense linears stay dense (tinyloop quantize makes them INT4).\n\n") +
                        kExitStatus);
     import_cmd->add_option("dir", import_dir, "the checkpoint folder")->required();
     import_cmd->add_option("--out", import_out, "the .tinyloop file to write")->required();

@@ -233,6 +233,87 @@ TEST(CheckpointImport, DenseF32ShardedMixedQkvDtypes) { check_round_trip("dense_
 TEST(CheckpointImport, GptqMisalignedWithDenseLinear) { check_round_trip("gptq"); }
 TEST(CheckpointImport, GptqPerRowWithoutGIdx) { check_round_trip("gptq_per_row"); }
 TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
+TEST(CheckpointImport, GptqSettingsInQuantizeConfigJson) { check_round_trip("gptq_quantize_config"); }
+TEST(CheckpointImport, PlainLlamaConfigLoopsOnce) { check_round_trip("plain_llama"); }
+
+// A looped model stored unrolled (a plain config, the looped layer stored three times) imports as the looped model:
+// the repeats are found and the block stored once with loops = 3, the same file content as the looped checkpoint's.
+TEST(CheckpointImport, UnrolledRepeatsStoredOnce) {
+    check_round_trip("unrolled");
+    const std::string unrolled = scratch("unrolled.tinyloop"), looped = scratch("looped.tinyloop");
+    ASSERT_EQ(convert(kData + "/unrolled", unrolled).status, TL_OK) << tl_last_error_message();
+    ASSERT_EQ(convert(kData + "/dense_f16_tied", looped).status, TL_OK) << tl_last_error_message();
+    const auto a = read_safetensors(unrolled), b = read_safetensors(looped);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto &kv : b) {
+        ASSERT_EQ(a.count(kv.first), 1u) << kv.first;
+        EXPECT_EQ(a.at(kv.first).dtype, kv.second.dtype) << kv.first;
+        EXPECT_TRUE(a.at(kv.first).data == kv.second.data) << kv.first;
+    }
+    // A layer that differs in one byte ends the repeats: then only the last layer is looped (once).
+    const std::string dir = copy_of("unrolled");
+    {
+        std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+        uint64_t header = 0;
+        f.read(reinterpret_cast<char *>(&header), sizeof header);
+        std::string text(header, ' ');
+        f.read(text.data(), static_cast<std::streamsize>(header));
+        const json h = json::parse(text);
+        const uint64_t begin = h["model.layers.3.mlp.up_proj.weight"]["data_offsets"][0];
+        f.seekp(static_cast<std::streamoff>(8 + header + begin));
+        f.put('\x55');
+    }
+    const std::string out = scratch("changed.tinyloop");
+    ASSERT_EQ(convert(dir, out).status, TL_OK) << tl_last_error_message();
+    std::map<std::string, std::string> metadata;
+    read_safetensors(out, &metadata);
+    const json config = json::parse(metadata["config"]);
+    EXPECT_EQ(config["pre"], 4);
+    EXPECT_EQ(config["loops"], 1);
+}
+
+// Settings in both config.json and quantize_config.json: accepted when they agree, refused naming the first field
+// where they do not.
+TEST(CheckpointImport, QuantizeConfigJsonAgreesWithConfig) {
+    std::string dir = copy_of("gptq");
+    write_json(dir + "/quantize_config.json", json{{"bits", 4}, {"group_size", 32}, {"desc_act", false},
+                                                   {"damp_percent", 0.01}, {"quant_method", "gptq"}});
+    ASSERT_EQ(convert(dir, scratch("agree.tinyloop")).status, TL_OK) << tl_last_error_message();
+    write_json(dir + "/quantize_config.json", json{{"bits", 4}, {"group_size", 64}});
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop")), TL_ERR_FORMAT, "config.json' and '",
+                   "quantize_config.json' disagree on 'group_size'", "= 32", "has 64");
+    write_json(dir + "/quantize_config.json", json{{"bits", 4}, {"group_size", 32}, {"is_marlin_format", true}});
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop")), TL_ERR_UNSUPPORTED, "is_marlin_format");
+    write_json(dir + "/quantize_config.json", json::array());
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop")), TL_ERR_FORMAT, "quantize_config.json': not a JSON object");
+}
+
+// Sliding-window attention is full attention for windows no longer than sliding_window: accepted then (or when it is
+// switched off), refused otherwise.
+TEST(CheckpointImport, SlidingWindowAcceptedWhereItIsFullAttention) {
+    const std::vector<std::pair<const char *, std::function<void(json &)>>> cases = {
+        {"window = max_seq", [](json &c) { c["model_type"] = "mistral", c["sliding_window"] = 128; }},
+        {"window null", [](json &c) { c["model_type"] = "mistral", c["sliding_window"] = nullptr; }},
+        {"use_sliding_window false",
+         [](json &c) { c["model_type"] = "qwen2", c["sliding_window"] = 16, c["use_sliding_window"] = false,
+                       c["max_window_layers"] = 2; }},
+        {"only full-attention layers",
+         [](json &c) { c["sliding_window"] = 16, c["layer_types"] = {"full_attention", "full_attention"}; }},
+    };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.first);
+        const Result r = convert(with_config("dense_f16_tied", c.second), scratch("out.tinyloop"));
+        EXPECT_EQ(r.status, TL_OK) << r.message;
+    }
+    tl_import_options o;
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.max_seq = 64;
+    const std::string dir = with_config("dense_f16_tied", [](json &c) { c["sliding_window"] = 64; });
+    EXPECT_EQ(convert(dir, scratch("out.tinyloop"), &o).status, TL_OK) << tl_last_error_message();
+    o.max_seq = 65;
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop"), &o), TL_ERR_UNSUPPORTED, "field 'sliding_window' = 64",
+                   "max_seq is 65 (the max_seq option)");
+}
 
 // Act-order: every INT4 linear is stored with its groups contiguous and a k_perm, and the model scores as its dense
 // twin (the same weights in F32) does, on the CPU and, where there is one, on the GPU. A k_perm ignored or applied the
@@ -389,6 +470,48 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          TL_ERR_FORMAT, {".qweight'", "no quantization_config"}},
         {"not an object", "dense_f16_tied", [](json &c) { c = json::array(); }, TL_ERR_FORMAT,
          {"config.json': not a JSON object"}},
+        {"plain config without num_hidden_layers", "dense_f16_tied",
+         [](json &c) {
+             c.erase("num_pre_layers");
+             c.erase("num_loops");
+             c.erase("num_hidden_layers");
+         },
+         TL_ERR_FORMAT, {"field 'num_hidden_layers' is missing", "num_pre_layers and num_loops"}},
+        {"plain config, too few layers stored", "plain_llama", [](json &c) { c["num_hidden_layers"] = 2; },
+         TL_ERR_FORMAT, {"unexpected tensor 'model.layers.2.", "num_hidden_layers = 2"}},
+        {"sliding window", "dense_f16_tied",
+         [](json &c) {
+             c["model_type"] = "mistral";
+             c["sliding_window"] = 64;
+         },
+         TL_ERR_UNSUPPORTED,
+         {"field 'sliding_window' = 64", "sliding-window attention", "max_seq is 128 (max_position_embeddings)",
+          "--max-seq"}},
+        {"qwen2 sliding window switched on", "dense_f16_tied",
+         [](json &c) {
+             c["model_type"] = "qwen2";
+             c["sliding_window"] = 32;
+             c["use_sliding_window"] = true;
+         },
+         TL_ERR_UNSUPPORTED, {"field 'sliding_window' = 32"}},
+        {"layer_types", "dense_f16_tied", [](json &c) { c["layer_types"] = {"full_attention", "chunked_attention"}; },
+         TL_ERR_UNSUPPORTED, {"field 'layer_types'", "'chunked_attention'"}},
+        {"gemma", "dense_f16_tied", [](json &c) { c["model_type"] = "gemma2"; }, TL_ERR_UNSUPPORTED,
+         {"field 'model_type' = 'gemma2'", "1 + weight", "sqrt(hidden_size)", "GELU"}},
+        {"gemma's activation", "dense_f16_tied", [](json &c) { c["hidden_activation"] = "gelu_pytorch_tanh"; },
+         TL_ERR_UNSUPPORTED, {"field 'hidden_activation'", "'gelu_pytorch_tanh'", "Gemma"}},
+        {"another family", "dense_f16_tied", [](json &c) { c["model_type"] = "phi3"; }, TL_ERR_UNSUPPORTED,
+         {"field 'model_type' = 'phi3'", "Llama-family"}},
+        {"a field the importer does not know", "dense_f16_tied", [](json &c) { c["query_pre_attn_scalar"] = 256; },
+         TL_ERR_UNSUPPORTED, {"field 'query_pre_attn_scalar' = 256", "not a field this importer reads",
+          "docs/import.md"}},
+        {"a quantization field the importer does not know", "gptq",
+         [](json &c) { c["quantization_config"]["act_group_aware"] = true; }, TL_ERR_UNSUPPORTED,
+         {"field 'quantization_config.act_group_aware' = true"}},
+        {"partial rotary", "dense_f16_tied", [](json &c) { c["partial_rotary_factor"] = 0.5; }, TL_ERR_UNSUPPORTED,
+         {"field 'partial_rotary_factor' = 0.5"}},
+        {"fields the importer ignores", "dense_f16_tied",
+         [](json &c) { c["eos_token_id"] = json::array({1, 2}), c["attention_dropout"] = 0.1; }, TL_OK, {}},
     };
     for (const ConfigCase &c : cases) {
         SCOPED_TRACE(c.name);

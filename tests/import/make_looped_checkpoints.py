@@ -55,7 +55,7 @@ def encode(dtype, x):
 
 class Variant:
     def __init__(self, name, dtype="F16", tied=True, head_dim=None, kv_heads=None, quant=None, group=GROUP,
-                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False):
+                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False, plain=False):
         self.name = name
         self.rng = random.Random(f"{SEED}-{name}")
         self.dtype = dtype
@@ -85,6 +85,16 @@ class Variant:
             self.config.update({"max_position_embeddings": max_seq, "rope_theta": rope_theta, "rms_norm_eps": eps,
                                 "num_hidden_layers": P + 1, "hidden_act": "silu", "rope_scaling": None,
                                 "attention_bias": False, "head_dim": None})
+        if plain:
+            # A Llama config as transformers writes it: no num_pre_layers / num_loops, the layer count, and fields
+            # the importer ignores (docs/import.md).
+            for key in ("num_pre_layers", "num_loops"):
+                del self.config[key]
+            self.config.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                "num_hidden_layers": P + 1, "bos_token_id": 1, "eos_token_id": [2, 3],
+                                "pad_token_id": None, "use_cache": True, "initializer_range": 0.02,
+                                "pretraining_tp": 1, "attention_dropout": 0.0, "mlp_bias": False,
+                                "transformers_version": "4.46.0"})
         if head_dim:
             self.config["head_dim"] = head_dim
         if kv_heads:
@@ -96,9 +106,10 @@ class Variant:
             self.config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group or -1,
                                                   "version": "gemm", "zero_point": True}
         self.tl_config = {"d_model": D, "n_heads": H, "head_dim": self.hd, "ffn": F, "vocab": V, "pre": P,
-                          "loops": LOOPS, "max_seq": max_seq, "group_size": group if quant else 0, "bits": 4,
+                          "loops": 1 if plain else LOOPS, "max_seq": max_seq, "group_size": group if quant else 0, "bits": 4,
                           "rope_theta": rope_theta, "norm_eps": eps}
         self.a = a
+        self.quantize_config = None  # AutoGPTQ's quantize_config.json, written next to config.json when set
 
     def dense(self, name, rows, cols, std, mean=0.0, dtype=None):
         """A dense tensor [rows, cols] of the checkpoint; returns its stored values as rows."""
@@ -188,6 +199,9 @@ class Variant:
         os.makedirs(folder)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(self.config, f, indent=2)
+        if self.quantize_config is not None:
+            with open(os.path.join(folder, "quantize_config.json"), "w") as f:
+                json.dump(self.quantize_config, f, indent=2)
         names = sorted(self.tensors)
         if shards == 1:
             int4.write_safetensors(os.path.join(folder, "model.safetensors"), self.tensors, {"format": "pt"}, misalign)
@@ -248,6 +262,28 @@ def main():
     twin.write(out, checkpoint_only=True)
     # AWQ GEMM, group 32, grouped-query attention (the INT4 K/V rows repeated), a BF16 head.
     Variant("awq", tied=False, quant="awq", kv_heads=2, head_dtype="BF16").build().write(out)
+    # GPTQ whose settings are only in AutoGPTQ's quantize_config.json (older AutoGPTQ: no quant_method).
+    v = Variant("gptq_quantize_config", quant="gptq").build()
+    v.quantize_config = {"bits": 4, "group_size": GROUP, "damp_percent": 0.01, "desc_act": False,
+                         "static_groups": False, "sym": False, "true_sequential": True, "model_name_or_path": None,
+                         "model_file_base_name": "model"}
+    del v.config["quantization_config"]
+    v.write(out)
+    # A plain Llama config (no num_pre_layers / num_loops): its three distinct layers are two pre blocks and the looped
+    # block, applied once.
+    Variant("plain_llama", plain=True).build().write(out)
+    # dense_f16_tied's model stored unrolled, as a Llama checkpoint: layers 2, 3 and 4 are the looped block stored three
+    # times. The importer finds the repeats and stores the block once, looped 3 times: the same model as
+    # dense_f16_tied's.
+    v = Variant("dense_f16_tied", plain=True).build()
+    v.name = "unrolled"
+    for layer in range(P + 1, P + LOOPS):
+        prefix = f"model.layers.{P}."
+        for name in [n for n in v.tensors if n.startswith(prefix)]:
+            v.tensors[f"model.layers.{layer}." + name[len(prefix):]] = v.tensors[name]
+    v.config["num_hidden_layers"] = P + LOOPS
+    v.tl_config["loops"] = LOOPS
+    v.write(out)
 
     # ---- Checkpoints to refuse ----
     bad = os.path.join(out, "bad")
