@@ -198,7 +198,7 @@ typedef struct tl_model_properties {
     uint64_t tensor_bytes;
     /** Bytes of the quantized weights' codes, scales, zeros (and optional channels). */
     uint64_t quant_weight_bytes;
-    /** Number of model parameters (a quantized weight counts K*N). */
+    /** Number of model parameters (a quantized weight counts K*N, a bias N). */
     uint64_t parameter_count;
 } tl_model_properties;
 

@@ -127,6 +127,10 @@ void linear_tile(const Linear &w, const float *x, int32_t M, int32_t n0, int32_t
             row_block(std::min(kRows, M - m), x + m * K, K, panels + p * K * kPanel, w.k, y + m * ldy + n0 + p * kPanel,
                       ldy, std::min(kPanel, cols - p * kPanel));
         }
+    if (const float *bias = w.bias_values()) {  // added to the finished sum, as y = x W + b reads
+        for (int32_t m = 0; m < M; ++m)
+            for (int32_t j = 0; j < cols; ++j) y[m * ldy + n0 + j] += bias[n0 + j];
+    }
 }
 
 using LinearInputHook = std::function<void(const Linear &, const float *, int32_t)>;

@@ -41,7 +41,8 @@ constexpr const char *kMaxHeaderText = "16 MiB";
 // costs tens of MB to parse, not the ~20x its size that a DOM of small values would.
 constexpr JsonLimits kHeaderJsonLimits{kMaxHeaderBytes, 64, uint64_t{1} << 18};
 constexpr const char *kMetadataKey = "__metadata__";
-constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".k_perm", ".weight"};
+constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4",
+                                           ".sign_bit", ".k_perm", ".weight", ".bias"};
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -485,6 +486,14 @@ public:
         lin.n = n;
         lin.keepalive = storage_;
         const std::string kn = "(K = " + std::to_string(k) + ", N = " + std::to_string(n) + ")";
+        if (const TensorEntry *bias = find(name + ".bias")) {
+            check(*bias, {DType::F16, DType::F32, DType::BF16}, {n}, "([N] " + kn + ")");
+            check_finite(*bias);
+            const void *data = aligned(*bias);
+            auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+            for (size_t i = 0; i < values->size(); ++i) (*values)[i] = load_float(bias->dtype, data, i);
+            lin.bias = std::move(values);
+        }
         const TensorEntry *qweight = find(name + ".qweight");
         const TensorEntry *weight = find(name + ".weight");
         if (qweight && weight) {
@@ -888,6 +897,13 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
     }
 }
 
+int32_t required_format_version(const Model &model) {
+    for (const Linear *l : model.linears()) {  // a tied head is the embedding: it has no bias of its own
+        if (l->bias) return 2;
+    }
+    return 1;
+}
+
 void save_model(const std::string &path, const Model &model) {
     const ModelConfig &c = model.config;
     validate_config(c);
@@ -905,6 +921,12 @@ void save_model(const std::string &path, const Model &model) {
         need(lin.k == k && lin.n == n, "linear " + quoted(name) + " is " + std::to_string(lin.k) + "x" +
                                            std::to_string(lin.n) + ", expected K = " + std::to_string(k) +
                                            ", N = " + std::to_string(n));
+        if (lin.bias) {
+            need(lin.bias->size() == static_cast<size_t>(n), "linear " + quoted(name) + " has a bias of " +
+                                                                    std::to_string(lin.bias->size()) + " values, N = " +
+                                                                    std::to_string(n));
+            views.push_back({name + ".bias", DType::F32, {n}, lin.bias->data()});
+        }
         if (!lin.quantized) {
             need(lin.dense != nullptr, "linear " + quoted(name) + " has no data");
             views.push_back({name + ".weight", lin.dense_dtype, {n, k}, lin.dense});
@@ -950,7 +972,9 @@ void save_model(const std::string &path, const Model &model) {
     if (model.head_kind != HeadKind::Tied) add_linear("head", model.head, d, v);
 
     const std::map<std::string, std::string> metadata = {
-        {"format", "tinyloop"}, {"format_version", std::to_string(kFormatVersion)}, {"config", config_to_json(c)}};
+        {"format", "tinyloop"},
+        {"format_version", std::to_string(required_format_version(model))},
+        {"config", config_to_json(c)}};
     write_safetensors(path, metadata, views);
 }
 

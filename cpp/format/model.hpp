@@ -58,10 +58,15 @@ struct Linear {
     DType dense_dtype = DType::F32;
     const void *dense = nullptr;
 
+    // Optional [n], quantized or dense: Y[m, n] = sum_k X[m, k] * W[k, n] + bias[n] (Qwen2's q/k/v, Llama's
+    // attention_bias / mlp_bias). Small, so held as F32 of its own (a file's F16 / BF16 bias converted at load).
+    std::shared_ptr<const std::vector<float>> bias;
+
     // Keeps owned storage (or the mapped file) alive as long as this Linear is.
     std::shared_ptr<const void> keepalive;
 
     int32_t n_groups() const { return quantized ? k / group_size : 0; }
+    const float *bias_values() const { return bias ? bias->data() : nullptr; }
     size_t quant_bytes() const;  // codes + scales + zeros + optional channels
 };
 

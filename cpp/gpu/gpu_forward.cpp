@@ -49,18 +49,19 @@ void check_rc(int rc, const std::string &what) {
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
 
-// `dequantized`: w's FP16 form from loop_fp16, or nullptr.
+// y = x W (+ bias) for m rows. `dequantized`: w's FP16 form from loop_fp16, or nullptr.
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
           const uint16_t *dequantized = nullptr) {
     if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
         quant_gemm(*w.quant, x, y, m, Dtype::F16, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
                    dequantized);
-        return;
+    } else {
+        check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
+                 "FP16 GEMM (cuBLAS) of '" + w.name + "'");
+        ++s.dense_calls;
     }
-    check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
-             "FP16 GEMM (cuBLAS) of '" + w.name + "'");
-    ++s.dense_calls;
+    if (w.bias) check_rc(gpu::add_bias(y, w.bias.get<float>(), m, w.n, stream), "bias of '" + w.name + "'");
 }
 
 }  // namespace

@@ -134,6 +134,14 @@ void ensure_cublas(GpuModel::State &s) {
     if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
 }
 
+// `bias` as an FP32 device array of n values, the ones past its end zero (padding rows); empty when there is none.
+DeviceBuffer upload_bias(int device, const std::vector<float> *bias, int32_t n) {
+    if (bias == nullptr) return DeviceBuffer{};
+    std::vector<float> padded(static_cast<size_t>(n), 0.0f);
+    std::copy(bias->begin(), bias->end(), padded.begin());
+    return upload_floats(device, padded);
+}
+
 // A linear on the device, its rows (N) padded with zero rows to a multiple of `n_multiple`. Runs on any thread (with
 // the model's device current): ensure_cublas has run before.
 DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_multiple = 1) {
@@ -141,6 +149,7 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
     d.name = w.name;
     d.k = w.k;
     d.n = round_up(w.n, n_multiple);
+    d.bias = upload_bias(s.device, w.bias.get(), d.n);
     if (w.quantized) {
         PackOutcome outcome;
         d.quant = pack_weight(d.n == w.n ? w : pad_linear_rows(w, n_multiple), s.device, s.own_stream,
@@ -154,6 +163,7 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
         d.dense_values = d.dense.get<uint16_t>();
         d.bytes = d.dense.bytes();
     }
+    d.bytes += d.bias.bytes();
     return d;
 }
 
@@ -176,7 +186,16 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
     const Linear &gate = b.mlp_gate, &up = b.mlp_up;
     if (gate.quantized && up.quantized && gate.group_size == up.group_size && same_k_perm(gate, up)) {
         const std::string name = gate.name.substr(0, gate.name.rfind('.') + 1) + "mlp_gate_up";
-        jobs.push_back([&s, &d, &gate, &up, name] { d.gate_up = make_linear(s, concat_linear_rows(gate, up, name)); });
+        jobs.push_back([&s, &d, &gate, &up, name] {
+            Linear gate_up = concat_linear_rows(gate, up, name);
+            if (gate.bias || up.bias) {  // [gate's | up's], zero for the one without
+                auto bias = std::make_shared<std::vector<float>>(static_cast<size_t>(gate.n + up.n), 0.0f);
+                if (gate.bias) std::copy(gate.bias->begin(), gate.bias->end(), bias->begin());
+                if (up.bias) std::copy(up.bias->begin(), up.bias->end(), bias->begin() + gate.n);
+                gate_up.bias = std::move(bias);
+            }
+            d.gate_up = make_linear(s, gate_up);
+        });
     } else {
         add_linear(jobs, s, d.gate_up, gate);
         add_linear(jobs, s, d.up, up);

@@ -43,7 +43,7 @@ constexpr double kDefaultRmsNormEps = 1e-6;
 constexpr int64_t kDefaultQuantGroupSize = 128;
 
 // What a linear of the checkpoint may be stored as: dense .weight, or GPTQ / AWQ .qweight/.qzeros/.scales/.g_idx.
-constexpr const char *kLinearSuffixes[] = {".weight", ".qweight", ".qzeros", ".scales", ".g_idx"};
+constexpr const char *kLinearSuffixes[] = {".weight", ".qweight", ".qzeros", ".scales", ".g_idx", ".bias"};
 constexpr const char *kLayerLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                          "mlp.down_proj"};
@@ -303,6 +303,10 @@ struct HfConfig {
     int32_t layers = 0;     // model.layers.{0 .. layers - 1} in the checkpoint
     bool looped = false;    // num_pre_layers and num_loops given; else a plain config (see read_config)
     bool tied = false;
+    // Which linears have a bias (transformers creates exactly these): q, k and v for attention_bias or Qwen2 (whose
+    // q_proj, k_proj and v_proj always have one), o_proj for attention_bias, gate, up and down for mlp_bias. Each
+    // says why, for messages ("" = no bias).
+    std::string qkv_bias, o_bias, mlp_bias;
     Quantization quant;
 };
 
@@ -532,9 +536,9 @@ HfConfig read_config(const std::string &dir, const CheckpointImportOptions &opti
     if (f.find("rope_scaling")) {
         f.bad(TL_ERR_UNSUPPORTED, "rope_scaling", "is set: only plain RoPE (rope_theta, rotate-half) is supported");
     }
-    for (const char *bias : {"attention_bias", "mlp_bias"}) {
-        if (f.boolean(bias, false)) f.bad(TL_ERR_UNSUPPORTED, bias, "is true: linear biases are not supported");
-    }
+    if (f.boolean("attention_bias", false)) c.qkv_bias = c.o_bias = "config.json's attention_bias is true";
+    if (model_type == "qwen2") c.qkv_bias = "Qwen2's q_proj, k_proj and v_proj have biases";
+    if (f.boolean("mlp_bias", false)) c.mlp_bias = "config.json's mlp_bias is true";
     const double rotary = f.number("partial_rotary_factor", 1.0);
     if (rotary != 1.0) {
         f.bad(TL_ERR_UNSUPPORTED, "partial_rotary_factor",
@@ -680,6 +684,7 @@ struct HfLinear {
     std::string name;  // e.g. "model.layers.0.self_attn.q_proj"
     const Entry *weight = nullptr;
     std::optional<QuantizedMatrix> int4;
+    std::shared_ptr<const std::vector<float>> bias;  // [N] as F32 (exact from F16 / BF16), or none
     bool quantized() const { return int4.has_value(); }
 };
 
@@ -793,9 +798,6 @@ private:
             // Older transformers versions saved RoPE's inverse frequencies; they follow from rope_theta and head_dim.
             if (starts_with(name, "model.") && ends_with(name, ".rotary_emb.inv_freq")) continue;
             const std::string file = squote(*kv.second.file) + ": ";
-            if (ends_with(name, ".bias")) {
-                fail(TL_ERR_UNSUPPORTED, file + "tensor " + squote(name) + ": linear biases are not supported");
-            }
             std::string hint;
             const std::string layers = "model.layers.";
             if (starts_with(name, layers)) {
@@ -861,12 +863,14 @@ private:
         return gain;
     }
 
-    HfLinear read_linear(const std::string &name, int32_t k, int32_t n) {
+    // `bias_why`: why the linear has a bias ("" when it has none): its .bias must then be there, and otherwise not.
+    HfLinear read_linear(const std::string &name, int32_t k, int32_t n, const std::string &bias_why) {
         HfLinear lin;
         lin.name = name;
         const Entry *weight = find(name + ".weight");
         const Entry *qweight = find(name + ".qweight");
         const std::string kn = "(K = " + std::to_string(k) + ", N = " + std::to_string(n) + ")";
+        lin.bias = read_bias(name, n, bias_why);
         if (weight && qweight) {
             fail(TL_ERR_FORMAT, squote(checkpoint_.source()) + ": linear " + squote(name) + " has both " +
                                     squote(name + ".weight") + " and " + squote(name + ".qweight"));
@@ -893,6 +897,26 @@ private:
         lin.int4 = read_int4(name, k, n, *qweight);
         any_int4_ = true;
         return lin;
+    }
+
+    // A linear's bias: transformers gives a linear one exactly when the config says so (and then loads it; without
+    // the config's word it would leave a stored .bias unused), so the tensor must be there exactly then.
+    std::shared_ptr<const std::vector<float>> read_bias(const std::string &name, int32_t n,
+                                                        const std::string &why) const {
+        const Entry *bias = find(name + ".bias");
+        if (why.empty()) {
+            if (bias) {
+                fail(TL_ERR_FORMAT, where(*bias) + "a bias, but config.json gives " + squote(name) +
+                                        " none (transformers would not use it: attention_bias, mlp_bias and "
+                                        "model_type say which linears have biases)");
+            }
+            return nullptr;
+        }
+        if (!bias) require(name + ".bias", " (" + why + ")");
+        check_float(*bias, {n}, "[out]");
+        auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+        for (size_t i = 0; i < values->size(); ++i) (*values)[i] = value_at(bias->tensor->dtype, bias->tensor->data, i);
+        return values;
     }
 
     QuantizedMatrix read_int4(const std::string &name, int32_t k, int32_t n, const Entry &qweight) const {
@@ -957,8 +981,13 @@ private:
 
     // A linear other than q|k|v: the dense weight in place, or the converted INT4 one.
     Linear make_linear(const std::string &name, HfLinear &&src, int32_t k, int32_t n) {
-        if (src.quantized()) return make_quantized_linear(name, std::move(*src.int4));
+        if (src.quantized()) {
+            Linear lin = make_quantized_linear(name, std::move(*src.int4));
+            lin.bias = std::move(src.bias);
+            return lin;
+        }
         Linear lin;
+        lin.bias = std::move(src.bias);
         lin.name = name;
         lin.k = k;
         lin.n = n;
@@ -996,6 +1025,16 @@ private:
             }
         }
         const int64_t kk = c_.d_model, n = 3 * int64_t{c_.attn_dim()};
+        // The bias rows follow the weight rows (q, k and v have one each or none: read_bias).
+        std::shared_ptr<const std::vector<float>> bias;
+        if (q.bias) {
+            auto rows = std::make_shared<std::vector<float>>();
+            for (const RowRange &r : qkv_rows()) {
+                const std::vector<float> &b = *src[r.source]->bias;
+                rows->insert(rows->end(), b.begin() + r.first, b.begin() + r.first + r.count);
+            }
+            bias = std::move(rows);
+        }
         if (q.quantized()) {
             // Codes [N][K/2] and scales/zeros [N][G] are row-major in N, so concatenating along N appends rows.
             // q, k and v share K = hidden_size and the checkpoint's group size, hence G.
@@ -1025,7 +1064,9 @@ private:
                 out.scales.insert(out.scales.end(), m.scales.begin() + first * groups, m.scales.begin() + end * groups);
                 out.zeros.insert(out.zeros.end(), m.zeros.begin() + first * groups, m.zeros.begin() + end * groups);
             }
-            return make_quantized_linear(name, std::move(out));
+            Linear lin = make_quantized_linear(name, std::move(out));
+            lin.bias = std::move(bias);
+            return lin;
         }
         // Dense: the rows' bytes as they are when q, k and v share a dtype; else all three widened to F32 (exact).
         DType dtype = q.weight->tensor->dtype;
@@ -1056,6 +1097,7 @@ private:
         lin.dense_dtype = dtype;
         lin.dense = out.data();
         lin.keepalive = storage_;
+        lin.bias = std::move(bias);
         return lin;
     }
 
@@ -1066,14 +1108,16 @@ private:
         block->mlp_norm = read_norm(layer + "post_attention_layernorm.weight");
         // One statement each (not function arguments, whose order is unspecified): the first bad tensor in the
         // layout's order is the one reported.
-        HfLinear q = read_linear(layer + "self_attn.q_proj", d, a);
-        HfLinear k = read_linear(layer + "self_attn.k_proj", d, kv);
-        HfLinear v = read_linear(layer + "self_attn.v_proj", d, kv);
+        const std::string &qkv_bias = config_.qkv_bias, &o_bias = config_.o_bias, &mlp_bias = config_.mlp_bias;
+        HfLinear q = read_linear(layer + "self_attn.q_proj", d, a, qkv_bias);
+        HfLinear k = read_linear(layer + "self_attn.k_proj", d, kv, qkv_bias);
+        HfLinear v = read_linear(layer + "self_attn.v_proj", d, kv, qkv_bias);
         block->attn_qkv = make_qkv(prefix + "attn_qkv", std::move(q), std::move(k), std::move(v));
-        block->attn_out = make_linear(prefix + "attn_out", read_linear(layer + "self_attn.o_proj", a, d), a, d);
-        block->mlp_gate = make_linear(prefix + "mlp_gate", read_linear(layer + "mlp.gate_proj", d, f), d, f);
-        block->mlp_up = make_linear(prefix + "mlp_up", read_linear(layer + "mlp.up_proj", d, f), d, f);
-        block->mlp_down = make_linear(prefix + "mlp_down", read_linear(layer + "mlp.down_proj", f, d), f, d);
+        block->attn_out =
+            make_linear(prefix + "attn_out", read_linear(layer + "self_attn.o_proj", a, d, o_bias), a, d);
+        block->mlp_gate = make_linear(prefix + "mlp_gate", read_linear(layer + "mlp.gate_proj", d, f, mlp_bias), d, f);
+        block->mlp_up = make_linear(prefix + "mlp_up", read_linear(layer + "mlp.up_proj", d, f, mlp_bias), d, f);
+        block->mlp_down = make_linear(prefix + "mlp_down", read_linear(layer + "mlp.down_proj", f, d, mlp_bias), f, d);
     }
 
     void read_head(const Entry &embed, Model *model) {
@@ -1084,10 +1128,11 @@ private:
                 require("lm_head.weight", " (tie_word_embeddings is false; set it to true if the head is the "
                                           "embedding)");
             }
-            model->head = make_linear("head", read_linear("lm_head", d, v), d, v);
+            model->head = make_linear("head", read_linear("lm_head", d, v, ""), d, v);
             model->head_kind = model->head.quantized ? HeadKind::Quantized : HeadKind::Dense;
             return;
         }
+        read_bias("lm_head", v, "");  // refused if there: the tied head is the embedding, with no bias
         for (const char *suffix : {".qweight", ".qzeros", ".scales", ".g_idx"}) {
             if (const Entry *q = find(std::string("lm_head") + suffix)) {
                 fail(TL_ERR_FORMAT, where(*q) + "tie_word_embeddings is true, so the head is the embedding, but the "

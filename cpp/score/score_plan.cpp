@@ -34,6 +34,10 @@ void check_model_shapes(const Model &model, void (*check_storage)(const Linear &
                                               std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
                                               ", N=" + std::to_string(n) + "]");
         }
+        if (w.bias && w.bias->size() != static_cast<size_t>(n)) {
+            fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has a bias of " + std::to_string(w.bias->size()) +
+                                              " values, expected N = " + std::to_string(n));
+        }
         check_storage(w, name);
     };
     auto check_block = [&](const Block &b, const std::string &prefix) {
@@ -49,6 +53,9 @@ void check_model_shapes(const Model &model, void (*check_storage)(const Linear &
     for (size_t i = 0; i < model.pre.size(); ++i) check_block(model.pre[i], "pre." + std::to_string(i));
     check_block(model.loop, "loop");
     check_linear(model.head, "head", D, c.vocab);
+    if (model.head_kind == HeadKind::Tied && model.head.bias) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: a head tied to the embedding has no bias of its own");
+    }
 }
 
 ScorePlan plan_score(const ModelConfig &c, const int32_t *tokens, size_t n_tokens, int32_t window) {

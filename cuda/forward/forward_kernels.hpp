@@ -68,6 +68,10 @@ enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2 };
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
                      cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto, Segments segments = {});
 
+// A linear's bias, after its GEMM: y[t][j] = fp16(y[t][j] + bias[j]) for t < rows, j < n. y FP16 [rows][n], bias
+// FP32 [n].
+int add_bias(uint16_t *y, const float *bias, int rows, int n, cudaStream_t stream);
+
 // SwiGLU: h[t][j] = fp16(silu(gate[t][j]) * up[t][j]), j < f, silu(g) = g / (1 + e^-g). gate and up are FP16 rows
 // of stride ld (ld = 2f with gate = gu, up = gu + f for the fused gate|up GEMM output), h is FP16 [T][f].
 int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_count, int f, cudaStream_t stream);

@@ -1,5 +1,5 @@
-// The forward pass's row-wise and element-wise kernels: embedding gather, residual add + RMSNorm, RoPE, SwiGLU and
-// the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for clarity (one
+// The forward pass's row-wise and element-wise kernels: embedding gather, residual add + RMSNorm, RoPE, a linear's
+// bias, SwiGLU and the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for clarity (one
 // block per row for the reductions, grid-stride loops for the rest), with FP32 math throughout.
 #include <cuda_fp16.h>
 
@@ -108,6 +108,25 @@ __global__ void __launch_bounds__(kFlatThreads) rope_kernel(__half *qkv, const f
     }
 }
 
+// ---- Bias -------------------------------------------------------------------------------------------------------
+
+// A separate pass over the GEMM's output rather than an epilogue of each GEMM kernel (Marlin-class, native, cuBLAS):
+// one small kernel serves them all. VEC = 2 (half2 accesses) when n is even and y 4-byte aligned, else 1.
+template <int VEC>
+__global__ void __launch_bounds__(kFlatThreads) bias_kernel(__half *y, const float *bias, int n, size_t total) {
+    for (size_t idx = static_cast<size_t>(blockIdx.x) * kFlatThreads + threadIdx.x; idx < total;
+         idx += static_cast<size_t>(gridDim.x) * kFlatThreads) {
+        const size_t i = idx * VEC;
+        const int j = static_cast<int>(i % static_cast<size_t>(n));
+        if constexpr (VEC == 2) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(y + i));
+            *reinterpret_cast<__half2 *>(y + i) = __floats2half2_rn(v.x + bias[j], v.y + bias[j + 1]);
+        } else {
+            y[i] = __float2half_rn(__half2float(y[i]) + bias[j]);
+        }
+    }
+}
+
 // ---- SwiGLU -----------------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float silu_times(float g, float u) {
@@ -211,6 +230,19 @@ int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t
     } else {
         rope_kernel<1><<<flat_blocks(pairs), kFlatThreads, 0, stream>>>(x, cos_table, sin_table, positions, t_count,
                                                                          2 * n_heads, head_dim, row_stride);
+    }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int add_bias(uint16_t *y, const float *bias, int rows, int n, cudaStream_t stream) {
+    if (y == nullptr || bias == nullptr || rows < 1 || n < 1) return kRcBadArgument;
+    const size_t total = static_cast<size_t>(rows) * n;
+    __half *out = reinterpret_cast<__half *>(y);
+    if (n % 2 == 0 && (reinterpret_cast<uintptr_t>(y) & 3u) == 0) {
+        bias_kernel<2><<<flat_blocks(total / 2), kFlatThreads, 0, stream>>>(out, bias, n, total / 2);
+    } else {
+        bias_kernel<1><<<flat_blocks(total), kFlatThreads, 0, stream>>>(out, bias, n, total);
     }
     TL_GPU_CHECK_LAUNCH();
     return 0;

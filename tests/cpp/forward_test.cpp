@@ -111,6 +111,7 @@ struct NllCase {
     bool quantize_head;
     int32_t group_size;
     int32_t window;  // 0 = max_seq
+    bool biases = false;
 };
 
 void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
@@ -130,6 +131,7 @@ void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
     options.quantized = c.quantized;
     options.method = c.method;
     options.quantize_head = c.quantize_head;
+    options.biases = c.biases;
     const std::unique_ptr<tl::Model> model = tl::make_synthetic_model(config, options);
 
     std::mt19937_64 rng(seed);
@@ -159,6 +161,9 @@ TEST(Forward, WholeNllMatchesReference) {
         {"asymmetric g32, windows of 24", true, tl::QuantMethod::Asymmetric, false, 32, 24},
         {"symmetric per row, quantized head", true, tl::QuantMethod::Symmetric, true, 0, 0},
         {"dense, windows of 40", false, tl::QuantMethod::Asymmetric, false, 0, 40},
+        {"asymmetric g32, biases on every linear, quantized head", true, tl::QuantMethod::Asymmetric, true, 32, 0,
+         true},
+        {"dense, biases on every linear, windows of 40", false, tl::QuantMethod::Asymmetric, false, 0, 40, true},
     };
     for (const NllCase &c : cases) expect_nll_matches_reference(c, seed);
 }

@@ -41,14 +41,14 @@ inline double weight_at(const tl::Linear &w, int32_t kk, int32_t nn) {
     return q * static_cast<double>(tl::half_to_float(w.scales[g])) + tl::half_to_float(w.zeros[g]);
 }
 
-// y[m][n] = sum_k x[m][k] W[k][n]
+// y[m][n] = sum_k x[m][k] W[k][n] + bias[n]
 inline Vec linear(const tl::Linear &w, const Vec &x, int32_t M) {
     Vec y(static_cast<size_t>(M) * w.n, 0.0);
     for (int32_t nn = 0; nn < w.n; ++nn) {
         Vec col(w.k);
         for (int32_t kk = 0; kk < w.k; ++kk) col[kk] = weight_at(w, kk, nn);
         for (int32_t m = 0; m < M; ++m) {
-            double s = 0.0;
+            double s = w.bias ? (*w.bias)[nn] : 0.0;
             for (int32_t kk = 0; kk < w.k; ++kk) s += x[static_cast<size_t>(m) * w.k + kk] * col[kk];
             y[static_cast<size_t>(m) * w.n + nn] = s;
         }

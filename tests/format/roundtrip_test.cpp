@@ -429,6 +429,72 @@ TEST(KPerm, TheSameModelStoredInAnotherKOrder) {
     EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum, reference);
 }
 
+// Biases: saved as F32 <name>.bias [N] in a format_version 2 file (a model without them stays version 1), loaded
+// back the same, and the loaded model scores exactly as the one saved. A bias of the wrong shape or with a NaN is
+// refused naming it.
+TEST(Bias, SavedAsVersion2AndLoadedBack) {
+    std::mt19937_64 rng(std::random_device{}());
+    tl::SyntheticOptions options;
+    options.seed = rng();
+    options.quantize_head = true;
+    const auto plain = tl::make_synthetic_model(tlt::small_config(8), options);
+    EXPECT_EQ(tl::required_format_version(*plain), 1);
+    options.biases = true;
+    const auto original = tl::make_synthetic_model(tlt::small_config(8), options);
+    EXPECT_EQ(tl::required_format_version(*original), 2);
+    const std::string path = tlt::temp_dir() + "/bias.tinyloop";
+    tl::save_model(path, *original);
+    const tl::SafetensorsFile file = tl::read_safetensors(path);
+    EXPECT_EQ(file.metadata.at("format_version"), "2");
+    const auto loaded = tl::load_model(path, tl::LoadOptions{});
+    EXPECT_EQ(loaded->format_version, 2);
+    const auto got = loaded->linears(), want = original->linears();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(want[i]->bias && got[i]->bias) << want[i]->name;
+        EXPECT_EQ(*got[i]->bias, *want[i]->bias) << want[i]->name;
+        const tl::SafetensorsTensor &t = file.tensors.at(want[i]->name + ".bias");
+        EXPECT_EQ(t.dtype, DType::F32);
+        EXPECT_EQ(t.shape, std::vector<int64_t>{want[i]->n});
+    }
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(rng() % 50);
+    tl::ScoreOptions o;
+    o.n_threads = 2;
+    const double with_bias = tl::score_cpu(*original, tokens.data(), tokens.size(), o).nll_sum;
+    EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum, with_bias);
+    EXPECT_NE(tl::score_cpu(*plain, tokens.data(), tokens.size(), o).nll_sum, with_bias);
+
+    // The same tensors with one bias changed, written as another file.
+    auto rewrite = [&](const std::vector<int64_t> &shape, float value) {
+        std::vector<tl::TensorView> views;
+        std::vector<float> bias(static_cast<size_t>(shape[0]), value);
+        for (const auto &kv : file.tensors) {
+            const tl::SafetensorsTensor &t = kv.second;
+            if (kv.first == "pre.1.mlp_up.bias") {
+                views.push_back({kv.first, DType::F32, shape, bias.data()});
+            } else {
+                views.push_back({kv.first, t.dtype, t.shape, t.data});
+            }
+        }
+        const std::string bad = tlt::temp_dir() + "/bad_bias.tinyloop";
+        tl::write_safetensors(bad, file.metadata, views);
+        return bad;
+    };
+    const int64_t n = original->pre[1].mlp_up.n;
+    for (const auto &[shape, value, message] :
+         {std::tuple<std::vector<int64_t>, float, std::string>{{n + 1}, 0.0f, "tensor 'pre.1.mlp_up.bias': shape ["},
+          {{n}, std::numeric_limits<float>::quiet_NaN(), "tensor 'pre.1.mlp_up.bias': non-finite value"}}) {
+        try {
+            tl::load_model(rewrite(shape, value), tl::LoadOptions{});
+            ADD_FAILURE() << "loaded a file with a bad bias";
+        } catch (const tl::Error &e) {
+            EXPECT_EQ(e.code(), TL_ERR_FORMAT);
+            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(ConfigJson, RoundTripsEveryFieldExactly) {
     std::mt19937_64 rng(std::random_device{}());
     std::uniform_int_distribution<int32_t> any_int(std::numeric_limits<int32_t>::min(),

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <vector>
 
 #include "forward/forward_kernels.hpp"
@@ -521,6 +522,37 @@ TEST(Kernels, AttentionRefusals) {
         EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 64, 1, 1, 64, nullptr, auto_kernel, bad),
                   tl::gpu::kRcBadArgument);
     }
+}
+
+// ---- Bias -----------------------------------------------------------------------------------------------------
+
+// y = fp16(y + bias) per row: one FP32 add and one rounding, so within half an FP16 ulp of the exact sum. Odd N
+// and a misaligned y take the scalar kernel, even N the half2 one.
+TEST(Kernels, Bias) {
+    for (auto [rows, n, offset] : {std::tuple{1, 2, 0}, {7, 192, 0}, {33, 4608, 0}, {5, 97, 0}, {6, 64, 1}}) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+        const size_t count = static_cast<size_t>(rows) * n;
+        const std::vector<uint16_t> y = random_half(count + offset, 1.0);
+        const std::vector<float> bias = random_float(n, 0.0, 0.5);
+        DeviceArray<uint16_t> yd(count + offset);
+        DeviceArray<float> bd(n);
+        ASSERT_TRUE(upload_guarded(yd, y) && upload_guarded(bd, bias));
+        ASSERT_TRUE(launched(tl::gpu::add_bias(yd.get() + offset, bd.get(), rows, n, nullptr)));
+        std::vector<uint16_t> got;
+        CUDA_OK(yd.download(got));
+        for (int i = 0; i < offset; ++i) ASSERT_EQ(got[i], y[i]) << "wrote before y";
+        for (size_t i = 0; i < count; ++i) {
+            const double ref = static_cast<double>(half_to_float(y[offset + i])) + bias[i % n];
+            const double g = half_to_float(got[offset + i]);
+            ASSERT_LE(std::fabs(g - ref), kHalfTol * std::fabs(ref) + 1e-7) << "y[" << i / n << "][" << i % n << "]";
+        }
+        EXPECT_TRUE(yd.guard_intact() && bd.guard_intact());
+    }
+    DeviceArray<uint16_t> yd(8);
+    DeviceArray<float> bd(8);
+    EXPECT_LT(tl::gpu::add_bias(nullptr, bd.get(), 1, 8, nullptr), 0);
+    EXPECT_LT(tl::gpu::add_bias(yd.get(), nullptr, 1, 8, nullptr), 0);
+    EXPECT_LT(tl::gpu::add_bias(yd.get(), bd.get(), 0, 8, nullptr), 0);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ struct ModelCase {
     tl::ModelConfig config;
     Head head;
     bool mixed = false;  // pre.0.attn_out and loop.mlp_up dense: a dense block linear and an unfused gate/up
+    bool biases = false;  // every linear has a bias (SyntheticOptions::biases)
 };
 
 const std::vector<ModelCase> &model_cases() {
@@ -85,6 +86,9 @@ const std::vector<ModelCase> &model_cases() {
         {"tiny_g32_tied", tiny_config(), Head::Tied},
         {"tiny_g32_qhead", tiny_config(), Head::Quantized},
         {"tiny_g32_mixed", tiny_config(), Head::Tied, true},
+        // Biases on every linear: the fused gate|up weight carries both biases, the padded head its own.
+        {"tiny_g32_bias_qhead", tiny_config(), Head::Quantized, false, true},
+        {"tiny_g32_bias_mixed", tiny_config(), Head::Tied, true, true},
         {"d256_g128_qhead", d256_config(128), Head::Quantized},   // V = 50257: head padded to 50304
         {"d256_rows_qhead", d256_config(0), Head::Quantized},
         {"d256_rows_tied", d256_config(0), Head::Tied},           // the FP16 embedding as the head, through cuBLAS
@@ -96,6 +100,7 @@ std::unique_ptr<tl::Model> build_model(const ModelCase &mc) {
     tl::SyntheticOptions options;
     options.seed = rng()();
     options.quantize_head = mc.head == Head::Quantized;
+    options.biases = mc.biases;
     auto model = tl::make_synthetic_model(mc.config, options);
     if (mc.mixed) {
         // The dense model of the same seed holds the same underlying values (synthetic.hpp).

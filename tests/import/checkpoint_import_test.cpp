@@ -165,7 +165,7 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
     const auto file = read_safetensors(out, &metadata);
 
     EXPECT_EQ(metadata["format"], "tinyloop");
-    EXPECT_EQ(metadata["format_version"], "1");
+    EXPECT_EQ(metadata["format_version"], manifest["format_version"].get<std::string>());
     const json config = json::parse(metadata["config"]);
     for (const auto &kv : manifest["config"].items()) {
         ASSERT_TRUE(config.contains(kv.key())) << kv.key();
@@ -191,6 +191,11 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
     EXPECT_EQ(tensors, 1u + 2u * 3u + 1u);
     for (const auto &kv : manifest["linears"].items()) {
         const std::string name = kv.key(), storage = kv.value();
+        if (expected.count(name + ".bias")) {  // biases: F32 in the file, exactly the stored values
+            ASSERT_EQ(file.count(name + ".bias"), 1u) << name << " has no bias in the file";
+            expect_dense_equal(file.at(name + ".bias"), "F32", expected.at(name + ".bias"), name + ".bias");
+            ++tensors;
+        }
         if (storage == "INT4") {
             expect_int4_close(file, name, expected.at(name), expected.at(name + ".offset"));
             tensors += 3 + file.count(name + ".k_perm");
@@ -234,6 +239,8 @@ TEST(CheckpointImport, GptqMisalignedWithDenseLinear) { check_round_trip("gptq")
 TEST(CheckpointImport, GptqPerRowWithoutGIdx) { check_round_trip("gptq_per_row"); }
 TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
 TEST(CheckpointImport, GptqSettingsInQuantizeConfigJson) { check_round_trip("gptq_quantize_config"); }
+TEST(CheckpointImport, Qwen2QkvBiasesGqa) { check_round_trip("qwen2_bias"); }
+TEST(CheckpointImport, GptqAttentionAndMlpBiases) { check_round_trip("gptq_biases"); }
 TEST(CheckpointImport, PlainLlamaConfigLoopsOnce) { check_round_trip("plain_llama"); }
 
 // A looped model stored unrolled (a plain config, the looped layer stored three times) imports as the looped model:
@@ -295,7 +302,7 @@ TEST(CheckpointImport, SlidingWindowAcceptedWhereItIsFullAttention) {
         {"window = max_seq", [](json &c) { c["model_type"] = "mistral", c["sliding_window"] = 128; }},
         {"window null", [](json &c) { c["model_type"] = "mistral", c["sliding_window"] = nullptr; }},
         {"use_sliding_window false",
-         [](json &c) { c["model_type"] = "qwen2", c["sliding_window"] = 16, c["use_sliding_window"] = false,
+         [](json &c) { c["sliding_window"] = 16, c["use_sliding_window"] = false,
                        c["max_window_layers"] = 2; }},
         {"only full-attention layers",
          [](json &c) { c["sliding_window"] = 16, c["layer_types"] = {"full_attention", "full_attention"}; }},
@@ -405,9 +412,19 @@ TEST(CheckpointImportRefuses, NonFiniteScale) {
                    "model.layers.1.mlp.gate_proj.scales[0][0]", "not finite");
 }
 
-TEST(CheckpointImportRefuses, Bias) {
-    EXPECT_REFUSED(convert(kData + "/bad/bias", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
-                   "'model.layers.0.self_attn.q_proj.bias'", "biases");
+TEST(CheckpointImportRefuses, BiasesOnlyWhereTheConfigGivesThem) {
+    EXPECT_REFUSED(convert(kData + "/bad/bias", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "tensor 'model.layers.0.self_attn.q_proj.bias'", "config.json gives",
+                   "'model.layers.0.self_attn.q_proj' none");
+    EXPECT_REFUSED(convert(kData + "/bad/qwen2_o_proj_bias", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "tensor 'model.layers.2.self_attn.o_proj.bias'");
+    EXPECT_REFUSED(convert(kData + "/bad/missing_bias", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "missing tensor 'model.layers.1.self_attn.k_proj.bias'",
+                   "Qwen2's q_proj, k_proj and v_proj have biases");
+    // attention_bias announces q, k, v and o biases, which this checkpoint lacks.
+    EXPECT_REFUSED(convert(with_config("dense_f16_tied", [](json &c) { c["attention_bias"] = true; }),
+                           scratch("out.tinyloop")),
+                   TL_ERR_FORMAT, "missing tensor 'model.layers.0.self_attn.q_proj.bias'", "attention_bias is true");
 }
 
 // ---- Refusals: config.json edited ----
@@ -448,8 +465,8 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          TL_ERR_UNSUPPORTED, {"field 'rope_scaling'"}},
         {"hidden_act", "dense_f16_tied", [](json &c) { c["hidden_act"] = "gelu"; }, TL_ERR_UNSUPPORTED,
          {"field 'hidden_act' = 'gelu'"}},
-        {"attention_bias", "dense_f16_tied", [](json &c) { c["attention_bias"] = true; }, TL_ERR_UNSUPPORTED,
-         {"field 'attention_bias'"}},
+        {"attention_bias not a boolean", "dense_f16_tied", [](json &c) { c["attention_bias"] = 1; }, TL_ERR_FORMAT,
+         {"field 'attention_bias' must be true or false"}},
         {"untied without lm_head", "dense_f16_tied", [](json &c) { c["tie_word_embeddings"] = false; }, TL_ERR_FORMAT,
          {"missing tensor 'lm_head.weight'", "tie_word_embeddings is false"}},
         {"tied with a different lm_head", "dense_bf16_untied_gqa", [](json &c) { c["tie_word_embeddings"] = true; },

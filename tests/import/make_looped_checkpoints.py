@@ -55,7 +55,8 @@ def encode(dtype, x):
 
 class Variant:
     def __init__(self, name, dtype="F16", tied=True, head_dim=None, kv_heads=None, quant=None, group=GROUP,
-                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False, plain=False):
+                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False, plain=False,
+                 biases=None):
         self.name = name
         self.rng = random.Random(f"{SEED}-{name}")
         self.dtype = dtype
@@ -68,6 +69,8 @@ class Variant:
         self.dtype_of = dtype_of or {}  # HF proj key ("k", ...) -> dtype, overriding `dtype` for dense linears
         self.head_dtype = head_dtype
         self.act_order = act_order  # GPTQ: every INT4 linear's K rows reordered as desc_act leaves them
+        # Which linears have a .bias: None; "qwen2" (q, k, v: model_type qwen2); "all" (attention_bias and mlp_bias).
+        self.biases = {None: set(), "qwen2": {"q", "k", "v"}, "all": {"q", "k", "v", "o", "gate", "up", "down"}}[biases]
         self.perms = {}  # input name -> the row order of the linears that read it
         self.dense_twin = {}  # HF linear name -> its weight [N, K] as F32: the same model, written dense
         self.tensors = {}  # the checkpoint: name -> (dtype, shape, items)
@@ -95,6 +98,10 @@ class Variant:
                                 "pad_token_id": None, "use_cache": True, "initializer_range": 0.02,
                                 "pretraining_tp": 1, "attention_dropout": 0.0, "mlp_bias": False,
                                 "transformers_version": "4.46.0"})
+        if biases == "qwen2":
+            self.config["model_type"] = "qwen2"
+        elif biases == "all":
+            self.config.update({"attention_bias": True, "mlp_bias": True})
         if head_dim:
             self.config["head_dim"] = head_dim
         if kv_heads:
@@ -123,8 +130,16 @@ class Variant:
         return [values[r * cols:(r + 1) * cols] for r in range(rows)], dtype
 
     def linear(self, hf, k, n, proj):
-        """One linear (K inputs, N outputs): dense [N, K] or INT4. Returns (rows [N][K], offsets [N][G] or None,
-        storage dtype or "INT4")."""
+        """One linear (K inputs, N outputs): dense [N, K] or INT4, and its bias if it has one. Returns (rows [N][K],
+        offsets [N][G] or None, storage dtype or "INT4", bias [N] or None)."""
+        rows, offsets, storage = self.weight(hf, k, n, proj)
+        bias = None
+        if proj in self.biases:
+            dtype = storage if storage in ("F16", "BF16", "F32") else "F16"  # GPTQ / AWQ store F16 biases
+            (bias,), _ = self.dense(f"{hf}.bias", 1, n, 0.1, dtype=dtype)
+        return rows, offsets, storage, bias
+
+    def weight(self, hf, k, n, proj):
         if self.quant and hf not in self.dense_linears:
             layer = int4.make_layer(self.rng, self.quant, k, n, self.group)
             if self.act_order:
@@ -152,8 +167,10 @@ class Variant:
         rows, dtype = self.dense(f"{hf}.weight", n, k, 1.0 / k ** 0.5, dtype=self.dtype_of.get(proj))
         return rows, None, dtype
 
-    def put(self, name, rows, offsets, storage):
+    def put(self, name, rows, offsets, storage, bias=None):
         self.expected[name] = ("F32", [len(rows), len(rows[0])], [x for row in rows for x in row])
+        if bias is not None:
+            self.expected[name + ".bias"] = ("F32", [len(bias)], bias)
         if offsets is not None:
             self.expected[name + ".offset"] = ("F32", [len(offsets), len(offsets[0])],
                                                [x for row in offsets for x in row])
@@ -175,14 +192,17 @@ class Variant:
             # [q | k | v], K/V heads repeated for grouped-query attention (query head h reads K/V head h // group).
             group = H // self.kv
             rows, offsets = list(q[0]), list(q[1]) if q[1] else None
+            bias = list(q[3]) if q[3] is not None else None
             for src in (k, v):
                 for h in range(H):
                     j = h // group
                     rows += src[0][j * self.hd:(j + 1) * self.hd]
                     if offsets is not None:
                         offsets += src[1][j * self.hd:(j + 1) * self.hd]
+                    if bias is not None:
+                        bias += src[3][j * self.hd:(j + 1) * self.hd]
             storages = {q[2], k[2], v[2]}
-            self.put(block + "attn_qkv", rows, offsets, storages.pop() if len(storages) == 1 else "F32")
+            self.put(block + "attn_qkv", rows, offsets, storages.pop() if len(storages) == 1 else "F32", bias)
             for proj, tl, kk, n in (("o", "attn_out", self.a, D), ("gate", "mlp_gate", D, F),
                                     ("up", "mlp_up", D, F), ("down", "mlp_down", F, D)):
                 self.put(block + tl, *self.linear(layer + PROJ[proj], kk, n, proj))
@@ -219,6 +239,7 @@ class Variant:
         int4.write_safetensors(os.path.join(out, self.name + ".expected.safetensors"), self.expected)
         with open(os.path.join(out, self.name + ".expected.json"), "w") as f:
             json.dump({"config": self.tl_config, "embed_dtype": self.embed_dtype,
+                       "format_version": "2" if self.biases else "1",
                        "head": "tied" if self.tied else "int4" if self.linears["head"] == "INT4" else "dense",
                        "linears": self.linears}, f, indent=2)
 
@@ -262,6 +283,11 @@ def main():
     twin.write(out, checkpoint_only=True)
     # AWQ GEMM, group 32, grouped-query attention (the INT4 K/V rows repeated), a BF16 head.
     Variant("awq", tied=False, quant="awq", kv_heads=2, head_dtype="BF16").build().write(out)
+    # Qwen2-style: q, k and v with biases (BF16, as the weights), grouped-query attention.
+    qwen2 = Variant("qwen2_bias", dtype="BF16", kv_heads=2, biases="qwen2").build()
+    qwen2.write(out)
+    # GPTQ with attention_bias and mlp_bias: every block linear has an F16 bias next to its INT4 tensors.
+    Variant("gptq_biases", tied=False, quant="gptq", biases="all").build().write(out)
     # GPTQ whose settings are only in AutoGPTQ's quantize_config.json (older AutoGPTQ: no quant_method).
     v = Variant("gptq_quantize_config", quant="gptq").build()
     v.quantize_config = {"bits": 4, "group_size": GROUP, "damp_percent": 0.01, "desc_act": False,
@@ -322,9 +348,14 @@ def main():
         v.tensors["model.layers.1.mlp.gate_proj.scales"] = (dtype, shape, [0x7C00] + items[1:])
     variant_from(gptq, "infinite_scale", bad_scales)
 
-    def bias(v):
+    def bias(v):  # a bias no config field announces
         v.tensors["model.layers.0.self_attn.q_proj.bias"] = ("F16", [D], [0] * D)
     variant_from(base, "bias", bias)
+    variant_from(qwen2, "missing_bias", lambda v: v.tensors.pop("model.layers.1.self_attn.k_proj.bias"))
+
+    def o_proj_bias(v):  # Qwen2's o_proj has none
+        v.tensors["model.layers.2.self_attn.o_proj.bias"] = ("BF16", [D], [0] * D)
+    variant_from(qwen2, "qwen2_o_proj_bias", o_proj_bias)
     return 0
 
 
