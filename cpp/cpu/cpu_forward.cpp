@@ -11,6 +11,7 @@
 
 
 #include "quant/cross_iter.hpp"
+#include "score/rope.hpp"
 #include "util/error.hpp"
 #include "quant/quant.hpp"
 #include "util/thread_pool.hpp"
@@ -172,26 +173,18 @@ void for_row_chunks(Context &ctx, int32_t T, Fn fn) {
 
 // ---- RoPE ----
 
-// cos and sin of pos * theta^(-2i/head_dim) for pos in [pos0, pos0 + T), i < head_dim/2; computed in double
-// so long positions lose no accuracy, then rounded to float.
+// cos and sin of each position's angles for positions [pos0, pos0 + T), i < head_dim/2: the config's frequencies
+// (plain or scaled) and attention scale, from the one host function both backends use (score/rope.hpp), computed in
+// double so long positions lose no accuracy, then rounded to float.
 struct RopeTable {
     int32_t half = 0;
     std::vector<float> cos, sin;  // [T][half]
 };
 
-RopeTable make_rope_table(int32_t T, int32_t head_dim, float theta, int32_t pos0) {
+RopeTable make_rope_table(const ModelConfig &c, int32_t T, int32_t pos0) {
     RopeTable table;
-    table.half = head_dim / 2;
-    table.cos.resize(static_cast<size_t>(T) * table.half);
-    table.sin.resize(table.cos.size());
-    for (int32_t i = 0; i < table.half; ++i) {
-        const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        for (int32_t t = 0; t < T; ++t) {
-            const double angle = static_cast<double>(pos0 + t) * inv_freq;
-            table.cos[static_cast<size_t>(t) * table.half + i] = static_cast<float>(std::cos(angle));
-            table.sin[static_cast<size_t>(t) * table.half + i] = static_cast<float>(std::sin(angle));
-        }
-    }
+    table.half = c.head_dim / 2;
+    rope_tables(c, T, pos0, table.cos, table.sin);
     return table;
 }
 
@@ -305,7 +298,7 @@ struct Activations {
         : x(static_cast<size_t>(L) * c.d_model), xn(x.size()), proj(x.size()),
           qkv(static_cast<size_t>(L) * 3 * c.attn_dim()), att(static_cast<size_t>(L) * c.attn_dim()),
           gate(static_cast<size_t>(L) * c.ffn), up(gate.size()),
-          rope(make_rope_table(L, c.head_dim, c.rope_theta, 0)) {}
+          rope(make_rope_table(c, L, 0)) {}
     std::vector<float> x, xn, proj, qkv, att, gate, up;
     RopeTable rope;
 };
@@ -530,7 +523,10 @@ void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, 
 
 void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0) {
     check_head_dim(n_heads, head_dim);
-    const RopeTable table = make_rope_table(T, head_dim, theta, pos0);
+    ModelConfig plain;
+    plain.head_dim = head_dim;
+    plain.rope_theta = theta;
+    const RopeTable table = make_rope_table(plain, T, pos0);
     apply_rope(x, static_cast<size_t>(n_heads) * head_dim, 0, T, n_heads, table);
 }
 

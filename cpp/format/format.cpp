@@ -661,12 +661,122 @@ void check_range(const char *field, int64_t value, int64_t lo, int64_t hi) {
     }
 }
 
+// The config's "rope_scaling" object: "type" and the fields that type reads (model.hpp), under transformers' names.
+ordered_json rope_scaling_to_json(const RopeScaling &r) {
+    ordered_json j;
+    j["type"] = rope_scaling_name(r.type);
+    j["factor"] = r.factor;
+    if (r.type == RopeScalingType::Llama3) {
+        j["low_freq_factor"] = r.low_freq_factor;
+        j["high_freq_factor"] = r.high_freq_factor;
+    }
+    if (r.type != RopeScalingType::Linear) j["original_max_position_embeddings"] = r.original_max_positions;
+    if (r.type == RopeScalingType::Yarn) {
+        j["beta_fast"] = r.beta_fast;
+        j["beta_slow"] = r.beta_slow;
+        j["attention_factor"] = r.attention_factor;
+        j["truncate"] = r.truncate;
+    }
+    return j;
+}
+
+RopeScaling rope_scaling_from_json(const json &j) {
+    if (!j.is_object()) fail(TL_ERR_FORMAT, "config: rope_scaling must be an object, got " + describe_json(j));
+    auto field = [&](const char *name) -> const json & {
+        const auto it = j.find(name);
+        if (it == j.end()) fail(TL_ERR_FORMAT, std::string("config: rope_scaling: missing field '") + name + "'");
+        return *it;
+    };
+    auto number = [&](const char *name) {
+        const json &v = field(name);
+        if (!v.is_number()) {
+            fail(TL_ERR_FORMAT, std::string("config: rope_scaling: field '") + name + "' must be a number, got " +
+                                    describe_json(v));
+        }
+        return v.get<double>();
+    };
+    RopeScaling r;
+    const json &type = field("type");
+    const std::string name = type.is_string() ? type.get<std::string>() : "";
+    for (RopeScalingType t : {RopeScalingType::Linear, RopeScalingType::Dynamic, RopeScalingType::Llama3,
+                              RopeScalingType::Yarn}) {
+        if (name == rope_scaling_name(t)) r.type = t;
+    }
+    if (r.type == RopeScalingType::None) {
+        // A short string is shown as written; anything else (a distrusted file's value may be large) by its kind.
+        const std::string shown = type.is_string() && name.size() <= 32 ? "'" + name + "'" : describe_json(type);
+        fail(TL_ERR_FORMAT, "config: rope_scaling type " + shown +
+                                " is not one this library reads (linear, dynamic, llama3, yarn)");
+    }
+    r.factor = number("factor");
+    if (r.type == RopeScalingType::Llama3) {
+        r.low_freq_factor = number("low_freq_factor");
+        r.high_freq_factor = number("high_freq_factor");
+    }
+    if (r.type != RopeScalingType::Linear) {
+        const json &v = field("original_max_position_embeddings");
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX) {
+            fail(TL_ERR_FORMAT, "config: rope_scaling: field 'original_max_position_embeddings' must be a positive "
+                                "32-bit integer, got " + describe_json(v));
+        }
+        r.original_max_positions = static_cast<int32_t>(v.get<int64_t>());
+    }
+    if (r.type == RopeScalingType::Yarn) {
+        r.beta_fast = number("beta_fast");
+        r.beta_slow = number("beta_slow");
+        r.attention_factor = number("attention_factor");
+        const json &v = field("truncate");
+        if (!v.is_boolean()) {
+            fail(TL_ERR_FORMAT, "config: rope_scaling: field 'truncate' must be true or false, got " + describe_json(v));
+        }
+        r.truncate = v.get<bool>();
+    }
+    return r;
+}
+
+void validate_rope_scaling(const ModelConfig &c) {
+    const RopeScaling &r = c.rope_scaling;
+    if (r.type == RopeScalingType::None) return;
+    const std::string what = std::string("config: rope_scaling (") + rope_scaling_name(r.type) + "): ";
+    auto positive = [&](const char *name, double value) {
+        if (!std::isfinite(value) || value <= 0.0) {
+            fail(TL_ERR_FORMAT, what + name + " = " + std::to_string(value) + " must be finite and > 0");
+        }
+    };
+    positive("factor", r.factor);
+    if (r.type == RopeScalingType::Linear) return;
+    if (r.original_max_positions < 1) {
+        fail(TL_ERR_FORMAT, what + "original_max_position_embeddings = " + std::to_string(r.original_max_positions) +
+                                " must be positive");
+    }
+    if (r.type == RopeScalingType::Dynamic && c.max_seq > r.original_max_positions) {
+        fail(TL_ERR_FORMAT, what + "max_seq = " + std::to_string(c.max_seq) + " exceeds original_max_position_embeddings = " +
+                                std::to_string(r.original_max_positions) +
+                                ": dynamic NTK scaling changes the frequencies for windows longer than that, and this "
+                                "library computes one set of frequencies");
+    }
+    if (r.type == RopeScalingType::Llama3) {
+        positive("low_freq_factor", r.low_freq_factor);
+        positive("high_freq_factor", r.high_freq_factor);
+        if (r.high_freq_factor <= r.low_freq_factor) {
+            fail(TL_ERR_FORMAT, what + "high_freq_factor = " + std::to_string(r.high_freq_factor) +
+                                    " must exceed low_freq_factor = " + std::to_string(r.low_freq_factor));
+        }
+    }
+    if (r.type == RopeScalingType::Yarn) {
+        positive("beta_fast", r.beta_fast);
+        positive("beta_slow", r.beta_slow);
+        positive("attention_factor", r.attention_factor);
+    }
+}
+
 }  // namespace
 
 std::string config_to_json(const ModelConfig &config) {
     ordered_json j;
     for (const IntField &f : kIntFields) j[f.name] = config.*f.member;
     for (const FloatField &f : kFloatFields) j[f.name] = shortest_decimal(config.*f.member);
+    if (config.rope_scaling.type != RopeScalingType::None) j["rope_scaling"] = rope_scaling_to_json(config.rope_scaling);
     return j.dump();
 }
 
@@ -697,6 +807,8 @@ ModelConfig config_from_json(const std::string &text) {
         }
         config.*f.member = static_cast<float>(value.get<double>());
     }
+    const auto scaling = j.find("rope_scaling");  // optional (format_version 2)
+    if (scaling != j.end()) config.rope_scaling = rope_scaling_from_json(*scaling);
     return config;
 }
 
@@ -735,6 +847,7 @@ void validate_config(const ModelConfig &c) {
     if (!std::isfinite(c.norm_eps) || c.norm_eps <= 0.0f || c.norm_eps >= 1.0f) {
         fail(TL_ERR_FORMAT, "config: norm_eps = " + std::to_string(c.norm_eps) + " must be finite and in (0, 1)");
     }
+    validate_rope_scaling(c);
 }
 
 std::unique_ptr<Model> load_model(const std::string &path, const LoadOptions &options) {
@@ -898,6 +1011,7 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
 }
 
 int32_t required_format_version(const Model &model) {
+    if (model.config.rope_scaling.type != RopeScalingType::None) return 2;
     for (const Linear *l : model.linears()) {  // a tied head is the embedding: it has no bias of its own
         if (l->bias) return 2;
     }

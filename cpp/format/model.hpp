@@ -15,6 +15,31 @@ enum class DType : uint8_t { F16, F32, BF16, U8, I32 };
 const char *dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
 
+// RoPE's frequency scaling, as transformers' rope_scaling gives it (docs/format.md, "config"; the rotation itself:
+// score/rope.hpp). The fields each type reads:
+//   Linear   factor: every inverse frequency divided by it
+//   Dynamic  factor, original_max_positions: dynamic NTK, which is plain RoPE for windows of at most
+//            original_max_positions tokens; a config's max_seq may not exceed it (the frequencies would change)
+//   Llama3   factor, low_freq_factor, high_freq_factor, original_max_positions (Llama 3.1's smoothed scaling)
+//   Yarn     factor, original_max_positions, beta_fast, beta_slow, truncate, attention_factor (which multiplies
+//            cos and sin, resolved from mscale / mscale_all_dim by the importer)
+enum class RopeScalingType : int32_t { None = 0, Linear = 1, Dynamic = 2, Llama3 = 3, Yarn = 4 };
+
+struct RopeScaling {
+    RopeScalingType type = RopeScalingType::None;
+    double factor = 1.0;
+    int32_t original_max_positions = 0;
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+    double beta_fast = 32.0;
+    double beta_slow = 1.0;
+    double attention_factor = 1.0;
+    bool truncate = true;
+};
+
+// "linear", "dynamic", "llama3", "yarn" (the names of the config and of transformers), "none".
+const char *rope_scaling_name(RopeScalingType type);
+
 struct ModelConfig {
     int32_t d_model = 0;
     int32_t n_heads = 0;
@@ -28,6 +53,7 @@ struct ModelConfig {
     int32_t bits = 4;
     float rope_theta = 10000.0f;
     float norm_eps = 1e-5f;
+    RopeScaling rope_scaling;  // type None: plain RoPE
 
     int32_t attn_dim() const { return n_heads * head_dim; }
 };

@@ -11,6 +11,7 @@
 #include "gpu/device.hpp"
 #include "gpu/gemm_dispatch.hpp"
 #include "quant/quant.hpp"
+#include "score/rope.hpp"
 #include "util/error.hpp"
 #include "util/half.hpp"
 #include "util/log.hpp"
@@ -27,23 +28,6 @@
 #endif
 
 namespace tl {
-
-// ---- Host-side pieces (every build) -------------------------------------------------------------------------
-
-void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,
-                 std::vector<float> &sin_table) {
-    const int32_t half = head_dim / 2;
-    cos_table.resize(static_cast<size_t>(T) * half);
-    sin_table.resize(cos_table.size());
-    for (int32_t i = 0; i < half; ++i) {
-        const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        for (int32_t t = 0; t < T; ++t) {
-            const double angle = static_cast<double>(t) * inv_freq;
-            cos_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(angle));
-            sin_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
-        }
-    }
-}
 
 #if !defined(TL_WITH_CUDA)
 
@@ -370,7 +354,7 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         a.nll = DeviceBuffer(s.device, z.nll);
         a.greedy = DeviceBuffer(s.device, z.greedy);
         std::vector<float> cos_table, sin_table;
-        rope_tables(rows, c.head_dim, c.rope_theta, cos_table, sin_table);
+        rope_tables(c, rows, 0, cos_table, sin_table);  // the config's frequencies and scale, as the CPU's
         a.rope_cos = upload_floats(s.device, cos_table);
         a.rope_sin = upload_floats(s.device, sin_table);
         a.bytes = z.total();

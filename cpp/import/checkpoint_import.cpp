@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -197,7 +198,7 @@ constexpr const char *kConfigFields[] = {
     "num_hidden_layers", "num_pre_layers", "num_loops", "max_position_embeddings", "rope_theta", "rope_scaling",
     "rms_norm_eps", "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias", "quantization_config",
     "model_type", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-    "partial_rotary_factor", "pretraining_tp"};
+    "partial_rotary_factor", "pretraining_tp", "rope_parameters"};
 
 // config.json fields that do not change the scores, with the reason each may be ignored.
 constexpr const char kGenerationDefault[] = "a default of text generation (sampling, search, lengths), which scoring "
@@ -436,6 +437,109 @@ std::optional<Quantization> read_quantization_files(const Fields &config, const 
                                     "quantization_config."));
 }
 
+// The fields of each rope_scaling type (transformers' required and optional keys), besides "type" / "rope_type"
+// (and rope_parameters' "rope_theta"): any other is refused.
+struct RopeType {
+    const char *name;
+    RopeScalingType type;
+    std::vector<const char *> fields;
+};
+const RopeType kRopeTypes[] = {
+    {"default", RopeScalingType::None, {}},
+    {"linear", RopeScalingType::Linear, {"factor"}},
+    {"dynamic", RopeScalingType::Dynamic, {"factor", "original_max_position_embeddings"}},
+    {"llama3", RopeScalingType::Llama3,
+     {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}},
+    {"yarn", RopeScalingType::Yarn,
+     {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+      "mscale_all_dim", "truncate"}},
+};
+
+// transformers' get_mscale: YaRN's attention factor for a scale, 0.1 m ln(scale) + 1 (1 for scale <= 1).
+double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+// rope_scaling (or rope_parameters) as the .tinyloop config's RopeScaling, every parameter resolved as transformers
+// resolves it (modeling_rope_utils.py), so that the file does not depend on max_position_embeddings, which the
+// max_seq option may override. `positions`: config.json's max_position_embeddings; `max_seq`: this import's.
+RopeScaling read_rope_scaling(const Fields &f, const json &object, int64_t positions, int32_t max_seq,
+                              bool max_seq_option) {
+    const char *const kTypeKeys[] = {"type", "rope_type", "rope_theta"};
+    const json *type_value = f.find("rope_type") ? f.find("rope_type") : f.find("type");
+    if (!type_value) f.require("rope_type", "(the scaling's type: linear, dynamic, llama3 or yarn)");
+    const std::string name = f.text(f.find("rope_type") ? "rope_type" : "type", std::nullopt);
+    const RopeType *type = nullptr;
+    for (const RopeType &t : kRopeTypes) {
+        if (name == t.name) type = &t;
+    }
+    if (!type) {
+        f.bad(TL_ERR_UNSUPPORTED, f.find("rope_type") ? "rope_type" : "type",
+              "= " + squote(name) + ": the RoPE scalings read are linear, dynamic, llama3 and yarn");
+    }
+    for (const auto &kv : object.items()) {
+        if (kv.value().is_null()) continue;
+        const std::string &key = kv.key();
+        auto is = [&](const char *k) { return key == k; };
+        if (std::any_of(std::begin(kTypeKeys), std::end(kTypeKeys), is) ||
+            std::any_of(type->fields.begin(), type->fields.end(), is)) {
+            continue;
+        }
+        f.bad(TL_ERR_UNSUPPORTED, key.c_str(),
+              "= " + describe_json(kv.value(), JsonDetail::Scalars) + " is not a field of " + squote(name) +
+                  " RoPE scaling this importer reads");
+    }
+    RopeScaling r;
+    r.type = type->type;
+    if (r.type == RopeScalingType::None) return r;
+    r.factor = f.number("factor", std::nullopt);
+    if (!std::isfinite(r.factor) || r.factor <= 0.0) {
+        f.bad(TL_ERR_FORMAT, "factor", "= " + describe_json(*f.find("factor")) + " must be positive");
+    }
+    const int64_t original = f.integer("original_max_position_embeddings", positions);
+    if (original < 1) f.bad(TL_ERR_FORMAT, "original_max_position_embeddings", "must be positive");
+    switch (r.type) {
+        case RopeScalingType::Dynamic: {
+            // Dynamic NTK is plain RoPE for sequences up to max_position_embeddings (transformers raises the base
+            // only past it); with original_max_position_embeddings too, the smaller bound is taken.
+            r.original_max_positions = static_cast<int32_t>(std::min(original, positions));
+            if (max_seq > r.original_max_positions) {
+                f.bad(TL_ERR_UNSUPPORTED, "rope_type",
+                      "= 'dynamic': dynamic NTK scaling changes the frequencies for windows longer than " +
+                          std::to_string(r.original_max_positions) + " tokens, and this import's max_seq is " +
+                          std::to_string(max_seq) +
+                          (max_seq_option ? " (the max_seq option)" : " (max_position_embeddings)") +
+                          "; import with a max_seq (tinyloop import --max-seq) of at most " +
+                          std::to_string(r.original_max_positions) + ", where it is plain RoPE");
+            }
+            break;
+        }
+        case RopeScalingType::Llama3:
+            f.require("original_max_position_embeddings", "(Llama 3's pre-scaling context length)");
+            r.original_max_positions = static_cast<int32_t>(original);
+            r.low_freq_factor = f.number("low_freq_factor", std::nullopt);
+            r.high_freq_factor = f.number("high_freq_factor", std::nullopt);
+            break;
+        case RopeScalingType::Yarn: {
+            r.original_max_positions = static_cast<int32_t>(original);
+            // transformers reads `beta_fast or 32`, `beta_slow or 1`: a 0 takes the default too.
+            const double fast = f.number("beta_fast", 32.0), slow = f.number("beta_slow", 1.0);
+            r.beta_fast = fast != 0.0 ? fast : 32.0;
+            r.beta_slow = slow != 0.0 ? slow : 1.0;
+            r.truncate = f.boolean("truncate", true);
+            const double mscale = f.number("mscale", 0.0), mscale_all_dim = f.number("mscale_all_dim", 0.0);
+            if (f.find("attention_factor")) {
+                r.attention_factor = f.number("attention_factor", std::nullopt);
+            } else if (mscale != 0.0 && mscale_all_dim != 0.0) {
+                r.attention_factor = yarn_mscale(r.factor, mscale) / yarn_mscale(r.factor, mscale_all_dim);
+            } else {
+                r.attention_factor = yarn_mscale(r.factor, 1.0);
+            }
+            break;
+        }
+        default: break;
+    }
+    return r;
+}
+
 HfConfig read_config(const std::string &dir, const CheckpointImportOptions &options) {
     const std::string path = join(dir, "config.json");
     const json root = read_json(path);
@@ -533,8 +637,26 @@ HfConfig read_config(const std::string &dir, const CheckpointImportOptions &opti
     if (act != "silu") {
         f.bad(TL_ERR_UNSUPPORTED, "hidden_act", "= " + squote(act) + ": only 'silu' (SwiGLU) is supported");
     }
-    if (f.find("rope_scaling")) {
-        f.bad(TL_ERR_UNSUPPORTED, "rope_scaling", "is set: only plain RoPE (rope_theta, rotate-half) is supported");
+    // RoPE scaling: rope_scaling, or transformers 5's rope_parameters (which holds rope_theta too).
+    const json *scaling = f.find("rope_scaling");
+    const json *parameters = f.find("rope_parameters");
+    if (scaling && parameters) {
+        f.bad(TL_ERR_FORMAT, "rope_parameters", "and 'rope_scaling' are both set: transformers reads one or the other");
+    }
+    if (const json *rope = scaling ? scaling : parameters) {
+        const char *field = scaling ? "rope_scaling" : "rope_parameters";
+        if (!rope->is_object()) {
+            f.bad(TL_ERR_FORMAT, field, "must be an object, got " + describe_json(*rope, JsonDetail::Scalars));
+        }
+        const Fields rf(*rope, squote(path), std::string(field) + ".");
+        if (parameters) {
+            const double theta = rf.number("rope_theta", static_cast<double>(m.rope_theta));
+            if (f.find("rope_theta") && static_cast<float>(theta) != m.rope_theta) {
+                rf.bad(TL_ERR_FORMAT, "rope_theta", "differs from config.json's rope_theta");
+            }
+            m.rope_theta = static_cast<float>(theta);
+        }
+        m.rope_scaling = read_rope_scaling(rf, *rope, positions, m.max_seq, options.max_seq > 0);
     }
     if (f.boolean("attention_bias", false)) c.qkv_bias = c.o_bias = "config.json's attention_bias is true";
     if (model_type == "qwen2") c.qkv_bias = "Qwen2's q_proj, k_proj and v_proj have biases";

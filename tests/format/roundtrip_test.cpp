@@ -91,6 +91,23 @@ void expect_config(const tl::ModelConfig &a, const tl::ModelConfig &b) {
     EXPECT_EQ(a.bits, b.bits);
     EXPECT_EQ(std::memcmp(&a.rope_theta, &b.rope_theta, sizeof(float)), 0) << a.rope_theta << " vs " << b.rope_theta;
     EXPECT_EQ(std::memcmp(&a.norm_eps, &b.norm_eps, sizeof(float)), 0) << a.norm_eps << " vs " << b.norm_eps;
+    const tl::RopeScaling &r = a.rope_scaling, &s = b.rope_scaling;
+    EXPECT_EQ(r.type, s.type);
+    if (r.type == tl::RopeScalingType::None || s.type == tl::RopeScalingType::None) return;
+    EXPECT_EQ(r.factor, s.factor);
+    if (r.type != tl::RopeScalingType::Linear) {
+        EXPECT_EQ(r.original_max_positions, s.original_max_positions);
+    }
+    if (r.type == tl::RopeScalingType::Llama3) {
+        EXPECT_EQ(r.low_freq_factor, s.low_freq_factor);
+        EXPECT_EQ(r.high_freq_factor, s.high_freq_factor);
+    }
+    if (r.type == tl::RopeScalingType::Yarn) {
+        EXPECT_EQ(r.beta_fast, s.beta_fast);
+        EXPECT_EQ(r.beta_slow, s.beta_slow);
+        EXPECT_EQ(r.attention_factor, s.attention_factor);
+        EXPECT_EQ(r.truncate, s.truncate);
+    }
 }
 
 // Every view of `model` against the tensors of the file it was loaded from.
@@ -538,6 +555,74 @@ void expect_format_error(const std::function<void()> &fn, const std::string &sub
         EXPECT_EQ(e.code(), TL_ERR_FORMAT) << e.what();
         EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
     }
+}
+
+// rope_scaling: each type's fields round-trip exactly (doubles as written), only that type's fields are stored, a
+// model with one is format_version 2, and bad values are refused naming the field.
+TEST(ConfigJson, RopeScalingRoundTripsAndIsValidated) {
+    std::mt19937_64 rng(std::random_device{}());
+    std::uniform_real_distribution<double> any(1.0, 64.0);
+    const std::pair<tl::RopeScalingType, size_t> types[] = {{tl::RopeScalingType::Linear, 2},
+                                                            {tl::RopeScalingType::Dynamic, 3},
+                                                            {tl::RopeScalingType::Llama3, 5},
+                                                            {tl::RopeScalingType::Yarn, 7}};
+    for (const auto &[type, fields] : types) {
+        SCOPED_TRACE(tl::rope_scaling_name(type));
+        tl::ModelConfig c = tlt::small_config(8);
+        c.rope_scaling.type = type;
+        c.rope_scaling.factor = any(rng);
+        c.rope_scaling.original_max_positions = 4096;
+        c.rope_scaling.low_freq_factor = any(rng);
+        c.rope_scaling.high_freq_factor = c.rope_scaling.low_freq_factor + any(rng);
+        c.rope_scaling.beta_fast = any(rng);
+        c.rope_scaling.beta_slow = any(rng);
+        c.rope_scaling.attention_factor = any(rng);
+        c.rope_scaling.truncate = rng() % 2 == 0;
+        tl::validate_config(c);
+        const std::string text = tl::config_to_json(c);
+        const nlohmann::json j = nlohmann::json::parse(text);
+        ASSERT_EQ(j.size(), 13u) << text;
+        EXPECT_EQ(j["rope_scaling"].size(), fields) << text;
+        EXPECT_EQ(j["rope_scaling"]["type"], tl::rope_scaling_name(type));
+        expect_config(tl::config_from_json(text), c);
+        tl::SyntheticOptions options;
+        const auto model = tl::make_synthetic_model(c, options);
+        EXPECT_EQ(tl::required_format_version(*model), 2);
+    }
+    EXPECT_EQ(nlohmann::json::parse(tl::config_to_json(tlt::small_config(8))).count("rope_scaling"), 0u);
+
+    nlohmann::json j = nlohmann::json::parse(tl::config_to_json(tlt::small_config(8)));
+    j["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "rope_scaling type 'longrope' is not one");
+    j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "rope_scaling: missing field 'high_freq_factor'");
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 1.5}};
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "'original_max_position_embeddings' must be");
+    j["rope_scaling"] = "linear";
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "rope_scaling must be an object");
+
+    auto invalid = [](const std::function<void(tl::ModelConfig &)> &edit, const std::string &message) {
+        tl::ModelConfig c = tlt::small_config(8);
+        c.rope_scaling.type = tl::RopeScalingType::Yarn;
+        c.rope_scaling.original_max_positions = 64;
+        edit(c);
+        expect_format_error([&] { tl::validate_config(c); }, message);
+    };
+    invalid([](tl::ModelConfig &c) { c.rope_scaling.factor = 0.0; }, "rope_scaling (yarn): factor = 0");
+    invalid([](tl::ModelConfig &c) { c.rope_scaling.attention_factor = NAN; }, "attention_factor");
+    invalid([](tl::ModelConfig &c) { c.rope_scaling.original_max_positions = 0; }, "original_max_position_embeddings");
+    invalid(
+        [](tl::ModelConfig &c) {
+            c.rope_scaling.type = tl::RopeScalingType::Dynamic;
+            c.rope_scaling.original_max_positions = c.max_seq - 1;
+        },
+        "max_seq = 32 exceeds original_max_position_embeddings = 31");
+    invalid(
+        [](tl::ModelConfig &c) {
+            c.rope_scaling.type = tl::RopeScalingType::Llama3;
+            c.rope_scaling.high_freq_factor = c.rope_scaling.low_freq_factor;
+        },
+        "high_freq_factor");
 }
 
 TEST(ConfigJson, MissingOrMistypedFieldsAreNamed) {

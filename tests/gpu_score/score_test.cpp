@@ -64,6 +64,16 @@ tl::ModelConfig tiny_config() {  // the CLI's "tiny" preset
     return c;
 }
 
+// tiny_config with RoPE scaling: the tables both backends read (score/rope.hpp) change, the kernels do not.
+tl::ModelConfig tiny_rope_config(tl::RopeScalingType type) {
+    tl::ModelConfig c = tiny_config();
+    c.rope_scaling.type = type;
+    c.rope_scaling.factor = 4.0;
+    c.rope_scaling.original_max_positions = 32;
+    c.rope_scaling.attention_factor = 1.2;
+    return c;
+}
+
 tl::ModelConfig d256_config(int32_t group_size) {
     tl::ModelConfig c;
     c.d_model = 256, c.n_heads = 4, c.head_dim = 64, c.ffn = 1024, c.vocab = 50257;
@@ -89,6 +99,8 @@ const std::vector<ModelCase> &model_cases() {
         // Biases on every linear: the fused gate|up weight carries both biases, the padded head its own.
         {"tiny_g32_bias_qhead", tiny_config(), Head::Quantized, false, true},
         {"tiny_g32_bias_mixed", tiny_config(), Head::Tied, true, true},
+        {"tiny_g32_llama3_rope", tiny_rope_config(tl::RopeScalingType::Llama3), Head::Tied},
+        {"tiny_g32_yarn_rope", tiny_rope_config(tl::RopeScalingType::Yarn), Head::Quantized},
         {"d256_g128_qhead", d256_config(128), Head::Quantized},   // V = 50257: head padded to 50304
         {"d256_rows_qhead", d256_config(0), Head::Quantized},
         {"d256_rows_tied", d256_config(0), Head::Tied},           // the FP16 embedding as the head, through cuBLAS

@@ -167,9 +167,21 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
     EXPECT_EQ(metadata["format"], "tinyloop");
     EXPECT_EQ(metadata["format_version"], manifest["format_version"].get<std::string>());
     const json config = json::parse(metadata["config"]);
+    EXPECT_EQ(config.contains("rope_scaling"), manifest["config"].contains("rope_scaling"));
     for (const auto &kv : manifest["config"].items()) {
         ASSERT_TRUE(config.contains(kv.key())) << kv.key();
-        if (kv.value().is_number_float()) {
+        if (kv.value().is_object()) {  // rope_scaling: its doubles as the script computed them, to rounding
+            EXPECT_EQ(config[kv.key()].size(), kv.value().size()) << config[kv.key()].dump();
+            for (const auto &field : kv.value().items()) {
+                ASSERT_TRUE(config[kv.key()].contains(field.key())) << field.key();
+                const json &got = config[kv.key()][field.key()];
+                if (field.value().is_number_float()) {
+                    EXPECT_NEAR(got.get<double>(), field.value().get<double>(), 1e-14) << field.key();
+                } else {
+                    EXPECT_EQ(got, field.value()) << field.key();
+                }
+            }
+        } else if (kv.value().is_number_float()) {
             EXPECT_EQ(static_cast<float>(config[kv.key()].get<double>()), static_cast<float>(kv.value().get<double>()))
                 << kv.key();
         } else {
@@ -241,6 +253,75 @@ TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
 TEST(CheckpointImport, GptqSettingsInQuantizeConfigJson) { check_round_trip("gptq_quantize_config"); }
 TEST(CheckpointImport, Qwen2QkvBiasesGqa) { check_round_trip("qwen2_bias"); }
 TEST(CheckpointImport, GptqAttentionAndMlpBiases) { check_round_trip("gptq_biases"); }
+TEST(CheckpointImport, Llama3RopeScalingPlainConfig) { check_round_trip("llama3_rope"); }
+TEST(CheckpointImport, Qwen2YarnRopeScaling) { check_round_trip("qwen2_yarn"); }
+
+// RoPE scaling's parameters as transformers resolves them: YaRN's attention factor from mscale / mscale_all_dim, its
+// original length from max_position_embeddings when rope_scaling has none (not from the max_seq option), rope_type
+// "default" as plain RoPE, and transformers 5's rope_parameters with rope_theta inside.
+TEST(CheckpointImport, RopeScalingResolvedAsTransformersDoes) {
+    struct Case {
+        const char *name;
+        std::function<void(json &)> edit;
+        json want;  // the file's rope_scaling, or null for none
+        double rope_theta;
+    };
+    const std::vector<Case> cases = {
+        {"yarn mscale", [](json &c) {
+             c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5},
+                                  {"beta_fast", 0}, {"original_max_position_embeddings", 64}};
+         },
+         {{"type", "yarn"}, {"factor", 40.0}, {"original_max_position_embeddings", 64}, {"beta_fast", 32.0},
+          {"beta_slow", 1.0}, {"attention_factor", (0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1)},
+          {"truncate", true}},
+         500000.0},
+        {"yarn without original length", [](json &c) {
+             c["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"truncate", false}, {"attention_factor", 1.5}};
+         },
+         {{"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 128}, {"beta_fast", 32.0},
+          {"beta_slow", 1.0}, {"attention_factor", 1.5}, {"truncate", false}},
+         500000.0},
+        {"linear", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+         {{"type", "linear"}, {"factor", 2.0}}, 500000.0},
+        {"dynamic within its range", [](json &c) { c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; },
+         {{"type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 128}}, 500000.0},
+        {"default", [](json &c) { c["rope_scaling"] = {{"rope_type", "default"}}; }, nullptr, 500000.0},
+        {"rope_parameters", [](json &c) {
+             c.erase("rope_theta");
+             c["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 20000.0}};
+         },
+         {{"type", "linear"}, {"factor", 4.0}}, 20000.0},
+    };
+    tl_import_options o;
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.max_seq = 100;  // yarn's original length stays max_position_embeddings (128)
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.name);
+        const std::string out = scratch("rope.tinyloop");
+        const Result r = convert(with_config("dense_f16_tied", c.edit), out, &o);
+        ASSERT_EQ(r.status, TL_OK) << r.message;
+        std::map<std::string, std::string> metadata;
+        read_safetensors(out, &metadata);
+        const json config = json::parse(metadata["config"]);
+        EXPECT_EQ(static_cast<float>(config["rope_theta"].get<double>()), static_cast<float>(c.rope_theta));
+        if (c.want.is_null()) {
+            EXPECT_FALSE(config.contains("rope_scaling")) << config.dump();
+            EXPECT_EQ(metadata["format_version"], "1");
+            continue;
+        }
+        EXPECT_EQ(metadata["format_version"], "2");
+        ASSERT_TRUE(config.contains("rope_scaling"));
+        const json &got = config["rope_scaling"];
+        EXPECT_EQ(got.size(), c.want.size()) << got.dump();
+        for (const auto &kv : c.want.items()) {
+            if (kv.value().is_number_float()) {
+                EXPECT_NEAR(got[kv.key()].get<double>(), kv.value().get<double>(), 1e-14) << kv.key();
+            } else {
+                EXPECT_EQ(got[kv.key()], kv.value()) << kv.key();
+            }
+        }
+    }
+}
 TEST(CheckpointImport, PlainLlamaConfigLoopsOnce) { check_round_trip("plain_llama"); }
 
 // A looped model stored unrolled (a plain config, the looped layer stored three times) imports as the looped model:
@@ -461,8 +542,36 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          {"field 'num_key_value_heads'"}},
         {"head_dim wrong for the tensors", "dense_f16_tied", [](json &c) { c["head_dim"] = 8; }, TL_ERR_FORMAT,
          {"tensor 'model.layers.0.self_attn.q_proj.weight'", "shape [64, 64], expected [32, 64]"}},
-        {"rope_scaling", "dense_f16_tied", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
-         TL_ERR_UNSUPPORTED, {"field 'rope_scaling'"}},
+        {"rope_scaling longrope", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
+         },
+         TL_ERR_UNSUPPORTED, {"field 'rope_scaling.type' = 'longrope'", "linear, dynamic, llama3 and yarn"}},
+        {"rope_scaling field of another type", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}};
+         },
+         TL_ERR_UNSUPPORTED, {"field 'rope_scaling.low_freq_factor' = 1.0", "'linear' RoPE scaling"}},
+        {"dynamic rope past its range", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 64}};
+         },
+         TL_ERR_UNSUPPORTED,
+         {"field 'rope_scaling.rope_type' = 'dynamic'", "longer than 64 tokens", "max_seq is 128", "--max-seq"}},
+        {"llama3 without its context length", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {
+                 {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+         },
+         TL_ERR_FORMAT, {"field 'rope_scaling.original_max_position_embeddings' is missing"}},
+        {"rope factor 0", "dense_f16_tied", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 0}}; },
+         TL_ERR_FORMAT, {"field 'rope_scaling.factor' = 0 must be positive"}},
+        {"rope_scaling and rope_parameters", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+             c["rope_parameters"] = {{"rope_type", "default"}};
+         },
+         TL_ERR_FORMAT, {"field 'rope_parameters'", "both set"}},
         {"hidden_act", "dense_f16_tied", [](json &c) { c["hidden_act"] = "gelu"; }, TL_ERR_UNSUPPORTED,
          {"field 'hidden_act' = 'gelu'"}},
         {"attention_bias not a boolean", "dense_f16_tied", [](json &c) { c["attention_bias"] = 1; }, TL_ERR_FORMAT,

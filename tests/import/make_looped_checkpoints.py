@@ -24,6 +24,7 @@ expected values): both must score alike. OUT_DIR/bad/* are checkpoints the conve
 one's status and message).
 """
 import json
+import math
 import os
 import random
 import shutil
@@ -239,7 +240,7 @@ class Variant:
         int4.write_safetensors(os.path.join(out, self.name + ".expected.safetensors"), self.expected)
         with open(os.path.join(out, self.name + ".expected.json"), "w") as f:
             json.dump({"config": self.tl_config, "embed_dtype": self.embed_dtype,
-                       "format_version": "2" if self.biases else "1",
+                       "format_version": "2" if self.biases or "rope_scaling" in self.tl_config else "1",
                        "head": "tied" if self.tied else "int4" if self.linears["head"] == "INT4" else "dense",
                        "linears": self.linears}, f, indent=2)
 
@@ -288,6 +289,21 @@ def main():
     qwen2.write(out)
     # GPTQ with attention_bias and mlp_bias: every block linear has an F16 bias next to its INT4 tensors.
     Variant("gptq_biases", tied=False, quant="gptq", biases="all").build().write(out)
+    # Llama-3-style: a plain config, grouped-query attention, llama3 RoPE scaling, a separate head.
+    v = Variant("llama3_rope", tied=False, kv_heads=2, plain=True).build()
+    v.config["rope_scaling"] = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 32, "rope_type": "llama3"}
+    v.tl_config["rope_scaling"] = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 32}
+    v.write(out)
+    # Qwen2-style with YaRN (transformers' "type" key; original_max_position_embeddings given, the attention factor
+    # from the factor: 0.1 ln 4 + 1).
+    v = Variant("qwen2_yarn", kv_heads=2, biases="qwen2").build()
+    v.config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    v.tl_config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                   "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 0.1 * math.log(4.0) + 1.0,
+                                   "truncate": True}
+    v.write(out)
     # GPTQ whose settings are only in AutoGPTQ's quantize_config.json (older AutoGPTQ: no quant_method).
     v = Variant("gptq_quantize_config", quant="gptq").build()
     v.quantize_config = {"bits": 4, "group_size": GROUP, "damp_percent": 0.01, "desc_act": False,
