@@ -577,7 +577,7 @@ public:
         const int32_t d = config_.d_model, a = config_.attn_dim(), f = config_.ffn;
         block->attn_norm = load_norm(prefix + "attn_norm.weight");
         block->mlp_norm = load_norm(prefix + "mlp_norm.weight");
-        block->attn_qkv = load_linear(prefix + "attn_qkv", d, 3 * a);
+        block->attn_qkv = load_linear(prefix + "attn_qkv", d, config_.qkv_dim());
         block->attn_out = load_linear(prefix + "attn_out", a, d);
         block->mlp_gate = load_linear(prefix + "mlp_gate", d, f);
         block->mlp_up = load_linear(prefix + "mlp_up", d, f);
@@ -727,7 +727,8 @@ RopeScaling rope_scaling_from_json(const json &j) {
         r.attention_factor = number("attention_factor");
         const json &v = field("truncate");
         if (!v.is_boolean()) {
-            fail(TL_ERR_FORMAT, "config: rope_scaling: field 'truncate' must be true or false, got " + describe_json(v));
+            fail(TL_ERR_FORMAT,
+                 "config: rope_scaling: field 'truncate' must be true or false, got " + describe_json(v));
         }
         r.truncate = v.get<bool>();
     }
@@ -750,7 +751,8 @@ void validate_rope_scaling(const ModelConfig &c) {
                                 " must be positive");
     }
     if (r.type == RopeScalingType::Dynamic && c.max_seq > r.original_max_positions) {
-        fail(TL_ERR_FORMAT, what + "max_seq = " + std::to_string(c.max_seq) + " exceeds original_max_position_embeddings = " +
+        fail(TL_ERR_FORMAT, what + "max_seq = " + std::to_string(c.max_seq) +
+                                " exceeds original_max_position_embeddings = " +
                                 std::to_string(r.original_max_positions) +
                                 ": dynamic NTK scaling changes the frequencies for windows longer than that, and this "
                                 "library computes one set of frequencies");
@@ -776,7 +778,10 @@ std::string config_to_json(const ModelConfig &config) {
     ordered_json j;
     for (const IntField &f : kIntFields) j[f.name] = config.*f.member;
     for (const FloatField &f : kFloatFields) j[f.name] = shortest_decimal(config.*f.member);
-    if (config.rope_scaling.type != RopeScalingType::None) j["rope_scaling"] = rope_scaling_to_json(config.rope_scaling);
+    if (config.kv_heads() != config.n_heads) j["n_kv_heads"] = config.kv_heads();
+    if (config.rope_scaling.type != RopeScalingType::None) {
+        j["rope_scaling"] = rope_scaling_to_json(config.rope_scaling);
+    }
     return j.dump();
 }
 
@@ -807,6 +812,17 @@ ModelConfig config_from_json(const std::string &text) {
         }
         config.*f.member = static_cast<float>(value.get<double>());
     }
+    const auto kv = j.find("n_kv_heads");  // optional (format_version 2); absent: n_heads
+    if (kv != j.end()) {
+        if (!kv->is_number_integer() || kv->get<int64_t>() < INT32_MIN || kv->get<int64_t>() > INT32_MAX ||
+            (kv->is_number_unsigned() && kv->get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))) {
+            fail(TL_ERR_FORMAT, "config: field 'n_kv_heads' must be a 32-bit integer, got " + describe_json(*kv));
+        }
+        config.n_kv_heads = static_cast<int32_t>(kv->get<int64_t>());
+        if (config.n_kv_heads <= 0) {
+            fail(TL_ERR_FORMAT, "config: n_kv_heads = " + std::to_string(config.n_kv_heads) + " must be positive");
+        }
+    }
     const auto scaling = j.find("rope_scaling");  // optional (format_version 2)
     if (scaling != j.end()) config.rope_scaling = rope_scaling_from_json(*scaling);
     return config;
@@ -823,6 +839,11 @@ void validate_config(const ModelConfig &c) {
     const int64_t attn_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
     if (attn_dim > 65536) {
         fail(TL_ERR_FORMAT, "config: n_heads * head_dim = " + std::to_string(attn_dim) + " exceeds 65536");
+    }
+    if (c.n_kv_heads < 0 || c.kv_heads() > c.n_heads || c.n_heads % c.kv_heads() != 0) {
+        fail(TL_ERR_FORMAT, "config: n_kv_heads = " + std::to_string(c.n_kv_heads) +
+                                " must divide n_heads = " + std::to_string(c.n_heads) +
+                                " (each K/V head serves n_heads / n_kv_heads query heads)");
     }
     check_range("ffn", c.ffn, 1, int64_t{1} << 20);
     check_range("vocab", c.vocab, 2, int64_t{1} << 22);
@@ -1012,6 +1033,7 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
 
 int32_t required_format_version(const Model &model) {
     if (model.config.rope_scaling.type != RopeScalingType::None) return 2;
+    if (model.config.kv_heads() != model.config.n_heads) return 2;
     for (const Linear *l : model.linears()) {  // a tied head is the embedding: it has no bias of its own
         if (l->bias) return 2;
     }
@@ -1069,7 +1091,7 @@ void save_model(const std::string &path, const Model &model) {
         const int64_t a = c.attn_dim(), f = c.ffn;
         add_norm(prefix + "attn_norm.weight", b.attn_norm);
         add_norm(prefix + "mlp_norm.weight", b.mlp_norm);
-        add_linear(prefix + "attn_qkv", b.attn_qkv, d, 3 * a);
+        add_linear(prefix + "attn_qkv", b.attn_qkv, d, c.qkv_dim());
         add_linear(prefix + "attn_out", b.attn_out, a, d);
         add_linear(prefix + "mlp_gate", b.mlp_gate, d, f);
         add_linear(prefix + "mlp_up", b.mlp_up, d, f);

@@ -17,7 +17,8 @@ namespace tl {
 // The newest format_version this library reads and writes. A file is written with the oldest version that describes
 // it (required_format_version), so that a model without version 2's features stays readable by version-1 readers.
 //   1: the first version.
-//   2: adds linear biases (<name>.bias) and the config's rope_scaling, which a version-1 reader would not apply.
+//   2: adds linear biases (<name>.bias), the config's rope_scaling, which a version-1 reader would not apply, and
+//      n_kv_heads (grouped-query attention: attn_qkv's K/V heads stored once each, not once per query head).
 constexpr int32_t kFormatVersion = 2;
 
 struct LoadOptions {
@@ -72,7 +73,8 @@ SafetensorsFile read_safetensors(const std::string &path, bool use_mmap = true);
 // Index of the first NaN/Inf among `count` F16/BF16/F32 values at `data` (any alignment), or `count`.
 size_t first_nonfinite(DType dtype, const void *data, size_t count);
 
-// The format_version a file of `model` needs: 2 when it uses a feature version 1 lacks (a bias, rope_scaling), else 1.
+// The format_version a file of `model` needs: 2 when it uses a feature version 1 lacks (a bias, rope_scaling,
+// n_kv_heads below n_heads), else 1.
 int32_t required_format_version(const Model &model);
 
 // Serializes a model with the documented tensor names (quantized or dense linears, tied or separate head), as the

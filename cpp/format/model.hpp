@@ -43,6 +43,9 @@ const char *rope_scaling_name(RopeScalingType type);
 struct ModelConfig {
     int32_t d_model = 0;
     int32_t n_heads = 0;
+    // Key/value heads (grouped-query attention): query head h reads K/V head h / (n_heads / kv_heads()). 0 means
+    // n_heads (one K/V head per query head, the version-1 layout).
+    int32_t n_kv_heads = 0;
     int32_t head_dim = 0;
     int32_t ffn = 0;
     int32_t vocab = 0;
@@ -56,6 +59,10 @@ struct ModelConfig {
     RopeScaling rope_scaling;  // type None: plain RoPE
 
     int32_t attn_dim() const { return n_heads * head_dim; }
+    int32_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+    int32_t kv_dim() const { return kv_heads() * head_dim; }
+    // attn_qkv's N: the queries' attn_dim, then the keys' and the values' kv_dim each.
+    int32_t qkv_dim() const { return attn_dim() + 2 * kv_dim(); }
 };
 
 // Y[m, n] = sum_k X[m, k] * W[k, n]. Storage is out-major ("[N, K]", like a PyTorch Linear weight):
@@ -99,7 +106,7 @@ struct Linear {
 struct Block {
     std::vector<float> attn_norm;  // [d_model]
     std::vector<float> mlp_norm;   // [d_model]
-    Linear attn_qkv;  // K = d_model, N = 3 * n_heads * head_dim; output columns [q | k | v], head-major
+    Linear attn_qkv;  // K = d_model, N = qkv_dim(); output columns [q | k | v], head-major, k and v of kv_heads()
     Linear attn_out;  // K = n_heads * head_dim, N = d_model
     Linear mlp_gate;  // K = d_model, N = ffn
     Linear mlp_up;    // K = d_model, N = ffn

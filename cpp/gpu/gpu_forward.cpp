@@ -70,7 +70,7 @@ namespace detail {
 
 void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
     const ModelConfig &c = s.config;
-    const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
+    const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, KV = c.kv_heads(), hd = c.head_dim;
     Activations &a = s.act;
     float *x = a.x.get<float>();
     uint16_t *xn = a.xn.get<uint16_t>(), *qkv = a.qkv.get<uint16_t>(), *att = a.att.get<uint16_t>();
@@ -84,9 +84,10 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.get<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + attn_norm");
         gemm(s, b.qkv, xn, qkv, T, stream, fp16[0]);
-        check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions()),
+        check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions(),
+                              KV),
                  "RoPE");
-        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, gpu::AttentionKernel::Auto, segments),
+        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, gpu::AttentionKernel::Auto, segments, KV),
                  "attention");
         gemm(s, b.out, att, proj, T, stream, fp16[1]);
         check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),

@@ -240,7 +240,7 @@ ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
     z.up_offset = (R * F + 7) / 8 * 8;
     z.x = R * D * sizeof(float);
     z.xn = R * D * half;
-    z.qkv = R * 3 * A * half;
+    z.qkv = R * static_cast<size_t>(c.qkv_dim()) * half;
     z.att = R * A * half;
     z.proj = R * D * half;
     z.gu = (z.up_offset + R * F) * half;  // >= R * 2F: holds the fused layout too

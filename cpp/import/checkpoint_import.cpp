@@ -172,9 +172,8 @@ public:
             const std::string &name = kv.key();
             auto is = [&](const char *known) { return name == known; };
             if (std::any_of(std::begin(read), std::end(read), is)) continue;
-            if (std::any_of(std::begin(ignored), std::end(ignored), [&](const IgnoredField &f) { return is(f.name); })) {
-                continue;
-            }
+            const auto ignored_is = [&](const IgnoredField &f) { return is(f.name); };
+            if (std::any_of(std::begin(ignored), std::end(ignored), ignored_is)) continue;
             bad(TL_ERR_UNSUPPORTED, name.c_str(),
                 "= " + describe_json(kv.value(), JsonDetail::Scalars) +
                     " is not a field this importer reads or knows it may ignore; it may change what the model "
@@ -433,8 +432,8 @@ std::optional<Quantization> read_quantization_files(const Fields &config, const 
                                     describe_json(*it, JsonDetail::Scalars));
         }
     }
-    return read_quantization(Fields(merged, squote(config_path) + " (quantization_config, with " + squote(qc_path) + ")",
-                                    "quantization_config."));
+    const std::string where = squote(config_path) + " (quantization_config, with " + squote(qc_path) + ")";
+    return read_quantization(Fields(merged, where, "quantization_config."));
 }
 
 // The fields of each rope_scaling type (transformers' required and optional keys), besides "type" / "rope_type"
@@ -624,6 +623,7 @@ HfConfig read_config(const std::string &dir, const CheckpointImportOptions &opti
               "= " + std::to_string(c.kv_heads) + " must be positive and divide num_attention_heads = " +
                   std::to_string(m.n_heads));
     }
+    m.n_kv_heads = c.kv_heads;
     const int64_t positions = f.integer("max_position_embeddings", kDefaultMaxPositions);
     m.max_seq = options.max_seq > 0 ? options.max_seq : static_cast<int32_t>(positions);
     m.rope_theta = static_cast<float>(f.number("rope_theta", kDefaultRopeTheta));
@@ -1120,20 +1120,17 @@ private:
         return lin;
     }
 
-    // attn_qkv's 3A rows ([N][K], out-major) in the .tinyloop order [q | k | v], each head-major: all of q_proj's
-    // rows, then for each query head h the hd rows of K head h / (H / KV), then the same for V. With KV = H these
-    // are k_proj and v_proj as they are; with fewer K/V heads (grouped-query attention) each is repeated, as
-    // transformers' repeat_kv does at run time, because this library's attention has one K/V head per query head.
+    // attn_qkv's (H + 2 KV) hd rows ([N][K], out-major) in the .tinyloop order [q | k | v], each head-major as the
+    // projections' rows are: q_proj's, k_proj's and v_proj's rows as they are. Grouped-query attention stays grouped:
+    // the K/V heads are stored once each (n_kv_heads), and the attention reads head h / (H / KV) for query head h, as
+    // transformers' repeat_kv does.
     struct RowRange {
         int source;  // 0 q, 1 k, 2 v
         int64_t first, count;
     };
     std::vector<RowRange> qkv_rows() const {
-        const int64_t h = c_.n_heads, hd = c_.head_dim, group = h / config_.kv_heads;
-        std::vector<RowRange> rows = {{0, 0, h * hd}};
-        for (int source = 1; source <= 2; ++source)
-            for (int64_t head = 0; head < h; ++head) rows.push_back({source, head / group * hd, hd});
-        return rows;
+        const int64_t q = c_.attn_dim(), kv = c_.kv_dim();
+        return {{0, 0, q}, {1, 0, kv}, {2, 0, kv}};
     }
 
     Linear make_qkv(const std::string &name, HfLinear q, HfLinear k, HfLinear v) {
@@ -1146,7 +1143,7 @@ private:
                                              ": q, k and v become one linear (attn_qkv), stored one way");
             }
         }
-        const int64_t kk = c_.d_model, n = 3 * int64_t{c_.attn_dim()};
+        const int64_t kk = c_.d_model, n = c_.qkv_dim();
         // The bias rows follow the weight rows (q, k and v have one each or none: read_bias).
         std::shared_ptr<const std::vector<float>> bias;
         if (q.bias) {

@@ -20,8 +20,9 @@ struct CheckpointImportOptions {
 
 // Reads the checkpoint in `dir` into a Model. The embedding and the dense linears other than q|k|v are views into
 // the mapped files (kept alive by the model's keepalive, copied only when a file leaves a tensor misaligned), so a
-// multi-GB checkpoint is read once, when the model is written. q|k|v become one attn_qkv (rows concatenated, K/V
-// heads repeated for grouped-query attention); quantized linears go through import_int4. Throws tl::Error:
+// multi-GB checkpoint is read once, when the model is written. q|k|v become one attn_qkv (rows concatenated; K/V heads
+// stored once each, n_kv_heads, for grouped-query attention); quantized linears go through import_int4. Throws
+// tl::Error:
 //   TL_ERR_IO           a file cannot be opened or read (no model.safetensors, a missing shard, ...);
 //   TL_ERR_FORMAT       a missing or mistyped config field or tensor, a wrong shape or dtype, an unexpected tensor,
 //                       a non-finite value, a tied head that differs from the embedding;

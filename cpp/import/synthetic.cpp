@@ -72,7 +72,7 @@ Block random_block(Rng &rng, const std::string &prefix, const ModelConfig &c, co
     Block b;
     b.attn_norm = normal_values(rng, c.d_model, kGainNoise, 1.0);
     b.mlp_norm = normal_values(rng, c.d_model, kGainNoise, 1.0);
-    const int32_t shapes[5][2] = {{c.d_model, 3 * c.attn_dim()}, {c.attn_dim(), c.d_model},  // [K, N]
+    const int32_t shapes[5][2] = {{c.d_model, c.qkv_dim()}, {c.attn_dim(), c.d_model},  // [K, N]
                                   {c.d_model, c.ffn},           {c.d_model, c.ffn},
                                   {c.ffn, c.d_model}};
     for (int i = 0; i < 5; ++i) {

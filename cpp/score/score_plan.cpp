@@ -18,6 +18,10 @@ void check_model(const Model &model, void (*check_storage)(const Linear &w, cons
         fail(TL_ERR_INVALID_ARGUMENT, "model: n_heads = " + std::to_string(c.n_heads) + ", head_dim = " +
                                           std::to_string(c.head_dim) + " (need both > 0, head_dim even)");
     }
+    if (c.n_kv_heads < 0 || c.n_heads % c.kv_heads() != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: n_kv_heads = " + std::to_string(c.n_kv_heads) +
+                                          " does not divide n_heads = " + std::to_string(c.n_heads));
+    }
     check_model_shapes(model, check_storage);
 }
 
@@ -44,7 +48,7 @@ void check_model_shapes(const Model &model, void (*check_storage)(const Linear &
         if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
             fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
         }
-        check_linear(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
+        check_linear(b.attn_qkv, prefix + ".attn_qkv", D, c.qkv_dim());
         check_linear(b.attn_out, prefix + ".attn_out", A, D);
         check_linear(b.mlp_gate, prefix + ".mlp_gate", D, F);
         check_linear(b.mlp_up, prefix + ".mlp_up", D, F);

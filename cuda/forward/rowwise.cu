@@ -1,6 +1,6 @@
 // The forward pass's row-wise and element-wise kernels: embedding gather, residual add + RMSNorm, RoPE, a linear's
-// bias, SwiGLU and the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for clarity (one
-// block per row for the reductions, grid-stride loops for the rest), with FP32 math throughout.
+// bias, SwiGLU and the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for
+// clarity (one block per row for the reductions, grid-stride loops for the rest), with FP32 math throughout.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -215,21 +215,24 @@ int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t 
 }
 
 int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
-            cudaStream_t stream, const int32_t *positions) {
+            cudaStream_t stream, const int32_t *positions, int n_kv_heads) {
+    if (n_kv_heads == 0) n_kv_heads = n_heads;
     if (qkv == nullptr || cos_table == nullptr || sin_table == nullptr || t_count < 1 || n_heads < 1 ||
-        head_dim < 2 || head_dim % 2 != 0) {
+        head_dim < 2 || head_dim % 2 != 0 || n_kv_heads < 1 || n_heads % n_kv_heads != 0) {
         return kRcBadArgument;
     }
-    const size_t row_stride = 3 * static_cast<size_t>(n_heads) * head_dim;
-    const size_t pairs = static_cast<size_t>(t_count) * n_heads * head_dim;  // 2 * n_heads heads x head_dim/2 pairs
+    // q and k are adjacent in each row: n_heads + n_kv_heads heads to rotate, then the values.
+    const int qk_heads = n_heads + n_kv_heads;
+    const size_t row_stride = static_cast<size_t>(qk_heads + n_kv_heads) * head_dim;
+    const size_t pairs = static_cast<size_t>(t_count) * qk_heads * (head_dim / 2);
     __half *x = reinterpret_cast<__half *>(qkv);
     // half2 accesses need an even half_dim and a 4-byte aligned qkv (row stride and head offsets are then even).
     if (head_dim % 4 == 0 && (reinterpret_cast<uintptr_t>(qkv) & 3u) == 0) {
         rope_kernel<2><<<flat_blocks(pairs / 2), kFlatThreads, 0, stream>>>(x, cos_table, sin_table, positions,
-                                                                             t_count, 2 * n_heads, head_dim, row_stride);
+                                                                             t_count, qk_heads, head_dim, row_stride);
     } else {
         rope_kernel<1><<<flat_blocks(pairs), kFlatThreads, 0, stream>>>(x, cos_table, sin_table, positions, t_count,
-                                                                         2 * n_heads, head_dim, row_stride);
+                                                                         qk_heads, head_dim, row_stride);
     }
     TL_GPU_CHECK_LAUNCH();
     return 0;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
+#include "util/error.hpp"
 #include "score/rope.hpp"
 #include "quant/quant.hpp"
 #include "reference.hpp"
@@ -73,6 +74,25 @@ TEST(Forward, CausalAttentionMatchesReference) {
     }
 }
 
+// Grouped-query attention: 6 query heads over 2 K/V heads (and 1, multi-query), read in place.
+TEST(Forward, GroupedQueryAttentionMatchesReference) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t T = 90, H = 6, hd = 16;
+    for (int32_t kv : {2, 1, 6}) {
+        const std::vector<float> qkv = ref::random_floats(rng, static_cast<size_t>(T) * (H + 2 * kv) * hd, 1.5);
+        const ref::Vec want = ref::attention(to_double(qkv), T, H, hd, kv);
+        for (int32_t threads : {1, 3}) {
+            std::vector<float> out(static_cast<size_t>(T) * H * hd);
+            tl::causal_attention(qkv.data(), out.data(), T, H, hd, threads, kv);
+            expect_close(out, want, 1e-5, "kv heads " + std::to_string(kv) + ", threads " + std::to_string(threads));
+        }
+    }
+    std::vector<float> buf(static_cast<size_t>(T) * 20 * hd);
+    EXPECT_THROW(tl::causal_attention(buf.data(), buf.data(), T, H, hd, 1, 4), tl::Error);
+}
+
 TEST(Forward, LinearMatchesReferenceQuantizedAndDense) {
     const uint64_t seed = ref::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -114,6 +134,7 @@ struct NllCase {
     int32_t window;  // 0 = max_seq
     bool biases = false;
     tl::RopeScaling rope = {};
+    int32_t kv_heads = 0;  // 0: n_heads
 };
 
 tl::RopeScaling rope_scaling(tl::RopeScalingType type) {
@@ -140,6 +161,7 @@ void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
     config.max_seq = 128;
     config.group_size = c.group_size;
     config.rope_scaling = c.rope;
+    config.n_kv_heads = c.kv_heads;
     tl::SyntheticOptions options;
     options.seed = seed;
     options.quantized = c.quantized;
@@ -251,6 +273,10 @@ TEST(Forward, WholeNllMatchesReference) {
          rope_scaling(tl::RopeScalingType::Llama3)},
         {"yarn RoPE scaling", false, tl::QuantMethod::Asymmetric, true, 0, 0, false,
          rope_scaling(tl::RopeScalingType::Yarn)},
+        {"grouped-query attention, 2 K/V heads, windows of 24", true, tl::QuantMethod::Asymmetric, false, 32, 24,
+         false, {}, 2},
+        {"multi-query attention, biases, llama3 RoPE", false, tl::QuantMethod::Asymmetric, true, 0, 0, true,
+         rope_scaling(tl::RopeScalingType::Llama3), 1},
     };
     for (const NllCase &c : cases) expect_nll_matches_reference(c, seed);
 }

@@ -136,21 +136,27 @@ inline void rope(Vec &x, size_t stride, size_t offset, int32_t T, int32_t n_head
 inline void rope(Vec &x, size_t stride, size_t offset, int32_t T, int32_t n_heads, int32_t hd, double theta,
                  int32_t pos0) {
     RopeAngles angles;
-    for (int32_t i = 0; i < hd / 2; ++i) angles.inv_freq.push_back(std::pow(static_cast<long double>(theta), -2.0L * i / hd));
+    for (int32_t i = 0; i < hd / 2; ++i) {
+        angles.inv_freq.push_back(std::pow(static_cast<long double>(theta), -2.0L * i / hd));
+    }
     rope(x, stride, offset, T, n_heads, hd, angles, pos0);
 }
 
-// qkv [T][3][n_heads][hd] -> out [T][n_heads * hd], causal softmax(q k^T / sqrt(hd)) v per head.
-inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd) {
-    const size_t A = static_cast<size_t>(n_heads) * hd;
+// qkv [T][n_heads + 2 n_kv_heads][hd] (q heads, k heads, v heads) -> out [T][n_heads * hd], causal
+// softmax(q k^T / sqrt(hd)) v per query head h, with K/V head h / (n_heads / n_kv_heads) (transformers' repeat_kv).
+inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd, int32_t n_kv_heads = 0) {
+    if (n_kv_heads == 0) n_kv_heads = n_heads;
+    const size_t A = static_cast<size_t>(n_heads) * hd, KV = static_cast<size_t>(n_kv_heads) * hd;
+    const size_t row = A + 2 * KV;
     Vec out(T * A, 0.0);
     for (int32_t h = 0; h < n_heads; ++h)
         for (int32_t t = 0; t < T; ++t) {
+            const size_t kh = static_cast<size_t>(h / (n_heads / n_kv_heads)) * hd;
             Vec p(t + 1);
             double mx = -INFINITY;
             for (int32_t j = 0; j <= t; ++j) {
                 double s = 0.0;
-                for (int32_t d = 0; d < hd; ++d) s += qkv[t * 3 * A + h * hd + d] * qkv[j * 3 * A + A + h * hd + d];
+                for (int32_t d = 0; d < hd; ++d) s += qkv[t * row + h * hd + d] * qkv[j * row + A + kh + d];
                 p[j] = s / std::sqrt(static_cast<double>(hd));
                 mx = std::max(mx, p[j]);
             }
@@ -158,7 +164,7 @@ inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd) {
             for (double &v : p) sum += (v = std::exp(v - mx));
             for (int32_t d = 0; d < hd; ++d) {
                 double o = 0.0;
-                for (int32_t j = 0; j <= t; ++j) o += p[j] * qkv[j * 3 * A + 2 * A + h * hd + d];
+                for (int32_t j = 0; j <= t; ++j) o += p[j] * qkv[j * row + A + KV + kh + d];
                 out[t * A + h * hd + d] = o / sum;
             }
         }
@@ -166,12 +172,12 @@ inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd) {
 }
 
 inline void block(const tl::ModelConfig &c, const tl::Block &b, Vec &x, int32_t T) {
-    const int32_t D = c.d_model, A = c.attn_dim();
+    const int32_t D = c.d_model, A = c.attn_dim(), row = c.attn_dim() + 2 * c.kv_heads() * c.head_dim;
     Vec qkv = linear(b.attn_qkv, rmsnorm(x, b.attn_norm, T, D, c.norm_eps), T);
     const RopeAngles angles = rope_angles(c);
-    rope(qkv, 3 * A, 0, T, c.n_heads, c.head_dim, angles, 0);  // q
-    rope(qkv, 3 * A, A, T, c.n_heads, c.head_dim, angles, 0);  // k
-    const Vec o = linear(b.attn_out, attention(qkv, T, c.n_heads, c.head_dim), T);
+    rope(qkv, row, 0, T, c.n_heads, c.head_dim, angles, 0);     // q
+    rope(qkv, row, A, T, c.kv_heads(), c.head_dim, angles, 0);  // k
+    const Vec o = linear(b.attn_out, attention(qkv, T, c.n_heads, c.head_dim, c.kv_heads()), T);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     const Vec u = rmsnorm(x, b.mlp_norm, T, D, c.norm_eps);
     Vec g = linear(b.mlp_gate, u, T);

@@ -81,6 +81,7 @@ void expect_norm(const std::vector<float> &gain, const OwnedTensor &t) {
 void expect_config(const tl::ModelConfig &a, const tl::ModelConfig &b) {
     EXPECT_EQ(a.d_model, b.d_model);
     EXPECT_EQ(a.n_heads, b.n_heads);
+    EXPECT_EQ(a.kv_heads(), b.kv_heads());
     EXPECT_EQ(a.head_dim, b.head_dim);
     EXPECT_EQ(a.ffn, b.ffn);
     EXPECT_EQ(a.vocab, b.vocab);
@@ -509,6 +510,65 @@ TEST(Bias, SavedAsVersion2AndLoadedBack) {
             EXPECT_EQ(e.code(), TL_ERR_FORMAT);
             EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
         }
+    }
+}
+
+// Grouped-query attention: n_kv_heads in the config (written only when below n_heads), attn_qkv of
+// (n_heads + 2 n_kv_heads) head_dim rows, format_version 2; the loaded model scores as the saved one. A count that
+// does not divide n_heads, or a qkv of the version-1 shape, is refused naming it.
+TEST(GroupedQueryAttention, SavedAsVersion2AndLoadedBack) {
+    std::mt19937_64 rng(std::random_device{}());
+    tl::ModelConfig config = tlt::small_config(8);
+    config.n_heads = 4;
+    config.head_dim = 6;
+    config.n_kv_heads = 2;
+    tl::SyntheticOptions options;
+    options.seed = rng();
+    const auto original = tl::make_synthetic_model(config, options);
+    EXPECT_EQ(original->loop.attn_qkv.n, (4 + 2 * 2) * 6);
+    EXPECT_EQ(tl::required_format_version(*original), 2);
+    const nlohmann::json j = nlohmann::json::parse(tl::config_to_json(config));
+    EXPECT_EQ(j["n_kv_heads"], 2);
+    config.n_kv_heads = 4;
+    EXPECT_EQ(nlohmann::json::parse(tl::config_to_json(config)).count("n_kv_heads"), 0u);
+
+    const std::string path = tlt::temp_dir() + "/gqa.tinyloop";
+    tl::save_model(path, *original);
+    const tl::SafetensorsFile file = tl::read_safetensors(path);
+    EXPECT_EQ(file.metadata.at("format_version"), "2");
+    EXPECT_EQ(file.tensors.at("pre.0.attn_qkv.qweight").shape, (std::vector<int64_t>{48, 12}));
+    const auto loaded = tl::load_model(path, tl::LoadOptions{});
+    EXPECT_EQ(loaded->config.kv_heads(), 2);
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(rng() % 50);
+    tl::ScoreOptions o;
+    o.n_threads = 2;
+    EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum,
+              tl::score_cpu(*original, tokens.data(), tokens.size(), o).nll_sum);
+
+    nlohmann::json bad = nlohmann::json::parse(file.metadata.at("config"));
+    bad["n_kv_heads"] = 3;
+    try {
+        tl::validate_config(tl::config_from_json(bad.dump()));
+        ADD_FAILURE() << "n_kv_heads 3 of 4 heads accepted";
+    } catch (const tl::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("n_kv_heads = 3 must divide n_heads = 4"), std::string::npos)
+            << e.what();
+    }
+    std::map<std::string, std::string> metadata = file.metadata;  // the same tensors, the config without n_kv_heads
+    bad.erase("n_kv_heads");
+    metadata["config"] = bad.dump();
+    std::vector<tl::TensorView> views;
+    for (const auto &kv : file.tensors) views.push_back({kv.first, kv.second.dtype, kv.second.shape, kv.second.data});
+    const std::string mismatched = tlt::temp_dir() + "/gqa_mismatched.tinyloop";
+    tl::write_safetensors(mismatched, metadata, views);
+    try {
+        tl::load_model(mismatched, tl::LoadOptions{});
+        ADD_FAILURE() << "a grouped qkv loaded under a config without n_kv_heads";
+    } catch (const tl::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("tensor 'pre.0.attn_qkv.qweight': shape [48, 12], expected [72, 12]"),
+                  std::string::npos)
+            << e.what();
     }
 }
 

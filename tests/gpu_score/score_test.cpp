@@ -81,6 +81,20 @@ tl::ModelConfig d256_config(int32_t group_size) {
     return c;
 }
 
+// Grouped-query attention: K/V heads shared by groups of query heads, read in place by both attention kernels.
+tl::ModelConfig tiny_gqa_config(int32_t kv_heads) {
+    tl::ModelConfig c = tiny_config();
+    c.n_kv_heads = kv_heads;
+    return c;
+}
+
+tl::ModelConfig d256_gqa_config(int32_t kv_heads) {
+    tl::ModelConfig c = d256_config(128);
+    c.n_kv_heads = kv_heads;
+    c.vocab = 1000;  // keeps the CPU reference quick
+    return c;
+}
+
 enum class Head { Tied, Quantized };
 
 struct ModelCase {
@@ -100,6 +114,8 @@ const std::vector<ModelCase> &model_cases() {
         {"tiny_g32_bias_qhead", tiny_config(), Head::Quantized, false, true},
         {"tiny_g32_bias_mixed", tiny_config(), Head::Tied, true, true},
         {"tiny_g32_llama3_rope", tiny_rope_config(tl::RopeScalingType::Llama3), Head::Tied},
+        {"tiny_g32_gqa", tiny_gqa_config(2), Head::Tied, false, true},  // grouped-query attention, with biases
+        {"d256_g128_mqa_qhead", d256_gqa_config(1), Head::Quantized},      // multi-query, head_dim 64: tensor cores
         {"tiny_g32_yarn_rope", tiny_rope_config(tl::RopeScalingType::Yarn), Head::Quantized},
         {"d256_g128_qhead", d256_config(128), Head::Quantized},   // V = 50257: head padded to 50304
         {"d256_rows_qhead", d256_config(0), Head::Quantized},

@@ -12,11 +12,11 @@ Hugging Face-style checkpoints"). Next to it:
                           <b>mlp_norm.weight, final_norm.weight [D], each linear <b>attn_qkv, <b>attn_out, <b>mlp_gate,
                           <b>mlp_up, <b>mlp_down and (untied) head as W transposed, [N, K]; for an INT4 linear also
                           <p>.offset [N, G], |z * s|, which bounds the one FP16 rounding of the offset z' = -z * s
-  V.expected.json         {"config": the .tinyloop config, "embed_dtype", "head": "tied" | "dense" | "int4",
-                          "linears": {name: "F16" | "BF16" | "F32" | "INT4"}}
+  V.expected.json         {"config": the .tinyloop config, "embed_dtype", "format_version", "head": "tied" | "dense" |
+                          "int4", "linears": {name: "F16" | "BF16" | "F32" | "INT4"}}
 The expected values are the stored values themselves (what F16 / BF16 / F32 encode), assembled here in the layout the
-docs give: attn_qkv is q_proj's rows, then for each query head h the rows of K head h // (H / KV), then the same for
-V (grouped-query attention repeated). INT4 layers come from make_int4_checkpoints.make_layer, whose expected
+docs give: attn_qkv is q_proj's rows, then k_proj's, then v_proj's (grouped-query attention stays grouped: the
+config's n_kv_heads), biases likewise. INT4 layers come from make_int4_checkpoints.make_layer, whose expected
 (q - z) * s is computed from its own independent unpacking.
 
 OUT_DIR/gptq_act_order_dense/ is gptq_act_order's model with every INT4 linear written dense (F32 [N, K], the
@@ -114,8 +114,11 @@ class Variant:
             self.config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group or -1,
                                                   "version": "gemm", "zero_point": True}
         self.tl_config = {"d_model": D, "n_heads": H, "head_dim": self.hd, "ffn": F, "vocab": V, "pre": P,
-                          "loops": 1 if plain else LOOPS, "max_seq": max_seq, "group_size": group if quant else 0, "bits": 4,
+                          "loops": 1 if plain else LOOPS, "max_seq": max_seq, "group_size": group if quant else 0,
+                          "bits": 4,
                           "rope_theta": rope_theta, "norm_eps": eps}
+        if self.kv != H:
+            self.tl_config["n_kv_heads"] = self.kv
         self.a = a
         self.quantize_config = None  # AutoGPTQ's quantize_config.json, written next to config.json when set
 
@@ -190,18 +193,16 @@ class Variant:
             q = self.linear(layer + PROJ["q"], D, self.a, "q")
             k = self.linear(layer + PROJ["k"], D, kv, "k")
             v = self.linear(layer + PROJ["v"], D, kv, "v")
-            # [q | k | v], K/V heads repeated for grouped-query attention (query head h reads K/V head h // group).
-            group = H // self.kv
+            # [q | k | v]: the projections' rows as they are, K/V heads once each (grouped-query attention stays
+            # grouped: n_kv_heads).
             rows, offsets = list(q[0]), list(q[1]) if q[1] else None
             bias = list(q[3]) if q[3] is not None else None
             for src in (k, v):
-                for h in range(H):
-                    j = h // group
-                    rows += src[0][j * self.hd:(j + 1) * self.hd]
-                    if offsets is not None:
-                        offsets += src[1][j * self.hd:(j + 1) * self.hd]
-                    if bias is not None:
-                        bias += src[3][j * self.hd:(j + 1) * self.hd]
+                rows += src[0]
+                if offsets is not None:
+                    offsets += src[1]
+                if bias is not None:
+                    bias += src[3]
             storages = {q[2], k[2], v[2]}
             self.put(block + "attn_qkv", rows, offsets, storages.pop() if len(storages) == 1 else "F32", bias)
             for proj, tl, kk, n in (("o", "attn_out", self.a, D), ("gate", "mlp_gate", D, F),
@@ -240,7 +241,8 @@ class Variant:
         int4.write_safetensors(os.path.join(out, self.name + ".expected.safetensors"), self.expected)
         with open(os.path.join(out, self.name + ".expected.json"), "w") as f:
             json.dump({"config": self.tl_config, "embed_dtype": self.embed_dtype,
-                       "format_version": "2" if self.biases or "rope_scaling" in self.tl_config else "1",
+                       "format_version": "2" if self.biases or "rope_scaling" in self.tl_config or self.kv != H
+                       else "1",
                        "head": "tied" if self.tied else "int4" if self.linears["head"] == "INT4" else "dense",
                        "linears": self.linears}, f, indent=2)
 
