@@ -335,6 +335,11 @@ class Model:
         metadata, tensors = xp.read_model(path)
         if metadata.get("format") != "tinyloop":
             raise InputError(f"{path}: metadata 'format' is {metadata.get('format')!r}, not 'tinyloop'")
+        # Version 2 adds linear biases, grouped K/V heads (n_kv_heads) and RoPE scaling, which this reference does not
+        # compute: refused rather than misread.
+        if metadata.get("format_version") != "1":
+            raise InputError(f"{path}: format_version {metadata.get('format_version')!r}: this reference implements "
+                             "version 1 only (no biases, n_kv_heads or rope_scaling)")
         self.config = c = json.loads(metadata["config"])
         self.D, self.H, self.hd = c["d_model"], c["n_heads"], c["head_dim"]
         self.A = self.H * self.hd

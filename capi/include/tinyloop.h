@@ -198,7 +198,7 @@ typedef struct tl_model_properties {
     uint64_t tensor_bytes;
     /** Bytes of the quantized weights' codes, scales, zeros (and optional channels). */
     uint64_t quant_weight_bytes;
-    /** Number of model parameters (a quantized weight counts K*N). */
+    /** Number of model parameters (a quantized weight counts K*N, a bias N). */
     uint64_t parameter_count;
 } tl_model_properties;
 
@@ -317,15 +317,16 @@ typedef struct tl_import_options {
 /** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
 TL_API tl_status tl_import_options_init(tl_import_options *options, uint32_t struct_size);
 
-/** Converts a Hugging Face-style checkpoint folder of a looped model into a .tinyloop file at `out_path`
- *  (docs/format.md, "Importing Hugging Face-style checkpoints"): `dir` holds config.json (Llama field names plus
- *  num_pre_layers and num_loops) and model.safetensors or model.safetensors.index.json with its shards; linears
- *  are dense (kept dense: `tinyloop quantize` makes them INT4) or GPTQ v1 / AWQ GEMM INT4 (converted as
- *  tl_weight_import_int4 does). `options` may be NULL for the defaults. The output is written atomically.
+/** Converts a Hugging Face-style checkpoint folder into a .tinyloop file at `out_path` (docs/import.md): `dir`
+ *  holds config.json (a Llama, Mistral or Qwen2 config, or a looped model's with num_pre_layers and num_loops),
+ *  optionally AutoGPTQ's quantize_config.json, and model.safetensors or model.safetensors.index.json with its
+ *  shards; linears are dense (kept dense: `tinyloop quantize` makes them INT4) or GPTQ v1 / AWQ GEMM INT4 (converted
+ *  as tl_weight_import_int4 does). `options` may be NULL for the defaults. The output is written atomically.
  *  Statuses: TL_ERR_IO (a file cannot be opened, read or written), TL_ERR_FORMAT (a missing or mistyped config
  *  field or tensor, a wrong shape or dtype, an unexpected tensor, a non-finite value), TL_ERR_UNSUPPORTED (a
- *  checkpoint this library cannot represent: bits other than 4, act-order, rope_scaling, biases, ...),
- *  TL_ERR_INVALID_ARGUMENT; the message names the file and the field or tensor. Thread-safe. */
+ *  checkpoint this library cannot represent: bits other than 4, another family such as Gemma, sliding-window
+ *  attention narrower than max_seq, a config field it does not know, ...), TL_ERR_INVALID_ARGUMENT; the message
+ *  names the file and the field or tensor. Thread-safe. */
 TL_API tl_status tl_model_import_checkpoint(const char *dir, const char *out_path, const tl_import_options *options);
 
 static const int32_t TL_QUANT_ASYMMETRIC = 0;

@@ -80,6 +80,7 @@ TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out) 
                                                                             (2 * (m.pre.size() + 1) + 1);
         for (const tl::Linear *linear : m.linears()) {
             params += static_cast<uint64_t>(linear->k) * linear->n;
+            if (linear->bias) params += linear->bias->size();
             if (linear->quantized) {
                 ++p.n_quant_weights;
                 p.quant_weight_bytes += linear->quant_bytes();

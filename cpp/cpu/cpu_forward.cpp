@@ -11,6 +11,7 @@
 
 
 #include "quant/cross_iter.hpp"
+#include "score/rope.hpp"
 #include "util/error.hpp"
 #include "quant/quant.hpp"
 #include "util/thread_pool.hpp"
@@ -127,6 +128,10 @@ void linear_tile(const Linear &w, const float *x, int32_t M, int32_t n0, int32_t
             row_block(std::min(kRows, M - m), x + m * K, K, panels + p * K * kPanel, w.k, y + m * ldy + n0 + p * kPanel,
                       ldy, std::min(kPanel, cols - p * kPanel));
         }
+    if (const float *bias = w.bias_values()) {  // added to the finished sum, as y = x W + b reads
+        for (int32_t m = 0; m < M; ++m)
+            for (int32_t j = 0; j < cols; ++j) y[m * ldy + n0 + j] += bias[n0 + j];
+    }
 }
 
 using LinearInputHook = std::function<void(const Linear &, const float *, int32_t)>;
@@ -168,26 +173,18 @@ void for_row_chunks(Context &ctx, int32_t T, Fn fn) {
 
 // ---- RoPE ----
 
-// cos and sin of pos * theta^(-2i/head_dim) for pos in [pos0, pos0 + T), i < head_dim/2; computed in double
-// so long positions lose no accuracy, then rounded to float.
+// cos and sin of each position's angles for positions [pos0, pos0 + T), i < head_dim/2: the config's frequencies
+// (plain or scaled) and attention scale, from the one host function both backends use (score/rope.hpp), computed in
+// double so long positions lose no accuracy, then rounded to float.
 struct RopeTable {
     int32_t half = 0;
     std::vector<float> cos, sin;  // [T][half]
 };
 
-RopeTable make_rope_table(int32_t T, int32_t head_dim, float theta, int32_t pos0) {
+RopeTable make_rope_table(const ModelConfig &c, int32_t T, int32_t pos0) {
     RopeTable table;
-    table.half = head_dim / 2;
-    table.cos.resize(static_cast<size_t>(T) * table.half);
-    table.sin.resize(table.cos.size());
-    for (int32_t i = 0; i < table.half; ++i) {
-        const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        for (int32_t t = 0; t < T; ++t) {
-            const double angle = static_cast<double>(pos0 + t) * inv_freq;
-            table.cos[static_cast<size_t>(t) * table.half + i] = static_cast<float>(std::cos(angle));
-            table.sin[static_cast<size_t>(t) * table.half + i] = static_cast<float>(std::sin(angle));
-        }
-    }
+    table.half = c.head_dim / 2;
+    rope_tables(c, T, pos0, table.cos, table.sin);
     return table;
 }
 
@@ -219,23 +216,28 @@ void check_head_dim(int32_t n_heads, int32_t head_dim) {
 
 // Both products are panel products like the linears': scores = q K^T with key panels [8 keys][head_dim],
 // out = p V with value panels [keys][8 dims]. Sums run over head_dim and over keys in order, as written.
-void attention(Context &ctx, const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim) {
-    const size_t A = static_cast<size_t>(n_heads) * head_dim, stride = 3 * A;
+// qkv rows are [q: n_heads][k: n_kv_heads][v: n_kv_heads] heads of head_dim; query head h reads K/V head
+// h / (n_heads / n_kv_heads), whose panels are packed once for all the query heads of its group.
+void attention(Context &ctx, const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t n_kv_heads,
+               int32_t head_dim) {
+    const size_t A = static_cast<size_t>(n_heads) * head_dim, KV = static_cast<size_t>(n_kv_heads) * head_dim;
+    const size_t stride = A + 2 * KV;
+    const int32_t group = n_heads / n_kv_heads;
     const size_t keys = static_cast<size_t>((T + kPanel - 1) / kPanel) * kPanel;  // T rounded up to panels
     const int32_t dim_panels = (head_dim + kPanel - 1) / kPanel;
     const size_t key_floats = keys * head_dim, per_head = key_floats + dim_panels * keys * kPanel;
     const RowBlockFn row_block = row_block_kernel();
 
-    // Each head's keys and values, packed once for all its query blocks (padding stays zero).
-    ctx.kv_panels.assign(n_heads * per_head, 0.0f);
-    ctx.pool.parallel_for(n_heads, [&](size_t h, int32_t) {
-        float *key_panels = ctx.kv_panels.data() + h * per_head;  // [keys / 8][head_dim][8]
+    // Each K/V head's keys and values, packed once for all its query heads' blocks (padding stays zero).
+    ctx.kv_panels.assign(n_kv_heads * per_head, 0.0f);
+    ctx.pool.parallel_for(n_kv_heads, [&](size_t g, int32_t) {
+        float *key_panels = ctx.kv_panels.data() + g * per_head;  // [keys / 8][head_dim][8]
         float *value_panels = key_panels + key_floats;            // [dim_panels][keys][8]
         for (int32_t j = 0; j < T; ++j) {
-            const float *k = qkv + j * stride + A + h * head_dim;
+            const float *k = qkv + j * stride + A + g * head_dim;
             float *kp = key_panels + static_cast<size_t>(j / kPanel) * head_dim * kPanel + j % kPanel;
             for (int32_t d = 0; d < head_dim; ++d) kp[d * kPanel] = k[d];
-            const float *v = qkv + j * stride + 2 * A + h * head_dim;
+            const float *v = qkv + j * stride + A + KV + g * head_dim;
             for (int32_t d0 = 0; d0 < head_dim; d0 += kPanel) {
                 std::memcpy(value_panels + (d0 / kPanel * keys + j) * kPanel, v + d0,
                             std::min(kPanel, head_dim - d0) * sizeof(float));
@@ -250,7 +252,7 @@ void attention(Context &ctx, const float *qkv, float *out, int32_t T, int32_t n_
         // Causal: later query blocks cost more, so they are handed out first.
         const int32_t block = n_blocks - 1 - static_cast<int32_t>(task / n_heads);
         const size_t h = task % n_heads;
-        const float *key_panels = ctx.kv_panels.data() + h * per_head;
+        const float *key_panels = ctx.kv_panels.data() + (h / group) * per_head;
         const float *value_panels = key_panels + key_floats;
         std::vector<float> &scores = ctx.work[worker];  // [kRows][keys]
         scores.resize(kRows * keys);
@@ -299,26 +301,26 @@ void check_cpu_storage(const Linear &w, const std::string &name) {
 struct Activations {
     Activations(const ModelConfig &c, int32_t L)
         : x(static_cast<size_t>(L) * c.d_model), xn(x.size()), proj(x.size()),
-          qkv(static_cast<size_t>(L) * 3 * c.attn_dim()), att(static_cast<size_t>(L) * c.attn_dim()),
+          qkv(static_cast<size_t>(L) * c.qkv_dim()), att(static_cast<size_t>(L) * c.attn_dim()),
           gate(static_cast<size_t>(L) * c.ffn), up(gate.size()),
-          rope(make_rope_table(L, c.head_dim, c.rope_theta, 0)) {}
+          rope(make_rope_table(c, L, 0)) {}
     std::vector<float> x, xn, proj, qkv, att, gate, up;
     RopeTable rope;
 };
 
 void block_forward(Context &ctx, const ModelConfig &c, const Block &b, Activations &a, int32_t T) {
     const size_t D = static_cast<size_t>(c.d_model), F = static_cast<size_t>(c.ffn);
-    const size_t A = static_cast<size_t>(c.attn_dim());
+    const size_t QKV = static_cast<size_t>(c.qkv_dim());
     float *x = a.x.data(), *xn = a.xn.data(), *proj = a.proj.data();
     for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
         rmsnorm(x + t0 * D, b.attn_norm.data(), xn + t0 * D, t1 - t0, c.d_model, c.norm_eps);
     });
     linear(ctx, b.attn_qkv, xn, a.qkv.data(), T);
-    // q and k are adjacent in each row, so they rotate together as 2 * n_heads heads.
+    // q and k are adjacent in each row, so they rotate together as n_heads + kv_heads heads.
     for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
-        apply_rope(a.qkv.data(), 3 * A, t0, t1, 2 * c.n_heads, a.rope);
+        apply_rope(a.qkv.data(), QKV, t0, t1, c.n_heads + c.kv_heads(), a.rope);
     });
-    attention(ctx, a.qkv.data(), a.att.data(), T, c.n_heads, c.head_dim);
+    attention(ctx, a.qkv.data(), a.att.data(), T, c.n_heads, c.kv_heads(), c.head_dim);
     linear(ctx, b.attn_out, a.att.data(), proj, T);
     for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
         for (size_t i = t0 * D; i < t1 * D; ++i) x[i] += proj[i];
@@ -438,8 +440,9 @@ uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool
     const uint64_t R = static_cast<uint64_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
     const uint64_t keys = (R + kPanel - 1) / kPanel * kPanel;
     const uint64_t head_dim_padded = (static_cast<uint64_t>(c.head_dim) + kPanel - 1) / kPanel * kPanel;
-    uint64_t floats = R * (3 * D + 4 * A + 2 * F + static_cast<uint64_t>(c.head_dim));  // Activations
-    floats += static_cast<uint64_t>(c.n_heads) * keys * (c.head_dim + head_dim_padded);  // kv_panels
+    const uint64_t QKV = static_cast<uint64_t>(c.qkv_dim());
+    uint64_t floats = R * (3 * D + QKV + A + 2 * F + static_cast<uint64_t>(c.head_dim));  // Activations
+    floats += static_cast<uint64_t>(c.kv_heads()) * keys * (c.head_dim + head_dim_padded);  // kv_panels
     const uint64_t k_max = std::max<uint64_t>({D, A, F});
     const uint64_t logits = std::max<uint64_t>(1u << 20, static_cast<uint64_t>(c.vocab));  // head_nll's chunk
     floats += static_cast<uint64_t>(workers) * (2 * kTileCols * k_max + std::max<uint64_t>(logits, kRows * keys));
@@ -526,14 +529,23 @@ void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, 
 
 void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0) {
     check_head_dim(n_heads, head_dim);
-    const RopeTable table = make_rope_table(T, head_dim, theta, pos0);
+    ModelConfig plain;
+    plain.head_dim = head_dim;
+    plain.rope_theta = theta;
+    const RopeTable table = make_rope_table(plain, T, pos0);
     apply_rope(x, static_cast<size_t>(n_heads) * head_dim, 0, T, n_heads, table);
 }
 
-void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads) {
+void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads,
+                      int32_t n_kv_heads) {
     check_head_dim(n_heads, head_dim);
+    if (n_kv_heads == 0) n_kv_heads = n_heads;
+    if (n_kv_heads < 0 || n_heads % n_kv_heads != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "n_kv_heads = " + std::to_string(n_kv_heads) + " does not divide n_heads = " +
+                                          std::to_string(n_heads));
+    }
     Context ctx(n_threads);
-    attention(ctx, qkv, out, T, n_heads, head_dim);
+    attention(ctx, qkv, out, T, n_heads, n_kv_heads, head_dim);
 }
 
 void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads) {

@@ -34,8 +34,11 @@ void rmsnorm(const float *x, const float *gain, float *y, int32_t T, int32_t d, 
 // pairs (i, i + head_dim/2) rotated by angle pos * theta^(-2i/head_dim).
 void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float theta, int32_t pos0);
 
-// Causal multi-head attention: qkv [T][3][n_heads][head_dim] (after RoPE on q and k) -> out [T][n_heads*head_dim].
-void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads);
+// Causal multi-head attention: qkv [T][n_heads + 2 n_kv_heads][head_dim] (q heads, then k and v heads; after RoPE
+// on q and k) -> out [T][n_heads*head_dim]; query head h reads K/V head h / (n_heads / n_kv_heads). n_kv_heads 0
+// means n_heads.
+void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads,
+                      int32_t n_kv_heads = 0);
 
 // y[m][n] = sum_k x[m][k] * W[k][n] with W from a Linear (dequantized exactly), FP32 accumulation.
 void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads);

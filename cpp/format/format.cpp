@@ -45,7 +45,8 @@ constexpr const char *kMetadataKey = "__metadata__";
 constexpr const char *kTokenizerJsonTensor = "tokenizer.json";
 constexpr const char *kTokenizerModelTensor = "tokenizer.model";
 constexpr const char *kTokenizerKey = "tokenizer";
-constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4", ".sign_bit", ".k_perm", ".weight"};
+constexpr const char *kLinearSuffixes[] = {".qweight", ".scales", ".zeros", ".frac4",
+                                           ".sign_bit", ".k_perm", ".weight", ".bias"};
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -491,6 +492,14 @@ public:
         lin.n = n;
         lin.keepalive = storage_;
         const std::string kn = "(K = " + std::to_string(k) + ", N = " + std::to_string(n) + ")";
+        if (const TensorEntry *bias = find(name + ".bias")) {
+            check(*bias, {DType::F16, DType::F32, DType::BF16}, {n}, "([N] " + kn + ")");
+            check_finite(*bias);
+            const void *data = aligned(*bias);
+            auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+            for (size_t i = 0; i < values->size(); ++i) (*values)[i] = load_float(bias->dtype, data, i);
+            lin.bias = std::move(values);
+        }
         const TensorEntry *qweight = find(name + ".qweight");
         const TensorEntry *weight = find(name + ".weight");
         if (qweight && weight) {
@@ -574,7 +583,7 @@ public:
         const int32_t d = config_.d_model, a = config_.attn_dim(), f = config_.ffn;
         block->attn_norm = load_norm(prefix + "attn_norm.weight");
         block->mlp_norm = load_norm(prefix + "mlp_norm.weight");
-        block->attn_qkv = load_linear(prefix + "attn_qkv", d, 3 * a);
+        block->attn_qkv = load_linear(prefix + "attn_qkv", d, config_.qkv_dim());
         block->attn_out = load_linear(prefix + "attn_out", a, d);
         block->mlp_gate = load_linear(prefix + "mlp_gate", d, f);
         block->mlp_up = load_linear(prefix + "mlp_up", d, f);
@@ -696,12 +705,127 @@ void check_range(const char *field, int64_t value, int64_t lo, int64_t hi) {
     }
 }
 
+// The config's "rope_scaling" object: "type" and the fields that type reads (model.hpp), under transformers' names.
+ordered_json rope_scaling_to_json(const RopeScaling &r) {
+    ordered_json j;
+    j["type"] = rope_scaling_name(r.type);
+    j["factor"] = r.factor;
+    if (r.type == RopeScalingType::Llama3) {
+        j["low_freq_factor"] = r.low_freq_factor;
+        j["high_freq_factor"] = r.high_freq_factor;
+    }
+    if (r.type != RopeScalingType::Linear) j["original_max_position_embeddings"] = r.original_max_positions;
+    if (r.type == RopeScalingType::Yarn) {
+        j["beta_fast"] = r.beta_fast;
+        j["beta_slow"] = r.beta_slow;
+        j["attention_factor"] = r.attention_factor;
+        j["truncate"] = r.truncate;
+    }
+    return j;
+}
+
+RopeScaling rope_scaling_from_json(const json &j) {
+    if (!j.is_object()) fail(TL_ERR_FORMAT, "config: rope_scaling must be an object, got " + describe_json(j));
+    auto field = [&](const char *name) -> const json & {
+        const auto it = j.find(name);
+        if (it == j.end()) fail(TL_ERR_FORMAT, std::string("config: rope_scaling: missing field '") + name + "'");
+        return *it;
+    };
+    auto number = [&](const char *name) {
+        const json &v = field(name);
+        if (!v.is_number()) {
+            fail(TL_ERR_FORMAT, std::string("config: rope_scaling: field '") + name + "' must be a number, got " +
+                                    describe_json(v));
+        }
+        return v.get<double>();
+    };
+    RopeScaling r;
+    const json &type = field("type");
+    const std::string name = type.is_string() ? type.get<std::string>() : "";
+    for (RopeScalingType t : {RopeScalingType::Linear, RopeScalingType::Dynamic, RopeScalingType::Llama3,
+                              RopeScalingType::Yarn}) {
+        if (name == rope_scaling_name(t)) r.type = t;
+    }
+    if (r.type == RopeScalingType::None) {
+        // A short string is shown as written; anything else (a distrusted file's value may be large) by its kind.
+        const std::string shown = type.is_string() && name.size() <= 32 ? "'" + name + "'" : describe_json(type);
+        fail(TL_ERR_FORMAT, "config: rope_scaling type " + shown +
+                                " is not one this library reads (linear, dynamic, llama3, yarn)");
+    }
+    r.factor = number("factor");
+    if (r.type == RopeScalingType::Llama3) {
+        r.low_freq_factor = number("low_freq_factor");
+        r.high_freq_factor = number("high_freq_factor");
+    }
+    if (r.type != RopeScalingType::Linear) {
+        const json &v = field("original_max_position_embeddings");
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX) {
+            fail(TL_ERR_FORMAT, "config: rope_scaling: field 'original_max_position_embeddings' must be a positive "
+                                "32-bit integer, got " + describe_json(v));
+        }
+        r.original_max_positions = static_cast<int32_t>(v.get<int64_t>());
+    }
+    if (r.type == RopeScalingType::Yarn) {
+        r.beta_fast = number("beta_fast");
+        r.beta_slow = number("beta_slow");
+        r.attention_factor = number("attention_factor");
+        const json &v = field("truncate");
+        if (!v.is_boolean()) {
+            fail(TL_ERR_FORMAT,
+                 "config: rope_scaling: field 'truncate' must be true or false, got " + describe_json(v));
+        }
+        r.truncate = v.get<bool>();
+    }
+    return r;
+}
+
+void validate_rope_scaling(const ModelConfig &c) {
+    const RopeScaling &r = c.rope_scaling;
+    if (r.type == RopeScalingType::None) return;
+    const std::string what = std::string("config: rope_scaling (") + rope_scaling_name(r.type) + "): ";
+    auto positive = [&](const char *name, double value) {
+        if (!std::isfinite(value) || value <= 0.0) {
+            fail(TL_ERR_FORMAT, what + name + " = " + std::to_string(value) + " must be finite and > 0");
+        }
+    };
+    positive("factor", r.factor);
+    if (r.type == RopeScalingType::Linear) return;
+    if (r.original_max_positions < 1) {
+        fail(TL_ERR_FORMAT, what + "original_max_position_embeddings = " + std::to_string(r.original_max_positions) +
+                                " must be positive");
+    }
+    if (r.type == RopeScalingType::Dynamic && c.max_seq > r.original_max_positions) {
+        fail(TL_ERR_FORMAT, what + "max_seq = " + std::to_string(c.max_seq) +
+                                " exceeds original_max_position_embeddings = " +
+                                std::to_string(r.original_max_positions) +
+                                ": dynamic NTK scaling changes the frequencies for windows longer than that, and this "
+                                "library computes one set of frequencies");
+    }
+    if (r.type == RopeScalingType::Llama3) {
+        positive("low_freq_factor", r.low_freq_factor);
+        positive("high_freq_factor", r.high_freq_factor);
+        if (r.high_freq_factor <= r.low_freq_factor) {
+            fail(TL_ERR_FORMAT, what + "high_freq_factor = " + std::to_string(r.high_freq_factor) +
+                                    " must exceed low_freq_factor = " + std::to_string(r.low_freq_factor));
+        }
+    }
+    if (r.type == RopeScalingType::Yarn) {
+        positive("beta_fast", r.beta_fast);
+        positive("beta_slow", r.beta_slow);
+        positive("attention_factor", r.attention_factor);
+    }
+}
+
 }  // namespace
 
 std::string config_to_json(const ModelConfig &config) {
     ordered_json j;
     for (const IntField &f : kIntFields) j[f.name] = config.*f.member;
     for (const FloatField &f : kFloatFields) j[f.name] = shortest_decimal(config.*f.member);
+    if (config.kv_heads() != config.n_heads) j["n_kv_heads"] = config.kv_heads();
+    if (config.rope_scaling.type != RopeScalingType::None) {
+        j["rope_scaling"] = rope_scaling_to_json(config.rope_scaling);
+    }
     return j.dump();
 }
 
@@ -732,6 +856,19 @@ ModelConfig config_from_json(const std::string &text) {
         }
         config.*f.member = static_cast<float>(value.get<double>());
     }
+    const auto kv = j.find("n_kv_heads");  // optional (format_version 2); absent: n_heads
+    if (kv != j.end()) {
+        if (!kv->is_number_integer() || kv->get<int64_t>() < INT32_MIN || kv->get<int64_t>() > INT32_MAX ||
+            (kv->is_number_unsigned() && kv->get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))) {
+            fail(TL_ERR_FORMAT, "config: field 'n_kv_heads' must be a 32-bit integer, got " + describe_json(*kv));
+        }
+        config.n_kv_heads = static_cast<int32_t>(kv->get<int64_t>());
+        if (config.n_kv_heads <= 0) {
+            fail(TL_ERR_FORMAT, "config: n_kv_heads = " + std::to_string(config.n_kv_heads) + " must be positive");
+        }
+    }
+    const auto scaling = j.find("rope_scaling");  // optional (format_version 2)
+    if (scaling != j.end()) config.rope_scaling = rope_scaling_from_json(*scaling);
     return config;
 }
 
@@ -746,6 +883,11 @@ void validate_config(const ModelConfig &c) {
     const int64_t attn_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
     if (attn_dim > 65536) {
         fail(TL_ERR_FORMAT, "config: n_heads * head_dim = " + std::to_string(attn_dim) + " exceeds 65536");
+    }
+    if (c.n_kv_heads < 0 || c.kv_heads() > c.n_heads || c.n_heads % c.kv_heads() != 0) {
+        fail(TL_ERR_FORMAT, "config: n_kv_heads = " + std::to_string(c.n_kv_heads) +
+                                " must divide n_heads = " + std::to_string(c.n_heads) +
+                                " (each K/V head serves n_heads / n_kv_heads query heads)");
     }
     check_range("ffn", c.ffn, 1, int64_t{1} << 20);
     check_range("vocab", c.vocab, 2, int64_t{1} << 22);
@@ -770,6 +912,7 @@ void validate_config(const ModelConfig &c) {
     if (!std::isfinite(c.norm_eps) || c.norm_eps <= 0.0f || c.norm_eps >= 1.0f) {
         fail(TL_ERR_FORMAT, "config: norm_eps = " + std::to_string(c.norm_eps) + " must be finite and in (0, 1)");
     }
+    validate_rope_scaling(c);
 }
 
 std::unique_ptr<Model> load_model(const std::string &path, const LoadOptions &options) {
@@ -932,6 +1075,15 @@ void write_safetensors(const std::string &path, const std::map<std::string, std:
     }
 }
 
+int32_t required_format_version(const Model &model) {
+    if (model.config.rope_scaling.type != RopeScalingType::None) return 2;
+    if (model.config.kv_heads() != model.config.n_heads) return 2;
+    for (const Linear *l : model.linears()) {  // a tied head is the embedding: it has no bias of its own
+        if (l->bias) return 2;
+    }
+    return 1;
+}
+
 void save_model(const std::string &path, const Model &model) {
     const ModelConfig &c = model.config;
     validate_config(c);
@@ -949,6 +1101,12 @@ void save_model(const std::string &path, const Model &model) {
         need(lin.k == k && lin.n == n, "linear " + quoted(name) + " is " + std::to_string(lin.k) + "x" +
                                            std::to_string(lin.n) + ", expected K = " + std::to_string(k) +
                                            ", N = " + std::to_string(n));
+        if (lin.bias) {
+            need(lin.bias->size() == static_cast<size_t>(n), "linear " + quoted(name) + " has a bias of " +
+                                                                    std::to_string(lin.bias->size()) + " values, N = " +
+                                                                    std::to_string(n));
+            views.push_back({name + ".bias", DType::F32, {n}, lin.bias->data()});
+        }
         if (!lin.quantized) {
             need(lin.dense != nullptr, "linear " + quoted(name) + " has no data");
             views.push_back({name + ".weight", lin.dense_dtype, {n, k}, lin.dense});
@@ -977,7 +1135,7 @@ void save_model(const std::string &path, const Model &model) {
         const int64_t a = c.attn_dim(), f = c.ffn;
         add_norm(prefix + "attn_norm.weight", b.attn_norm);
         add_norm(prefix + "mlp_norm.weight", b.mlp_norm);
-        add_linear(prefix + "attn_qkv", b.attn_qkv, d, 3 * a);
+        add_linear(prefix + "attn_qkv", b.attn_qkv, d, c.qkv_dim());
         add_linear(prefix + "attn_out", b.attn_out, a, d);
         add_linear(prefix + "mlp_gate", b.mlp_gate, d, f);
         add_linear(prefix + "mlp_up", b.mlp_up, d, f);
@@ -994,7 +1152,7 @@ void save_model(const std::string &path, const Model &model) {
     if (model.head_kind != HeadKind::Tied) add_linear("head", model.head, d, v);
 
     std::map<std::string, std::string> metadata = {
-        {"format", "tinyloop"}, {"format_version", std::to_string(kFormatVersion)}, {"config", config_to_json(c)}};
+        {"format", "tinyloop"}, {"format_version", std::to_string(required_format_version(model))}, {"config", config_to_json(c)}};
     if (model.tokenizer && model.tokenizer->kind() != text::TokenizerKind::Bytes) {
         need(model.tokenizer->n_ids() <= v, "the tokenizer's ids go up to " +
                                                 std::to_string(model.tokenizer->n_ids() - 1) +

@@ -14,7 +14,12 @@
 
 namespace tl {
 
-constexpr int32_t kFormatVersion = 1;
+// The newest format_version this library reads and writes. A file is written with the oldest version that describes
+// it (required_format_version), so that a model without version 2's features stays readable by version-1 readers.
+//   1: the first version.
+//   2: adds linear biases (<name>.bias), the config's rope_scaling, which a version-1 reader would not apply, and
+//      n_kv_heads (grouped-query attention: attn_qkv's K/V heads stored once each, not once per query head).
+constexpr int32_t kFormatVersion = 2;
 
 struct LoadOptions {
     bool use_mmap = true;
@@ -68,7 +73,12 @@ SafetensorsFile read_safetensors(const std::string &path, bool use_mmap = true);
 // Index of the first NaN/Inf among `count` F16/BF16/F32 values at `data` (any alignment), or `count`.
 size_t first_nonfinite(DType dtype, const void *data, size_t count);
 
-// Serializes a model with the documented tensor names (quantized or dense linears, tied or separate head).
+// The format_version a file of `model` needs: 2 when it uses a feature version 1 lacks (a bias, rope_scaling,
+// n_kv_heads below n_heads), else 1.
+int32_t required_format_version(const Model &model);
+
+// Serializes a model with the documented tensor names (quantized or dense linears, tied or separate head), as the
+// format_version required_format_version gives.
 void save_model(const std::string &path, const Model &model);
 
 // Gives `model` a tokenizer (null or byte-level: none, the model reads bytes), which save_model then stores. Throws

@@ -21,6 +21,17 @@ const char *dtype_name(DType dtype) {
     return "?";
 }
 
+const char *rope_scaling_name(RopeScalingType type) {
+    switch (type) {
+        case RopeScalingType::None: return "none";
+        case RopeScalingType::Linear: return "linear";
+        case RopeScalingType::Dynamic: return "dynamic";
+        case RopeScalingType::Llama3: return "llama3";
+        case RopeScalingType::Yarn: return "yarn";
+    }
+    return "?";
+}
+
 size_t dtype_size(DType dtype) {
     switch (dtype) {
         case DType::F16:

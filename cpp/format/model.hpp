@@ -17,9 +17,37 @@ enum class DType : uint8_t { F16, F32, BF16, U8, I32 };
 const char *dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
 
+// RoPE's frequency scaling, as transformers' rope_scaling gives it (docs/format.md, "config"; the rotation itself:
+// score/rope.hpp). The fields each type reads:
+//   Linear   factor: every inverse frequency divided by it
+//   Dynamic  factor, original_max_positions: dynamic NTK, which is plain RoPE for windows of at most
+//            original_max_positions tokens; a config's max_seq may not exceed it (the frequencies would change)
+//   Llama3   factor, low_freq_factor, high_freq_factor, original_max_positions (Llama 3.1's smoothed scaling)
+//   Yarn     factor, original_max_positions, beta_fast, beta_slow, truncate, attention_factor (which multiplies
+//            cos and sin, resolved from mscale / mscale_all_dim by the importer)
+enum class RopeScalingType : int32_t { None = 0, Linear = 1, Dynamic = 2, Llama3 = 3, Yarn = 4 };
+
+struct RopeScaling {
+    RopeScalingType type = RopeScalingType::None;
+    double factor = 1.0;
+    int32_t original_max_positions = 0;
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+    double beta_fast = 32.0;
+    double beta_slow = 1.0;
+    double attention_factor = 1.0;
+    bool truncate = true;
+};
+
+// "linear", "dynamic", "llama3", "yarn" (the names of the config and of transformers), "none".
+const char *rope_scaling_name(RopeScalingType type);
+
 struct ModelConfig {
     int32_t d_model = 0;
     int32_t n_heads = 0;
+    // Key/value heads (grouped-query attention): query head h reads K/V head h / (n_heads / kv_heads()). 0 means
+    // n_heads (one K/V head per query head, the version-1 layout).
+    int32_t n_kv_heads = 0;
     int32_t head_dim = 0;
     int32_t ffn = 0;
     int32_t vocab = 0;
@@ -30,8 +58,13 @@ struct ModelConfig {
     int32_t bits = 4;
     float rope_theta = 10000.0f;
     float norm_eps = 1e-5f;
+    RopeScaling rope_scaling;  // type None: plain RoPE
 
     int32_t attn_dim() const { return n_heads * head_dim; }
+    int32_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+    int32_t kv_dim() const { return kv_heads() * head_dim; }
+    // attn_qkv's N: the queries' attn_dim, then the keys' and the values' kv_dim each.
+    int32_t qkv_dim() const { return attn_dim() + 2 * kv_dim(); }
 };
 
 // Y[m, n] = sum_k X[m, k] * W[k, n]. Storage is out-major ("[N, K]", like a PyTorch Linear weight):
@@ -60,17 +93,22 @@ struct Linear {
     DType dense_dtype = DType::F32;
     const void *dense = nullptr;
 
+    // Optional [n], quantized or dense: Y[m, n] = sum_k X[m, k] * W[k, n] + bias[n] (Qwen2's q/k/v, Llama's
+    // attention_bias / mlp_bias). Small, so held as F32 of its own (a file's F16 / BF16 bias converted at load).
+    std::shared_ptr<const std::vector<float>> bias;
+
     // Keeps owned storage (or the mapped file) alive as long as this Linear is.
     std::shared_ptr<const void> keepalive;
 
     int32_t n_groups() const { return quantized ? k / group_size : 0; }
+    const float *bias_values() const { return bias ? bias->data() : nullptr; }
     size_t quant_bytes() const;  // codes + scales + zeros + optional channels
 };
 
 struct Block {
     std::vector<float> attn_norm;  // [d_model]
     std::vector<float> mlp_norm;   // [d_model]
-    Linear attn_qkv;  // K = d_model, N = 3 * n_heads * head_dim; output columns [q | k | v], head-major
+    Linear attn_qkv;  // K = d_model, N = qkv_dim(); output columns [q | k | v], head-major, k and v of kv_heads()
     Linear attn_out;  // K = n_heads * head_dim, N = d_model
     Linear mlp_gate;  // K = d_model, N = ffn
     Linear mlp_up;    // K = d_model, N = ffn

@@ -250,7 +250,9 @@ void quantize_model(Model &model, const QuantizeOptions &options, const std::vec
             m = quantize_minmax(w.data(), l.k, l.n, options.gptq.group_size, options.gptq.method);
         }
         if (options.frac4 || options.sign_bit) add_rounding_channels(w.data(), m, options.frac4, options.sign_bit);
+        const std::shared_ptr<const std::vector<float>> bias = l.bias;  // the bias stays as it is
         l = make_quantized_linear(l.name, std::move(m));
+        l.bias = bias;
         if (options.progress) options.progress("quantize", i + 1, targets.size());
     }
     if (model.head.quantized) model.head_kind = HeadKind::Quantized;

@@ -49,18 +49,19 @@ void check_rc(int rc, const std::string &what) {
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
 
-// `dequantized`: w's FP16 form from loop_fp16, or nullptr.
+// y = x W (+ bias) for m rows. `dequantized`: w's FP16 form from loop_fp16, or nullptr.
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
           const uint16_t *dequantized = nullptr) {
     if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
         quant_gemm(*w.quant, x, y, m, Dtype::F16, s.dispatch, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
                    dequantized);
-        return;
+    } else {
+        check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
+                 "FP16 GEMM (cuBLAS) of '" + w.name + "'");
+        ++s.dense_calls;
     }
-    check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
-             "FP16 GEMM (cuBLAS) of '" + w.name + "'");
-    ++s.dense_calls;
+    if (w.bias) check_rc(gpu::add_bias(y, w.bias.get<float>(), m, w.n, stream), "bias of '" + w.name + "'");
 }
 
 }  // namespace
@@ -69,7 +70,7 @@ namespace detail {
 
 void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
     const ModelConfig &c = s.config;
-    const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, hd = c.head_dim;
+    const int32_t T = shape.rows, D = c.d_model, F = c.ffn, H = c.n_heads, KV = c.kv_heads(), hd = c.head_dim;
     Activations &a = s.act;
     float *x = a.x.get<float>();
     uint16_t *xn = a.xn.get<uint16_t>(), *qkv = a.qkv.get<uint16_t>(), *att = a.att.get<uint16_t>();
@@ -83,11 +84,12 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.get<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + attn_norm");
         gemm(s, b.qkv, xn, qkv, T, stream, fp16[0]);
-        check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions()),
+        check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions(),
+                              KV),
                  "RoPE");
         const gpu::AttentionKernel attention =
             s.dispatch[DispatchSetting::Attention] == 1 ? gpu::AttentionKernel::Simt : gpu::AttentionKernel::Auto;
-        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, attention, segments), "attention");
+        check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, attention, segments, KV), "attention");
         gemm(s, b.out, att, proj, T, stream, fp16[1]);
         check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),
                  "residual + mlp_norm");

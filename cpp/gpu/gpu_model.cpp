@@ -11,6 +11,7 @@
 #include "gpu/device.hpp"
 #include "gpu/gemm_dispatch.hpp"
 #include "quant/quant.hpp"
+#include "score/rope.hpp"
 #include "util/error.hpp"
 #include "util/half.hpp"
 #include "util/log.hpp"
@@ -27,23 +28,6 @@
 #endif
 
 namespace tl {
-
-// ---- Host-side pieces (every build) -------------------------------------------------------------------------
-
-void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,
-                 std::vector<float> &sin_table) {
-    const int32_t half = head_dim / 2;
-    cos_table.resize(static_cast<size_t>(T) * half);
-    sin_table.resize(cos_table.size());
-    for (int32_t i = 0; i < half; ++i) {
-        const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        for (int32_t t = 0; t < T; ++t) {
-            const double angle = static_cast<double>(t) * inv_freq;
-            cos_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(angle));
-            sin_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
-        }
-    }
-}
 
 #if !defined(TL_WITH_CUDA)
 
@@ -134,6 +118,14 @@ void ensure_cublas(GpuModel::State &s) {
     if (st != CUBLAS_STATUS_SUCCESS) fail(TL_ERR_CUDA, "cublasCreate failed with status " + std::to_string(st));
 }
 
+// `bias` as an FP32 device array of n values, the ones past its end zero (padding rows); empty when there is none.
+DeviceBuffer upload_bias(int device, const std::vector<float> *bias, int32_t n) {
+    if (bias == nullptr) return DeviceBuffer{};
+    std::vector<float> padded(static_cast<size_t>(n), 0.0f);
+    std::copy(bias->begin(), bias->end(), padded.begin());
+    return upload_floats(device, padded);
+}
+
 // A linear on the device, its rows (N) padded with zero rows to a multiple of `n_multiple`. Runs on any thread (with
 // the model's device current): ensure_cublas has run before.
 DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_multiple = 1) {
@@ -141,6 +133,7 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
     d.name = w.name;
     d.k = w.k;
     d.n = round_up(w.n, n_multiple);
+    d.bias = upload_bias(s.device, w.bias.get(), d.n);
     if (w.quantized) {
         PackOutcome outcome;
         d.quant = pack_weight(d.n == w.n ? w : pad_linear_rows(w, n_multiple), s.device, s.own_stream,
@@ -154,6 +147,7 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
         d.dense_values = d.dense.get<uint16_t>();
         d.bytes = d.dense.bytes();
     }
+    d.bytes += d.bias.bytes();
     return d;
 }
 
@@ -176,7 +170,16 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
     const Linear &gate = b.mlp_gate, &up = b.mlp_up;
     if (gate.quantized && up.quantized && gate.group_size == up.group_size && same_k_perm(gate, up)) {
         const std::string name = gate.name.substr(0, gate.name.rfind('.') + 1) + "mlp_gate_up";
-        jobs.push_back([&s, &d, &gate, &up, name] { d.gate_up = make_linear(s, concat_linear_rows(gate, up, name)); });
+        jobs.push_back([&s, &d, &gate, &up, name] {
+            Linear gate_up = concat_linear_rows(gate, up, name);
+            if (gate.bias || up.bias) {  // [gate's | up's], zero for the one without
+                auto bias = std::make_shared<std::vector<float>>(static_cast<size_t>(gate.n + up.n), 0.0f);
+                if (gate.bias) std::copy(gate.bias->begin(), gate.bias->end(), bias->begin());
+                if (up.bias) std::copy(up.bias->begin(), up.bias->end(), bias->begin() + gate.n);
+                gate_up.bias = std::move(bias);
+            }
+            d.gate_up = make_linear(s, gate_up);
+        });
     } else {
         add_linear(jobs, s, d.gate_up, gate);
         add_linear(jobs, s, d.up, up);
@@ -237,7 +240,7 @@ ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
     z.up_offset = (R * F + 7) / 8 * 8;
     z.x = R * D * sizeof(float);
     z.xn = R * D * half;
-    z.qkv = R * 3 * A * half;
+    z.qkv = R * static_cast<size_t>(c.qkv_dim()) * half;
     z.att = R * A * half;
     z.proj = R * D * half;
     z.gu = (z.up_offset + R * F) * half;  // >= R * 2F: holds the fused layout too
@@ -345,7 +348,7 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         a.nll = DeviceBuffer(s.device, z.nll);
         a.greedy = DeviceBuffer(s.device, z.greedy);
         std::vector<float> cos_table, sin_table;
-        rope_tables(rows, c.head_dim, c.rope_theta, cos_table, sin_table);
+        rope_tables(c, rows, 0, cos_table, sin_table);  // the config's frequencies and scale, as the CPU's
         a.rope_cos = upload_floats(s.device, cos_table);
         a.rope_sin = upload_floats(s.device, sin_table);
         a.bytes = z.total();

@@ -22,6 +22,7 @@
 
 #include "format/model.hpp"
 #include "gpu/gemm_dispatch.hpp"
+#include "score/rope.hpp"  // rope_tables: the RoPE tables the device model uploads (the tests build them too)
 #include "score/score_plan.hpp"
 
 namespace tl {
@@ -69,12 +70,5 @@ private:
     friend ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOptions &, int32_t, void *,
                                         SequenceScore *, GpuScoreStats *);
 };
-
-// ---- Host-side pieces, exposed for the unit tests ----
-
-// cos and sin of position * theta^(-2i/head_dim), positions [0, T), i < head_dim/2, computed in double and rounded
-// to float (the CPU reference's table): [T][head_dim/2] each.
-void rope_tables(int32_t T, int32_t head_dim, float theta, std::vector<float> &cos_table,
-                 std::vector<float> &sin_table);
 
 }  // namespace tl

@@ -59,6 +59,7 @@ struct DeviceLinear {
     std::shared_ptr<DeviceWeight> quant;
     DeviceBuffer dense;                      // FP16 [n][k], unless the values are shared
     const uint16_t *dense_values = nullptr;  // dense, or the embedding table (tied F16 head)
+    DeviceBuffer bias;                       // FP32 [n] (zero in padding rows), added after the GEMM; empty: none
     uint64_t bytes = 0;
 };
 

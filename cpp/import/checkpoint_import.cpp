@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -43,7 +44,7 @@ constexpr double kDefaultRmsNormEps = 1e-6;
 constexpr int64_t kDefaultQuantGroupSize = 128;
 
 // What a linear of the checkpoint may be stored as: dense .weight, or GPTQ / AWQ .qweight/.qzeros/.scales/.g_idx.
-constexpr const char *kLinearSuffixes[] = {".weight", ".qweight", ".qzeros", ".scales", ".g_idx"};
+constexpr const char *kLinearSuffixes[] = {".weight", ".qweight", ".qzeros", ".scales", ".g_idx", ".bias"};
 constexpr const char *kLayerLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                          "mlp.down_proj"};
@@ -95,12 +96,19 @@ json read_json(const std::string &path) {
     return parse_json(text, JsonLimits{kMaxJsonBytes}, squote(path));
 }
 
+// A config field the importer may skip, and why (docs/import.md lists the same).
+struct IgnoredField {
+    const char *name;
+    const char *why;
+};
+
 // Typed reads of a JSON object's fields with messages naming the file and the field. A null counts as absent:
 // transformers writes "rope_scaling": null, "head_dim": null for fields that are not set.
 class Fields {
 public:
-    Fields(const json &object, std::string file, std::string prefix)
-        : object_(object), file_(std::move(file)), prefix_(std::move(prefix)) {}
+    // `where`: the file (or files) the object was read from, as messages name it ("'dir/config.json'").
+    Fields(const json &object, std::string where, std::string prefix)
+        : object_(object), where_(std::move(where)), prefix_(std::move(prefix)) {}
 
     const json *find(const char *name) const {
         const auto it = object_.find(name);
@@ -108,7 +116,7 @@ public:
     }
 
     [[noreturn]] void bad(tl_status code, const char *name, const std::string &problem) const {
-        fail(code, squote(file_) + ": field " + squote(prefix_ + name) + " " + problem);
+        fail(code, where_ + ": field " + squote(prefix_ + name) + " " + problem);
     }
 
     const json &require(const char *name, const std::string &hint) const {
@@ -127,9 +135,9 @@ public:
         return value->get<int64_t>();
     }
 
-    double number(const char *name, double fallback) const {
-        const json *value = find(name);
-        if (!value) return fallback;
+    double number(const char *name, std::optional<double> fallback) const {
+        const json *value = fallback ? find(name) : &require(name, "");
+        if (!value) return *fallback;
         if (!value->is_number()) {
             bad(TL_ERR_FORMAT, name, "must be a number, got " + describe_json(*value, JsonDetail::Scalars));
         }
@@ -154,11 +162,132 @@ public:
         return value->get<std::string>();
     }
 
+    // Every field set (not null) must be one this importer reads (`read`) or one `ignored` says why it may skip: a
+    // field it knows nothing of could change what the model computes, and importing as if it were absent would
+    // score another model. TL_ERR_UNSUPPORTED naming the first such field.
+    template <size_t R, size_t I>
+    void require_known(const char *const (&read)[R], const IgnoredField (&ignored)[I], const char *list) const {
+        for (const auto &kv : object_.items()) {
+            if (kv.value().is_null()) continue;
+            const std::string &name = kv.key();
+            auto is = [&](const char *known) { return name == known; };
+            if (std::any_of(std::begin(read), std::end(read), is)) continue;
+            const auto ignored_is = [&](const IgnoredField &f) { return is(f.name); };
+            if (std::any_of(std::begin(ignored), std::end(ignored), ignored_is)) continue;
+            bad(TL_ERR_UNSUPPORTED, name.c_str(),
+                "= " + describe_json(kv.value(), JsonDetail::Scalars) +
+                    " is not a field this importer reads or knows it may ignore; it may change what the model "
+                    "computes, so the checkpoint is refused rather than imported without it (docs/import.md lists " +
+                    list + ")");
+        }
+    }
+
 private:
     const json &object_;
-    std::string file_;
+    std::string where_;
     std::string prefix_;
 };
+
+// ---- The fields config.json and quantize_config.json may hold (docs/import.md lists the same) ----
+
+// config.json fields the importer reads: each one below either shapes the .tinyloop model or is checked to be a
+// value under which the TinyLoop block computes what transformers computes (else the checkpoint is refused).
+constexpr const char *kConfigFields[] = {
+    "hidden_size", "num_attention_heads", "head_dim", "num_key_value_heads", "intermediate_size", "vocab_size",
+    "num_hidden_layers", "num_pre_layers", "num_loops", "max_position_embeddings", "rope_theta", "rope_scaling",
+    "rms_norm_eps", "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias", "quantization_config",
+    "model_type", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "partial_rotary_factor", "pretraining_tp", "rope_parameters"};
+
+// config.json fields that do not change the scores, with the reason each may be ignored.
+constexpr const char kGenerationDefault[] = "a default of text generation (sampling, search, lengths), which scoring "
+                                            "does not do";
+constexpr const char kTokenId[] = "a special token's id, for tokenizers and generation; scoring takes the ids given";
+constexpr const char kPythonOutput[] = "what transformers' Python forward returns, not what it computes";
+constexpr IgnoredField kIgnoredConfigFields[] = {
+    {"architectures", "the Python class's name; the fields read and the tensors say what the model computes"},
+    {"_name_or_path", "where the checkpoint was loaded from"},
+    {"transformers_version", "the version of the library that wrote the file"},
+    {"torch_dtype", "the dtype the weights were saved in; each tensor's own dtype is read from its file"},
+    {"dtype", "transformers 5's name for torch_dtype"},
+    {"bos_token_id", kTokenId},
+    {"eos_token_id", kTokenId},
+    {"pad_token_id", kTokenId},
+    {"sep_token_id", kTokenId},
+    {"decoder_start_token_id", kTokenId},
+    {"use_cache", "the key/value cache of generation; scoring computes the same attention without it"},
+    {"initializer_range", "the initialization of training; the weights are given"},
+    {"attention_dropout", "dropout, which is off at inference"},
+    {"tokenizer_class", "the tokenizer's class, for tokenizing text into the ids that are scored"},
+    {"output_attentions", kPythonOutput},
+    {"output_hidden_states", kPythonOutput},
+    {"return_dict", kPythonOutput},
+    {"torchscript", "how transformers exports the Python module"},
+    {"id2label", "labels of a classification head, which a causal language model's scores do not use"},
+    {"label2id", "labels of a classification head, which a causal language model's scores do not use"},
+    {"max_length", kGenerationDefault},
+    {"min_length", kGenerationDefault},
+    {"do_sample", kGenerationDefault},
+    {"early_stopping", kGenerationDefault},
+    {"num_beams", kGenerationDefault},
+    {"num_beam_groups", kGenerationDefault},
+    {"diversity_penalty", kGenerationDefault},
+    {"temperature", kGenerationDefault},
+    {"top_k", kGenerationDefault},
+    {"top_p", kGenerationDefault},
+    {"typical_p", kGenerationDefault},
+    {"repetition_penalty", kGenerationDefault},
+    {"length_penalty", kGenerationDefault},
+    {"no_repeat_ngram_size", kGenerationDefault},
+    {"bad_words_ids", kGenerationDefault},
+    {"num_return_sequences", kGenerationDefault},
+    {"forced_bos_token_id", kGenerationDefault},
+    {"forced_eos_token_id", kGenerationDefault},
+};
+
+// quantization_config / quantize_config.json fields read by read_quantization.
+constexpr const char *kQuantFields[] = {"quant_method", "bits",    "group_size",       "desc_act",  "sym",
+                                        "checkpoint_format", "version", "zero_point", "is_marlin_format",
+                                        "pack_dtype"};
+
+// quantization_config / quantize_config.json fields that do not change how the tensors are read.
+constexpr const char kHowQuantized[] = "a setting of the quantizer that produced the weights; the stored codes, "
+                                       "scales and zeros are what they are";
+constexpr const char kWhichLinears[] = "which linears are INT4; each linear's tensors (.weight or .qweight) say so";
+constexpr const char kRuntime[] = "a setting of a GPU runtime (kernels, fusing) for running the checkpoint";
+constexpr IgnoredField kIgnoredQuantFields[] = {
+    {"damp_percent", kHowQuantized},
+    {"damp_auto_increment", kHowQuantized},
+    {"true_sequential", kHowQuantized},
+    {"static_groups", kHowQuantized},
+    {"mse", kHowQuantized},
+    {"dataset", kHowQuantized},
+    {"tokenizer", kHowQuantized},
+    {"batch_size", kHowQuantized},
+    {"model_seqlen", kHowQuantized},
+    {"max_input_length", kHowQuantized},
+    {"cache_block_outputs", kHowQuantized},
+    {"pad_token_id", kHowQuantized},
+    {"quantizer", kHowQuantized},
+    {"meta", kHowQuantized},
+    {"model_name_or_path", "where the quantizer read the model"},
+    {"model_file_base_name", "the file name AutoGPTQ saved the weights under"},
+    {"block_name_to_quantize", kWhichLinears},
+    {"module_name_preceding_first_block", kWhichLinears},
+    {"modules_in_block_to_quantize", kWhichLinears},
+    {"modules_to_not_convert", kWhichLinears},
+    {"lm_head", kWhichLinears},
+    {"use_exllama", kRuntime},
+    {"disable_exllama", kRuntime},
+    {"exllama_config", kRuntime},
+    {"use_cuda_fp16", kRuntime},
+    {"backend", kRuntime},
+    {"do_fuse", kRuntime},
+    {"fuse_max_seq_len", kRuntime},
+};
+
+// model_type values whose blocks are the Llama block (RMSNorm, rotate-half RoPE, SwiGLU, no norm offsets).
+constexpr const char *kLlamaFamily[] = {"llama", "mistral", "qwen2", "looped_llama"};
 
 struct Quantization {
     bool present = false;
@@ -171,31 +300,40 @@ struct HfConfig {
     std::string path;   // config.json, for messages
     ModelConfig model;  // the .tinyloop config (group_size set once the linears are read)
     int32_t kv_heads = 0;
+    int32_t layers = 0;     // model.layers.{0 .. layers - 1} in the checkpoint
+    bool looped = false;    // num_pre_layers and num_loops given; else a plain config (see read_config)
     bool tied = false;
+    // Which linears have a bias (transformers creates exactly these): q, k and v for attention_bias or Qwen2 (whose
+    // q_proj, k_proj and v_proj always have one), o_proj for attention_bias, gate, up and down for mlp_bias. Each
+    // says why, for messages ("" = no bias).
+    std::string qkv_bias, o_bias, mlp_bias;
     Quantization quant;
 };
 
 // validate_config names the .tinyloop fields; the user wrote config.json's.
-[[noreturn]] void fail_config_range(const Error &e, const std::string &path) {
+[[noreturn]] void fail_config_range(const Error &e, const std::string &path, bool looped) {
     struct Name {
         const char *ours, *theirs, *hint;
     };
-    static const Name kNames[] = {{"d_model", "hidden_size", ""},
-                                  {"n_heads", "num_attention_heads", ""},
-                                  {"head_dim", "head_dim", ""},
-                                  {"ffn", "intermediate_size", ""},
-                                  {"vocab", "vocab_size", ""},
-                                  {"pre", "num_pre_layers", ""},
-                                  {"loops", "num_loops", ""},
-                                  {"max_seq", "max_position_embeddings", " (the max_seq option overrides it)"},
-                                  {"rope_theta", "rope_theta", ""},
-                                  {"norm_eps", "rms_norm_eps", ""},
-                                  {"group_size", "quantization_config.group_size", ""}};
+    // A plain config has no num_pre_layers / num_loops: the pre blocks are its layers before the looped one.
+    const char *pre = looped ? "num_pre_layers" : "num_hidden_layers - (the layers found repeated at its end)";
+    const char *loops = looped ? "num_loops" : "the repeated layers at the end of num_hidden_layers";
+    const Name names[] = {{"d_model", "hidden_size", ""},
+                          {"n_heads", "num_attention_heads", ""},
+                          {"head_dim", "head_dim", ""},
+                          {"ffn", "intermediate_size", ""},
+                          {"vocab", "vocab_size", ""},
+                          {"pre", pre, ""},
+                          {"loops", loops, ""},
+                          {"max_seq", "max_position_embeddings", " (the max_seq option overrides it)"},
+                          {"rope_theta", "rope_theta", ""},
+                          {"norm_eps", "rms_norm_eps", ""},
+                          {"group_size", "quantization_config.group_size", ""}};
     std::string message = e.what();
     const std::string prefix = "config: ";
     if (starts_with(message, prefix)) {
         message.erase(0, prefix.size());
-        for (const Name &name : kNames) {
+        for (const Name &name : names) {
             if (starts_with(message, std::string(name.ours) + " ")) {
                 message = std::string(name.theirs) + " (the .tinyloop " + name.ours + ")" +
                           message.substr(std::strlen(name.ours)) + name.hint;
@@ -206,8 +344,10 @@ struct HfConfig {
     fail(e.code(), squote(path) + ": " + message);
 }
 
-Quantization read_quantization(const json &object, const std::string &path) {
-    const Fields f(object, path, "quantization_config.");
+// How the INT4 tensors are packed, from transformers' quantization_config or AutoGPTQ's quantize_config.json (or both,
+// merged by read_config); `f` names where the object came from.
+Quantization read_quantization(const Fields &f) {
+    f.require_known(kQuantFields, kIgnoredQuantFields, "the quantization fields read and those ignored");
     Quantization q;
     q.present = true;
     q.method = lower(f.text("quant_method", std::nullopt));
@@ -229,6 +369,14 @@ Quantization read_quantization(const json &object, const std::string &path) {
     }
     q.group_size = group == -1 ? 0 : static_cast<int32_t>(group);
     f.boolean("sym", true);  // type-checked only: both forms store their zero points, and import the same way
+    if (f.boolean("is_marlin_format", false)) {
+        f.bad(TL_ERR_UNSUPPORTED, "is_marlin_format",
+              "is true: the tensors are repacked for the Marlin kernel; only GPTQ's v1 packing is read");
+    }
+    const std::string pack = lower(f.text("pack_dtype", std::string("int32")));
+    if (pack != "int32" && pack != "torch.int32") {
+        f.bad(TL_ERR_UNSUPPORTED, "pack_dtype", "= " + squote(pack) + ": only codes packed 8 to an int32 are read");
+    }
     if (q.layout == Int4Layout::Gptq) {
         f.boolean("desc_act", false);  // type-checked only: each linear's g_idx says how its K is ordered
         const std::string format = lower(f.text("checkpoint_format", std::string("gptq")));
@@ -249,18 +397,210 @@ Quantization read_quantization(const json &object, const std::string &path) {
     return q;
 }
 
-HfConfig read_config(const std::string &path, const CheckpointImportOptions &options) {
+// The quantization settings: config.json's quantization_config, AutoGPTQ's quantize_config.json next to it, or both.
+// Both: every field the two set must agree (else TL_ERR_FORMAT naming it), and each adds what the other lacks.
+// quantize_config.json alone is AutoGPTQ's, whose older versions write no quant_method: 'gptq' then.
+std::optional<Quantization> read_quantization_files(const Fields &config, const std::string &config_path,
+                                                    const std::string &dir) {
+    const json *in_config = config.find("quantization_config");
+    if (in_config && !in_config->is_object()) {
+        config.bad(TL_ERR_FORMAT, "quantization_config",
+                   "must be an object, got " + describe_json(*in_config, JsonDetail::Scalars));
+    }
+    const std::string qc_path = join(dir, "quantize_config.json");
+    if (!regular_file_exists(qc_path)) {
+        if (!in_config) return std::nullopt;
+        return read_quantization(Fields(*in_config, squote(config_path), "quantization_config."));
+    }
+    json merged = read_json(qc_path);
+    if (!merged.is_object()) fail(TL_ERR_FORMAT, squote(qc_path) + ": not a JSON object");
+    if (!in_config) {
+        if (merged.find("quant_method") == merged.end() || merged["quant_method"].is_null()) {
+            merged["quant_method"] = "gptq";
+        }
+        return read_quantization(Fields(merged, squote(qc_path), ""));
+    }
+    for (const auto &kv : in_config->items()) {
+        if (kv.value().is_null()) continue;
+        const auto it = merged.find(kv.key());
+        if (it == merged.end() || it->is_null()) {
+            merged[kv.key()] = kv.value();
+        } else if (*it != kv.value()) {
+            fail(TL_ERR_FORMAT, squote(config_path) + " and " + squote(qc_path) + " disagree on " + squote(kv.key()) +
+                                    ": quantization_config." + kv.key() + " = " +
+                                    describe_json(kv.value(), JsonDetail::Scalars) + " but quantize_config.json has " +
+                                    describe_json(*it, JsonDetail::Scalars));
+        }
+    }
+    const std::string where = squote(config_path) + " (quantization_config, with " + squote(qc_path) + ")";
+    return read_quantization(Fields(merged, where, "quantization_config."));
+}
+
+// The fields of each rope_scaling type (transformers' required and optional keys), besides "type" / "rope_type"
+// (and rope_parameters' "rope_theta"): any other is refused.
+struct RopeType {
+    const char *name;
+    RopeScalingType type;
+    std::vector<const char *> fields;
+};
+const RopeType kRopeTypes[] = {
+    {"default", RopeScalingType::None, {}},
+    {"linear", RopeScalingType::Linear, {"factor"}},
+    {"dynamic", RopeScalingType::Dynamic, {"factor", "original_max_position_embeddings"}},
+    {"llama3", RopeScalingType::Llama3,
+     {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}},
+    {"yarn", RopeScalingType::Yarn,
+     {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+      "mscale_all_dim", "truncate"}},
+};
+
+// transformers' get_mscale: YaRN's attention factor for a scale, 0.1 m ln(scale) + 1 (1 for scale <= 1).
+double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+// rope_scaling (or rope_parameters) as the .tinyloop config's RopeScaling, every parameter resolved as transformers
+// resolves it (modeling_rope_utils.py), so that the file does not depend on max_position_embeddings, which the
+// max_seq option may override. `positions`: config.json's max_position_embeddings; `max_seq`: this import's.
+RopeScaling read_rope_scaling(const Fields &f, const json &object, int64_t positions, int32_t max_seq,
+                              bool max_seq_option) {
+    const char *const kTypeKeys[] = {"type", "rope_type", "rope_theta"};
+    const json *type_value = f.find("rope_type") ? f.find("rope_type") : f.find("type");
+    if (!type_value) f.require("rope_type", "(the scaling's type: linear, dynamic, llama3 or yarn)");
+    const std::string name = f.text(f.find("rope_type") ? "rope_type" : "type", std::nullopt);
+    const RopeType *type = nullptr;
+    for (const RopeType &t : kRopeTypes) {
+        if (name == t.name) type = &t;
+    }
+    if (!type) {
+        f.bad(TL_ERR_UNSUPPORTED, f.find("rope_type") ? "rope_type" : "type",
+              "= " + squote(name) + ": the RoPE scalings read are linear, dynamic, llama3 and yarn");
+    }
+    for (const auto &kv : object.items()) {
+        if (kv.value().is_null()) continue;
+        const std::string &key = kv.key();
+        auto is = [&](const char *k) { return key == k; };
+        if (std::any_of(std::begin(kTypeKeys), std::end(kTypeKeys), is) ||
+            std::any_of(type->fields.begin(), type->fields.end(), is)) {
+            continue;
+        }
+        f.bad(TL_ERR_UNSUPPORTED, key.c_str(),
+              "= " + describe_json(kv.value(), JsonDetail::Scalars) + " is not a field of " + squote(name) +
+                  " RoPE scaling this importer reads");
+    }
+    RopeScaling r;
+    r.type = type->type;
+    if (r.type == RopeScalingType::None) return r;
+    r.factor = f.number("factor", std::nullopt);
+    if (!std::isfinite(r.factor) || r.factor <= 0.0) {
+        f.bad(TL_ERR_FORMAT, "factor", "= " + describe_json(*f.find("factor")) + " must be positive");
+    }
+    const int64_t original = f.integer("original_max_position_embeddings", positions);
+    if (original < 1) f.bad(TL_ERR_FORMAT, "original_max_position_embeddings", "must be positive");
+    switch (r.type) {
+        case RopeScalingType::Dynamic: {
+            // Dynamic NTK is plain RoPE for sequences up to max_position_embeddings (transformers raises the base
+            // only past it); with original_max_position_embeddings too, the smaller bound is taken.
+            r.original_max_positions = static_cast<int32_t>(std::min(original, positions));
+            if (max_seq > r.original_max_positions) {
+                f.bad(TL_ERR_UNSUPPORTED, "rope_type",
+                      "= 'dynamic': dynamic NTK scaling changes the frequencies for windows longer than " +
+                          std::to_string(r.original_max_positions) + " tokens, and this import's max_seq is " +
+                          std::to_string(max_seq) +
+                          (max_seq_option ? " (the max_seq option)" : " (max_position_embeddings)") +
+                          "; import with a max_seq (tinyloop import --max-seq) of at most " +
+                          std::to_string(r.original_max_positions) + ", where it is plain RoPE");
+            }
+            break;
+        }
+        case RopeScalingType::Llama3:
+            f.require("original_max_position_embeddings", "(Llama 3's pre-scaling context length)");
+            r.original_max_positions = static_cast<int32_t>(original);
+            r.low_freq_factor = f.number("low_freq_factor", std::nullopt);
+            r.high_freq_factor = f.number("high_freq_factor", std::nullopt);
+            break;
+        case RopeScalingType::Yarn: {
+            r.original_max_positions = static_cast<int32_t>(original);
+            // transformers reads `beta_fast or 32`, `beta_slow or 1`: a 0 takes the default too.
+            const double fast = f.number("beta_fast", 32.0), slow = f.number("beta_slow", 1.0);
+            r.beta_fast = fast != 0.0 ? fast : 32.0;
+            r.beta_slow = slow != 0.0 ? slow : 1.0;
+            r.truncate = f.boolean("truncate", true);
+            const double mscale = f.number("mscale", 0.0), mscale_all_dim = f.number("mscale_all_dim", 0.0);
+            if (f.find("attention_factor")) {
+                r.attention_factor = f.number("attention_factor", std::nullopt);
+            } else if (mscale != 0.0 && mscale_all_dim != 0.0) {
+                r.attention_factor = yarn_mscale(r.factor, mscale) / yarn_mscale(r.factor, mscale_all_dim);
+            } else {
+                r.attention_factor = yarn_mscale(r.factor, 1.0);
+            }
+            break;
+        }
+        default: break;
+    }
+    return r;
+}
+
+HfConfig read_config(const std::string &dir, const CheckpointImportOptions &options) {
+    const std::string path = join(dir, "config.json");
     const json root = read_json(path);
     if (!root.is_object()) fail(TL_ERR_FORMAT, squote(path) + ": not a JSON object");
-    const Fields f(root, path, "");
+    const Fields f(root, squote(path), "");
     HfConfig c;
     c.path = path;
     ModelConfig &m = c.model;
-    const std::string looped =
+
+    // The family first: another family's fields would otherwise be reported as merely unknown.
+    const std::string model_type = f.text("model_type", std::string());
+    if (starts_with(lower(model_type), "gemma")) {
+        f.bad(TL_ERR_UNSUPPORTED, "model_type",
+              "= " + squote(model_type) +
+                  ": Gemma's blocks are not the Llama block this library computes (its RMSNorm scales by 1 + weight, "
+                  "its embedding is multiplied by sqrt(hidden_size), its MLP uses GELU)");
+    }
+    if (!model_type.empty() && std::none_of(std::begin(kLlamaFamily), std::end(kLlamaFamily),
+                                            [&](const char *t) { return model_type == t; })) {
+        f.bad(TL_ERR_UNSUPPORTED, "model_type",
+              "= " + squote(model_type) +
+                  ": only Llama-family checkpoints are imported (model_type 'llama', 'mistral', 'qwen2', or "
+                  "'looped_llama' for a looped model; docs/import.md)");
+    }
+    if (f.find("hidden_activation")) {
+        f.bad(TL_ERR_UNSUPPORTED, "hidden_activation",
+              "is set (" + describe_json(*f.find("hidden_activation"), JsonDetail::Scalars) +
+                  "): it is Gemma's MLP activation, and Gemma's blocks are not the Llama block this library "
+                  "computes ((1 + weight) RMSNorm, scaled embeddings, GELU)");
+    }
+    f.require_known(kConfigFields, kIgnoredConfigFields, "the config.json fields read and those ignored");
+
+    // A looped model's config names its pre blocks and loops, and stores each block once. A plain (Llama-style)
+    // config has num_hidden_layers alone: its layers before the last are pre blocks and the last is looped once,
+    // unless layers at its end are the same layer stored again (a looped model stored unrolled), which the importer
+    // finds and stores once (Importer::find_repeated_layers).
+    const std::string looped_hint =
         "(a looped model's config.json needs num_pre_layers, the unique blocks before the looped block, and "
-        "num_loops, how many times the looped block is applied; docs/format.md)";
-    m.pre = static_cast<int32_t>(f.integer("num_pre_layers", std::nullopt, looped));
-    m.loops = static_cast<int32_t>(f.integer("num_loops", std::nullopt, looped));
+        "num_loops, how many times the looped block is applied; docs/import.md)";
+    c.looped = f.find("num_pre_layers") || f.find("num_loops");
+    if (c.looped) {
+        m.pre = static_cast<int32_t>(f.integer("num_pre_layers", std::nullopt, looped_hint));
+        m.loops = static_cast<int32_t>(f.integer("num_loops", std::nullopt, looped_hint));
+        c.layers = m.pre + 1;
+        if (f.find("num_hidden_layers")) {
+            const int64_t layers = f.integer("num_hidden_layers", std::nullopt);
+            if (layers != int64_t{m.pre} + 1) {
+                f.bad(TL_ERR_FORMAT, "num_hidden_layers",
+                      "= " + std::to_string(layers) + ", but a looped checkpoint stores num_pre_layers + 1 = " +
+                          std::to_string(int64_t{m.pre} + 1) + " layers (the pre blocks, then the looped block)");
+            }
+        }
+    } else {
+        c.layers = static_cast<int32_t>(f.integer(
+            "num_hidden_layers", std::nullopt,
+            "(a Llama-style config.json gives its layer count; a looped model's gives num_pre_layers and num_loops)"));
+        if (c.layers < 1) {
+            f.bad(TL_ERR_FORMAT, "num_hidden_layers", "= " + std::to_string(c.layers) + " must be at least 1");
+        }
+        m.pre = 0;  // until the layers are read; checked again then
+        m.loops = 1;
+    }
     m.d_model = static_cast<int32_t>(f.integer("hidden_size", std::nullopt));
     m.n_heads = static_cast<int32_t>(f.integer("num_attention_heads", std::nullopt));
     m.ffn = static_cast<int32_t>(f.integer("intermediate_size", std::nullopt));
@@ -283,6 +623,7 @@ HfConfig read_config(const std::string &path, const CheckpointImportOptions &opt
               "= " + std::to_string(c.kv_heads) + " must be positive and divide num_attention_heads = " +
                   std::to_string(m.n_heads));
     }
+    m.n_kv_heads = c.kv_heads;
     const int64_t positions = f.integer("max_position_embeddings", kDefaultMaxPositions);
     m.max_seq = options.max_seq > 0 ? options.max_seq : static_cast<int32_t>(positions);
     m.rope_theta = static_cast<float>(f.number("rope_theta", kDefaultRopeTheta));
@@ -290,39 +631,82 @@ HfConfig read_config(const std::string &path, const CheckpointImportOptions &opt
     m.group_size = 0;
     m.bits = 4;
     c.tied = f.boolean("tie_word_embeddings", false);
-    if (f.find("num_hidden_layers")) {
-        const int64_t layers = f.integer("num_hidden_layers", std::nullopt);
-        if (layers != int64_t{m.pre} + 1) {
-            f.bad(TL_ERR_FORMAT, "num_hidden_layers",
-                  "= " + std::to_string(layers) + ", but a looped checkpoint stores num_pre_layers + 1 = " +
-                      std::to_string(int64_t{m.pre} + 1) + " layers (the pre blocks, then the looped block)");
-        }
-    }
 
     // Llama options that change what the model computes, which the TinyLoop block does not.
     const std::string act = f.text("hidden_act", std::string("silu"));
     if (act != "silu") {
         f.bad(TL_ERR_UNSUPPORTED, "hidden_act", "= " + squote(act) + ": only 'silu' (SwiGLU) is supported");
     }
-    if (f.find("rope_scaling")) {
-        f.bad(TL_ERR_UNSUPPORTED, "rope_scaling", "is set: only plain RoPE (rope_theta, rotate-half) is supported");
+    // RoPE scaling: rope_scaling, or transformers 5's rope_parameters (which holds rope_theta too).
+    const json *scaling = f.find("rope_scaling");
+    const json *parameters = f.find("rope_parameters");
+    if (scaling && parameters) {
+        f.bad(TL_ERR_FORMAT, "rope_parameters", "and 'rope_scaling' are both set: transformers reads one or the other");
     }
-    for (const char *bias : {"attention_bias", "mlp_bias"}) {
-        if (f.boolean(bias, false)) f.bad(TL_ERR_UNSUPPORTED, bias, "is true: linear biases are not supported");
+    if (const json *rope = scaling ? scaling : parameters) {
+        const char *field = scaling ? "rope_scaling" : "rope_parameters";
+        if (!rope->is_object()) {
+            f.bad(TL_ERR_FORMAT, field, "must be an object, got " + describe_json(*rope, JsonDetail::Scalars));
+        }
+        const Fields rf(*rope, squote(path), std::string(field) + ".");
+        if (parameters) {
+            const double theta = rf.number("rope_theta", static_cast<double>(m.rope_theta));
+            if (f.find("rope_theta") && static_cast<float>(theta) != m.rope_theta) {
+                rf.bad(TL_ERR_FORMAT, "rope_theta", "differs from config.json's rope_theta");
+            }
+            m.rope_theta = static_cast<float>(theta);
+        }
+        m.rope_scaling = read_rope_scaling(rf, *rope, positions, m.max_seq, options.max_seq > 0);
+    }
+    if (f.boolean("attention_bias", false)) c.qkv_bias = c.o_bias = "config.json's attention_bias is true";
+    if (model_type == "qwen2") c.qkv_bias = "Qwen2's q_proj, k_proj and v_proj have biases";
+    if (f.boolean("mlp_bias", false)) c.mlp_bias = "config.json's mlp_bias is true";
+    const double rotary = f.number("partial_rotary_factor", 1.0);
+    if (rotary != 1.0) {
+        f.bad(TL_ERR_UNSUPPORTED, "partial_rotary_factor",
+              "= " + describe_json(*f.find("partial_rotary_factor"), JsonDetail::Scalars) +
+                  ": RoPE rotates every dimension of a head here (partial_rotary_factor 1)");
+    }
+    // Slices each linear into pretraining_tp pieces and concatenates their products: the same product.
+    if (f.integer("pretraining_tp", 1) < 1) f.bad(TL_ERR_FORMAT, "pretraining_tp", "must be a positive integer");
+
+    // Sliding-window attention (Mistral, Qwen2): a query sees only the last sliding_window keys. That is full
+    // attention exactly when no window the model scores is longer than sliding_window, i.e. max_seq <= it.
+    const bool window_flag = f.boolean("use_sliding_window", true);  // Qwen2's switch; Mistral's window has none
+    f.integer("max_window_layers", 0);  // Qwen2: which layers use the window, when use_sliding_window is true
+    bool sliding_layers = true;         // transformers 4.5x's layer_types: which layers use the window
+    if (const json *types = f.find("layer_types")) {
+        if (!types->is_array()) f.bad(TL_ERR_FORMAT, "layer_types", "must be an array of strings");
+        sliding_layers = false;
+        for (const json &t : *types) {
+            const std::string type = t.is_string() ? t.get<std::string>() : describe_json(t, JsonDetail::Scalars);
+            if (type == "sliding_attention") {
+                sliding_layers = true;
+            } else if (type != "full_attention") {
+                f.bad(TL_ERR_UNSUPPORTED, "layer_types",
+                      "holds " + squote(type) + ": only 'full_attention' and 'sliding_attention' layers are known");
+            }
+        }
+    }
+    if (f.find("sliding_window")) {
+        const int64_t window = f.integer("sliding_window", std::nullopt);
+        if (window_flag && sliding_layers && window < m.max_seq) {
+            f.bad(TL_ERR_UNSUPPORTED, "sliding_window",
+                  "= " + std::to_string(window) +
+                      ": sliding-window attention is not supported, and it equals full attention only for windows "
+                      "of at most " + std::to_string(window) + " tokens, but this import's max_seq is " +
+                      std::to_string(m.max_seq) + (options.max_seq > 0 ? " (the max_seq option)" :
+                                                   " (max_position_embeddings)") +
+                      "; import with a max_seq (tinyloop import --max-seq) of at most " + std::to_string(window));
+        }
     }
 
     try {
         validate_config(m);
     } catch (const Error &e) {
-        fail_config_range(e, path);
+        fail_config_range(e, path, c.looped);
     }
-    if (const json *q = f.find("quantization_config")) {
-        if (!q->is_object()) {
-            f.bad(TL_ERR_FORMAT, "quantization_config",
-                  "must be an object, got " + describe_json(*q, JsonDetail::Scalars));
-        }
-        c.quant = read_quantization(*q, path);
-    }
+    if (std::optional<Quantization> q = read_quantization_files(f, path, dir)) c.quant = *q;
     return c;
 }
 
@@ -422,6 +806,7 @@ struct HfLinear {
     std::string name;  // e.g. "model.layers.0.self_attn.q_proj"
     const Entry *weight = nullptr;
     std::optional<QuantizedMatrix> int4;
+    std::shared_ptr<const std::vector<float>> bias;  // [N] as F32 (exact from F16 / BF16), or none
     bool quantized() const { return int4.has_value(); }
 };
 
@@ -441,6 +826,7 @@ public:
 
     std::unique_ptr<Model> build() {
         check_names();
+        if (!config_.looped) find_repeated_layers();
         auto model = std::make_unique<Model>();
         model->config = c_;
         model->keepalive = storage_;
@@ -451,8 +837,10 @@ public:
         model->embed = aligned_view(embed);
 
         model->pre.resize(static_cast<size_t>(c_.pre));
-        for (int32_t i = 0; i < c_.pre; ++i) read_block(i, &model->pre[static_cast<size_t>(i)]);
-        read_block(c_.pre, &model->loop);  // the looped block is the layer after the pre blocks
+        for (int32_t i = 0; i < c_.pre; ++i) {
+            read_block(i, "pre." + std::to_string(i) + ".", &model->pre[static_cast<size_t>(i)]);
+        }
+        read_block(c_.pre, "loop.", &model->loop);  // the looped block is the layer after the pre blocks
         model->final_norm = read_norm("model.norm.weight");
         read_head(embed, model.get());
 
@@ -462,7 +850,7 @@ public:
         try {
             validate_config(model->config);
         } catch (const Error &e) {
-            fail_config_range(e, config_.path);
+            fail_config_range(e, config_.path, config_.looped);
         }
         return model;
     }
@@ -519,7 +907,7 @@ private:
         auto add_linear = [&](const std::string &name) {
             for (const char *suffix : kLinearSuffixes) known.insert(name + suffix);
         };
-        for (int32_t i = 0; i <= c_.pre; ++i) {
+        for (int32_t i = 0; i < config_.layers; ++i) {
             const std::string layer = "model.layers." + std::to_string(i) + ".";
             known.insert(layer + "input_layernorm.weight");
             known.insert(layer + "post_attention_layernorm.weight");
@@ -532,18 +920,61 @@ private:
             // Older transformers versions saved RoPE's inverse frequencies; they follow from rope_theta and head_dim.
             if (starts_with(name, "model.") && ends_with(name, ".rotary_emb.inv_freq")) continue;
             const std::string file = squote(*kv.second.file) + ": ";
-            if (ends_with(name, ".bias")) {
-                fail(TL_ERR_UNSUPPORTED, file + "tensor " + squote(name) + ": linear biases are not supported");
-            }
             std::string hint;
             const std::string layers = "model.layers.";
             if (starts_with(name, layers)) {
-                hint = " (config.json's num_pre_layers = " + std::to_string(c_.pre) +
-                       ": the checkpoint's layers are model.layers.0 .. " + std::to_string(c_.pre) +
-                       ", the pre blocks and then the looped block)";
+                const std::string last = std::to_string(config_.layers - 1);
+                hint = config_.looped ? " (config.json's num_pre_layers = " + std::to_string(c_.pre) +
+                                            ": the checkpoint's layers are model.layers.0 .. " + last +
+                                            ", the pre blocks and then the looped block)"
+                                      : " (config.json's num_hidden_layers = " + std::to_string(config_.layers) +
+                                            ": the checkpoint's layers are model.layers.0 .. " + last + ")";
             }
             fail(TL_ERR_FORMAT, file + "unexpected tensor " + squote(name) + hint);
         }
+    }
+
+    // A plain config's layers: those before the last are pre blocks, and the last is looped once, unless the layers
+    // at the end are one layer stored again and again (a looped model stored unrolled, as a Llama checkpoint stores
+    // every layer): then the first of them is the looped block, applied as many times as it is stored. Layers are the
+    // same when their tensors are: the same names, dtypes, shapes and bytes.
+    void find_repeated_layers() {
+        const int32_t last = config_.layers - 1;
+        int32_t first = last;
+        while (first > 0 && same_layer(first - 1, last)) --first;
+        config_.model.pre = first;
+        config_.model.loops = config_.layers - first;
+        try {
+            validate_config(config_.model);
+        } catch (const Error &e) {
+            fail_config_range(e, config_.path, config_.looped);
+        }
+    }
+
+    // Layer i's tensors by their name after "model.layers.{i}.".
+    std::map<std::string, const SafetensorsTensor *> layer_tensors(int32_t i) const {
+        const std::string prefix = "model.layers." + std::to_string(i) + ".";
+        std::map<std::string, const SafetensorsTensor *> out;
+        const auto &all = checkpoint_.tensors();
+        for (auto it = all.lower_bound(prefix); it != all.end() && starts_with(it->first, prefix); ++it) {
+            out.emplace(it->first.substr(prefix.size()), it->second.tensor);
+        }
+        return out;
+    }
+
+    bool same_layer(int32_t a, int32_t b) const {
+        const auto ta = layer_tensors(a), tb = layer_tensors(b);
+        if (ta.size() != tb.size() || ta.empty()) return false;
+        for (const auto &kv : ta) {
+            const auto it = tb.find(kv.first);
+            if (it == tb.end()) return false;
+            const SafetensorsTensor &x = *kv.second, &y = *it->second;
+            if (x.dtype != y.dtype || x.shape != y.shape || x.bytes != y.bytes ||
+                std::memcmp(x.data, y.data, x.bytes) != 0) {
+                return false;
+            }
+        }
+        return true;
     }
 
     std::vector<float> read_norm(const std::string &name) const {
@@ -554,12 +985,14 @@ private:
         return gain;
     }
 
-    HfLinear read_linear(const std::string &name, int32_t k, int32_t n) {
+    // `bias_why`: why the linear has a bias ("" when it has none): its .bias must then be there, and otherwise not.
+    HfLinear read_linear(const std::string &name, int32_t k, int32_t n, const std::string &bias_why) {
         HfLinear lin;
         lin.name = name;
         const Entry *weight = find(name + ".weight");
         const Entry *qweight = find(name + ".qweight");
         const std::string kn = "(K = " + std::to_string(k) + ", N = " + std::to_string(n) + ")";
+        lin.bias = read_bias(name, n, bias_why);
         if (weight && qweight) {
             fail(TL_ERR_FORMAT, squote(checkpoint_.source()) + ": linear " + squote(name) + " has both " +
                                     squote(name + ".weight") + " and " + squote(name + ".qweight"));
@@ -586,6 +1019,26 @@ private:
         lin.int4 = read_int4(name, k, n, *qweight);
         any_int4_ = true;
         return lin;
+    }
+
+    // A linear's bias: transformers gives a linear one exactly when the config says so (and then loads it; without
+    // the config's word it would leave a stored .bias unused), so the tensor must be there exactly then.
+    std::shared_ptr<const std::vector<float>> read_bias(const std::string &name, int32_t n,
+                                                        const std::string &why) const {
+        const Entry *bias = find(name + ".bias");
+        if (why.empty()) {
+            if (bias) {
+                fail(TL_ERR_FORMAT, where(*bias) + "a bias, but config.json gives " + squote(name) +
+                                        " none (transformers would not use it: attention_bias, mlp_bias and "
+                                        "model_type say which linears have biases)");
+            }
+            return nullptr;
+        }
+        if (!bias) require(name + ".bias", " (" + why + ")");
+        check_float(*bias, {n}, "[out]");
+        auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+        for (size_t i = 0; i < values->size(); ++i) (*values)[i] = value_at(bias->tensor->dtype, bias->tensor->data, i);
+        return values;
     }
 
     QuantizedMatrix read_int4(const std::string &name, int32_t k, int32_t n, const Entry &qweight) const {
@@ -650,8 +1103,13 @@ private:
 
     // A linear other than q|k|v: the dense weight in place, or the converted INT4 one.
     Linear make_linear(const std::string &name, HfLinear &&src, int32_t k, int32_t n) {
-        if (src.quantized()) return make_quantized_linear(name, std::move(*src.int4));
+        if (src.quantized()) {
+            Linear lin = make_quantized_linear(name, std::move(*src.int4));
+            lin.bias = std::move(src.bias);
+            return lin;
+        }
         Linear lin;
+        lin.bias = std::move(src.bias);
         lin.name = name;
         lin.k = k;
         lin.n = n;
@@ -662,20 +1120,17 @@ private:
         return lin;
     }
 
-    // attn_qkv's 3A rows ([N][K], out-major) in the .tinyloop order [q | k | v], each head-major: all of q_proj's
-    // rows, then for each query head h the hd rows of K head h / (H / KV), then the same for V. With KV = H these
-    // are k_proj and v_proj as they are; with fewer K/V heads (grouped-query attention) each is repeated, as
-    // transformers' repeat_kv does at run time, because this library's attention has one K/V head per query head.
+    // attn_qkv's (H + 2 KV) hd rows ([N][K], out-major) in the .tinyloop order [q | k | v], each head-major as the
+    // projections' rows are: q_proj's, k_proj's and v_proj's rows as they are. Grouped-query attention stays grouped:
+    // the K/V heads are stored once each (n_kv_heads), and the attention reads head h / (H / KV) for query head h, as
+    // transformers' repeat_kv does.
     struct RowRange {
         int source;  // 0 q, 1 k, 2 v
         int64_t first, count;
     };
     std::vector<RowRange> qkv_rows() const {
-        const int64_t h = c_.n_heads, hd = c_.head_dim, group = h / config_.kv_heads;
-        std::vector<RowRange> rows = {{0, 0, h * hd}};
-        for (int source = 1; source <= 2; ++source)
-            for (int64_t head = 0; head < h; ++head) rows.push_back({source, head / group * hd, hd});
-        return rows;
+        const int64_t q = c_.attn_dim(), kv = c_.kv_dim();
+        return {{0, 0, q}, {1, 0, kv}, {2, 0, kv}};
     }
 
     Linear make_qkv(const std::string &name, HfLinear q, HfLinear k, HfLinear v) {
@@ -688,7 +1143,17 @@ private:
                                              ": q, k and v become one linear (attn_qkv), stored one way");
             }
         }
-        const int64_t kk = c_.d_model, n = 3 * int64_t{c_.attn_dim()};
+        const int64_t kk = c_.d_model, n = c_.qkv_dim();
+        // The bias rows follow the weight rows (q, k and v have one each or none: read_bias).
+        std::shared_ptr<const std::vector<float>> bias;
+        if (q.bias) {
+            auto rows = std::make_shared<std::vector<float>>();
+            for (const RowRange &r : qkv_rows()) {
+                const std::vector<float> &b = *src[r.source]->bias;
+                rows->insert(rows->end(), b.begin() + r.first, b.begin() + r.first + r.count);
+            }
+            bias = std::move(rows);
+        }
         if (q.quantized()) {
             // Codes [N][K/2] and scales/zeros [N][G] are row-major in N, so concatenating along N appends rows.
             // q, k and v share K = hidden_size and the checkpoint's group size, hence G.
@@ -718,7 +1183,9 @@ private:
                 out.scales.insert(out.scales.end(), m.scales.begin() + first * groups, m.scales.begin() + end * groups);
                 out.zeros.insert(out.zeros.end(), m.zeros.begin() + first * groups, m.zeros.begin() + end * groups);
             }
-            return make_quantized_linear(name, std::move(out));
+            Linear lin = make_quantized_linear(name, std::move(out));
+            lin.bias = std::move(bias);
+            return lin;
         }
         // Dense: the rows' bytes as they are when q, k and v share a dtype; else all three widened to F32 (exact).
         DType dtype = q.weight->tensor->dtype;
@@ -749,25 +1216,27 @@ private:
         lin.dense_dtype = dtype;
         lin.dense = out.data();
         lin.keepalive = storage_;
+        lin.bias = std::move(bias);
         return lin;
     }
 
-    void read_block(int32_t layer_index, Block *block) {
+    void read_block(int32_t layer_index, const std::string &prefix, Block *block) {
         const std::string layer = "model.layers." + std::to_string(layer_index) + ".";
-        const std::string prefix = layer_index < c_.pre ? "pre." + std::to_string(layer_index) + "." : "loop.";
         const int32_t d = c_.d_model, a = c_.attn_dim(), kv = config_.kv_heads * c_.head_dim, f = c_.ffn;
         block->attn_norm = read_norm(layer + "input_layernorm.weight");
         block->mlp_norm = read_norm(layer + "post_attention_layernorm.weight");
         // One statement each (not function arguments, whose order is unspecified): the first bad tensor in the
         // layout's order is the one reported.
-        HfLinear q = read_linear(layer + "self_attn.q_proj", d, a);
-        HfLinear k = read_linear(layer + "self_attn.k_proj", d, kv);
-        HfLinear v = read_linear(layer + "self_attn.v_proj", d, kv);
+        const std::string &qkv_bias = config_.qkv_bias, &o_bias = config_.o_bias, &mlp_bias = config_.mlp_bias;
+        HfLinear q = read_linear(layer + "self_attn.q_proj", d, a, qkv_bias);
+        HfLinear k = read_linear(layer + "self_attn.k_proj", d, kv, qkv_bias);
+        HfLinear v = read_linear(layer + "self_attn.v_proj", d, kv, qkv_bias);
         block->attn_qkv = make_qkv(prefix + "attn_qkv", std::move(q), std::move(k), std::move(v));
-        block->attn_out = make_linear(prefix + "attn_out", read_linear(layer + "self_attn.o_proj", a, d), a, d);
-        block->mlp_gate = make_linear(prefix + "mlp_gate", read_linear(layer + "mlp.gate_proj", d, f), d, f);
-        block->mlp_up = make_linear(prefix + "mlp_up", read_linear(layer + "mlp.up_proj", d, f), d, f);
-        block->mlp_down = make_linear(prefix + "mlp_down", read_linear(layer + "mlp.down_proj", f, d), f, d);
+        block->attn_out =
+            make_linear(prefix + "attn_out", read_linear(layer + "self_attn.o_proj", a, d, o_bias), a, d);
+        block->mlp_gate = make_linear(prefix + "mlp_gate", read_linear(layer + "mlp.gate_proj", d, f, mlp_bias), d, f);
+        block->mlp_up = make_linear(prefix + "mlp_up", read_linear(layer + "mlp.up_proj", d, f, mlp_bias), d, f);
+        block->mlp_down = make_linear(prefix + "mlp_down", read_linear(layer + "mlp.down_proj", f, d, mlp_bias), f, d);
     }
 
     void read_head(const Entry &embed, Model *model) {
@@ -778,10 +1247,11 @@ private:
                 require("lm_head.weight", " (tie_word_embeddings is false; set it to true if the head is the "
                                           "embedding)");
             }
-            model->head = make_linear("head", read_linear("lm_head", d, v), d, v);
+            model->head = make_linear("head", read_linear("lm_head", d, v, ""), d, v);
             model->head_kind = model->head.quantized ? HeadKind::Quantized : HeadKind::Dense;
             return;
         }
+        read_bias("lm_head", v, "");  // refused if there: the tied head is the embedding, with no bias
         for (const char *suffix : {".qweight", ".qzeros", ".scales", ".g_idx"}) {
             if (const Entry *q = find(std::string("lm_head") + suffix)) {
                 fail(TL_ERR_FORMAT, where(*q) + "tie_word_embeddings is true, so the head is the embedding, but the "
@@ -830,7 +1300,7 @@ std::unique_ptr<Model> import_checkpoint(const std::string &dir, const Checkpoin
         fail(TL_ERR_IO, squote(dir) + " is not a folder (a checkpoint is a folder with config.json and "
                                       "model.safetensors or model.safetensors.index.json)");
     }
-    HfConfig config = read_config(join(dir, "config.json"), options);
+    HfConfig config = read_config(dir, options);
     auto storage = std::make_shared<Storage>();
     const Checkpoint checkpoint(dir, options.use_mmap, storage.get());
     std::unique_ptr<Model> model = Importer(std::move(config), checkpoint, storage, options).build();

@@ -1,6 +1,7 @@
-// Conversion of a Hugging Face-style checkpoint folder of a looped model into a .tinyloop model: config.json (Llama
-// field names plus num_pre_layers / num_loops) and model.safetensors or a sharded model.safetensors.index.json, with
-// dense linears or GPTQ v1 / AWQ GEMM INT4 ones (docs/format.md, "Importing Hugging Face-style checkpoints").
+// Conversion of a Hugging Face-style checkpoint folder into a .tinyloop model: config.json (a Llama, Mistral or Qwen2
+// config, or a looped model's with num_pre_layers / num_loops), optionally AutoGPTQ's quantize_config.json, and
+// model.safetensors or a sharded model.safetensors.index.json, with dense linears or GPTQ v1 / AWQ GEMM INT4 ones
+// (docs/import.md).
 #pragma once
 
 #include <cstdint>
@@ -19,13 +20,17 @@ struct CheckpointImportOptions {
 
 // Reads the checkpoint in `dir` into a Model. The embedding and the dense linears other than q|k|v are views into
 // the mapped files (kept alive by the model's keepalive, copied only when a file leaves a tensor misaligned), so a
-// multi-GB checkpoint is read once, when the model is written. q|k|v become one attn_qkv (rows concatenated, K/V
-// heads repeated for grouped-query attention); quantized linears go through import_int4. Throws tl::Error:
+// multi-GB checkpoint is read once, when the model is written. q|k|v become one attn_qkv (rows concatenated; K/V heads
+// stored once each, n_kv_heads, for grouped-query attention); quantized linears go through import_int4. Throws
+// tl::Error:
 //   TL_ERR_IO           a file cannot be opened or read (no model.safetensors, a missing shard, ...);
 //   TL_ERR_FORMAT       a missing or mistyped config field or tensor, a wrong shape or dtype, an unexpected tensor,
 //                       a non-finite value, a tied head that differs from the embedding;
-//   TL_ERR_UNSUPPORTED  a well-formed checkpoint this library cannot represent (bits != 4, act-order, rope_scaling,
-//                       biases, an activation other than SiLU, another quantization method or packing).
+//   TL_ERR_UNSUPPORTED  a well-formed checkpoint this library cannot represent (bits != 4, rope_scaling, biases,
+//                       an activation other than SiLU, another family (Gemma, ...), sliding-window attention narrower
+//                       than max_seq, a config field it does not know, another quantization method or packing).
+// A plain config (no num_pre_layers / num_loops) has its last layer looped once, or its repeated last layers stored
+// once as the looped block.
 // Messages name the file and the config field or tensor.
 std::unique_ptr<Model> import_checkpoint(const std::string &dir, const CheckpointImportOptions &options);
 

@@ -43,6 +43,7 @@ private:
 };
 
 constexpr double kGainNoise = 0.05;  // norm gains are 1 + N(0, kGainNoise)
+constexpr double kBiasStd = 0.1;     // biases are N(0, kBiasStd)
 
 std::vector<float> normal_values(Rng &rng, size_t count, double stddev, double mean = 0.0) {
     std::vector<float> v(count);
@@ -55,17 +56,23 @@ std::vector<float> normal_values(Rng &rng, size_t count, double stddev, double m
 Linear random_linear(Rng &rng, const std::string &name, int32_t k, int32_t n, const ModelConfig &config,
                      const SyntheticOptions &options, bool quantized) {
     const std::vector<float> w = normal_values(rng, static_cast<size_t>(k) * n, 1.0 / std::sqrt(k));
-    if (!quantized) return make_dense_linear(name, w.data(), k, n);
-    QuantizedMatrix m = quantize_minmax(w.data(), k, n, config.group_size, options.method);
-    if (options.frac4 || options.sign_bit) add_rounding_channels(w.data(), m, options.frac4, options.sign_bit);
-    return make_quantized_linear(name, std::move(m));
+    Linear lin;
+    if (!quantized) {
+        lin = make_dense_linear(name, w.data(), k, n);
+    } else {
+        QuantizedMatrix m = quantize_minmax(w.data(), k, n, config.group_size, options.method);
+        if (options.frac4 || options.sign_bit) add_rounding_channels(w.data(), m, options.frac4, options.sign_bit);
+        lin = make_quantized_linear(name, std::move(m));
+    }
+    if (options.biases) lin.bias = std::make_shared<const std::vector<float>>(normal_values(rng, n, kBiasStd));
+    return lin;
 }
 
 Block random_block(Rng &rng, const std::string &prefix, const ModelConfig &c, const SyntheticOptions &options) {
     Block b;
     b.attn_norm = normal_values(rng, c.d_model, kGainNoise, 1.0);
     b.mlp_norm = normal_values(rng, c.d_model, kGainNoise, 1.0);
-    const int32_t shapes[5][2] = {{c.d_model, 3 * c.attn_dim()}, {c.attn_dim(), c.d_model},  // [K, N]
+    const int32_t shapes[5][2] = {{c.d_model, c.qkv_dim()}, {c.attn_dim(), c.d_model},  // [K, N]
                                   {c.d_model, c.ffn},           {c.d_model, c.ffn},
                                   {c.ffn, c.d_model}};
     for (int i = 0; i < 5; ++i) {
@@ -88,7 +95,6 @@ std::unique_ptr<Model> make_synthetic_model(const ModelConfig &config, const Syn
     Rng rng(options.seed);
     auto model = std::make_unique<Model>();
     model->config = config;
-    model->format_version = kFormatVersion;
 
     const size_t embed_count = static_cast<size_t>(config.vocab) * config.d_model;
     auto embed = std::make_shared<std::vector<uint16_t>>(embed_count);
@@ -118,6 +124,7 @@ std::unique_ptr<Model> make_synthetic_model(const ModelConfig &config, const Syn
         model->head.keepalive = embed;
     }
     model->keepalive = std::move(embed);
+    model->format_version = required_format_version(*model);
     return model;
 }
 

@@ -16,6 +16,7 @@ struct SyntheticOptions {
     bool quantize_head = false;  // false: head tied to the embedding
     bool frac4 = false;
     bool sign_bit = false;
+    bool biases = false;  // every block linear (and a separate head) gets a bias, drawn after its weight
 };
 
 // Weights are drawn from a fixed PRNG (same seed, same bytes on every machine), scaled like a trained

@@ -18,6 +18,10 @@ void check_model(const Model &model, void (*check_storage)(const Linear &w, cons
         fail(TL_ERR_INVALID_ARGUMENT, "model: n_heads = " + std::to_string(c.n_heads) + ", head_dim = " +
                                           std::to_string(c.head_dim) + " (need both > 0, head_dim even)");
     }
+    if (c.n_kv_heads < 0 || c.n_heads % c.kv_heads() != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: n_kv_heads = " + std::to_string(c.n_kv_heads) +
+                                          " does not divide n_heads = " + std::to_string(c.n_heads));
+    }
     check_model_shapes(model, check_storage);
 }
 
@@ -34,13 +38,17 @@ void check_model_shapes(const Model &model, void (*check_storage)(const Linear &
                                               std::to_string(w.n) + "], expected [K=" + std::to_string(k) +
                                               ", N=" + std::to_string(n) + "]");
         }
+        if (w.bias && w.bias->size() != static_cast<size_t>(n)) {
+            fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has a bias of " + std::to_string(w.bias->size()) +
+                                              " values, expected N = " + std::to_string(n));
+        }
         check_storage(w, name);
     };
     auto check_block = [&](const Block &b, const std::string &prefix) {
         if (b.attn_norm.size() != static_cast<size_t>(D) || b.mlp_norm.size() != static_cast<size_t>(D)) {
             fail(TL_ERR_INVALID_ARGUMENT, "model: " + prefix + " norm gains are not [d_model]");
         }
-        check_linear(b.attn_qkv, prefix + ".attn_qkv", D, 3 * A);
+        check_linear(b.attn_qkv, prefix + ".attn_qkv", D, c.qkv_dim());
         check_linear(b.attn_out, prefix + ".attn_out", A, D);
         check_linear(b.mlp_gate, prefix + ".mlp_gate", D, F);
         check_linear(b.mlp_up, prefix + ".mlp_up", D, F);
@@ -49,6 +57,9 @@ void check_model_shapes(const Model &model, void (*check_storage)(const Linear &
     for (size_t i = 0; i < model.pre.size(); ++i) check_block(model.pre[i], "pre." + std::to_string(i));
     check_block(model.loop, "loop");
     check_linear(model.head, "head", D, c.vocab);
+    if (model.head_kind == HeadKind::Tied && model.head.bias) {
+        fail(TL_ERR_INVALID_ARGUMENT, "model: a head tied to the embedding has no bias of its own");
+    }
 }
 
 ScorePlan plan_score(const ModelConfig &c, const int32_t *tokens, size_t n_tokens, int32_t window) {

@@ -9,8 +9,9 @@
 //  - the running max m, the per-lane partial sum l and the output accumulators are rescaled by exp2(m_old - m_new);
 //  - P x V: each lane owns head_dim/32 output dimensions (pairs 2p, 2p + 1 for p = lane + 32i) of all 8 queries and
 //    walks the tile's 32 keys, reading the probabilities from shared memory (broadcast) and one V pair per key.
-// Memory per block is O(tile), never O(T^2). This is the fallback: head_dim 64 and 128 go to the tensor-core kernel
-// of attention_mma.cu (see causal_attention at the end).
+// Memory per block is O(tile), never O(T^2). Grouped-query attention: the block of query head h stages the K/V head
+// h / group in place (qkv rows are [q heads | k heads | v heads]); nothing is repeated in memory. This is the
+// fallback: head_dim 64 and 128 go to the tensor-core kernel of attention_mma.cu (see causal_attention at the end).
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -56,8 +57,8 @@ size_t smem_bytes(int head_dim) {
 // Block z works on sequence z of seg_offsets (as attention_mma_kernel), or on all t_count rows when it is nullptr.
 template <int PAIRS>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, __half *out, int t_count,
-                                                             const int32_t *seg_offsets, int n_heads, int head_dim,
-                                                             float q_scale) {
+                                                             const int32_t *seg_offsets, int n_heads, int n_kv_heads,
+                                                             int head_dim, float q_scale) {
     extern __shared__ float4 smem[];
     const int d4 = padded_dim(head_dim), ldkv = kv_row(head_dim);
     // Every region's size is a multiple of 16 bytes, so each starts 16-byte aligned.
@@ -69,15 +70,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueryTile;  // the longest (latest) query tiles start first
-    const size_t attn_dim = static_cast<size_t>(n_heads) * head_dim, row_stride = 3 * attn_dim;
+    const size_t attn_dim = static_cast<size_t>(n_heads) * head_dim;
+    const size_t kv_dim = static_cast<size_t>(n_kv_heads) * head_dim;
+    const size_t row_stride = attn_dim + 2 * kv_dim;
+    const int kv_head = head / (n_heads / n_kv_heads);  // the K/V head this query head reads
     const forward::SegmentRows rows = forward::segment_rows(seg_offsets, t_count);
     t_count = rows.count;
     qkv += rows.first * row_stride;
     out += rows.first * attn_dim;
     if (q0 >= t_count) return;  // the whole block: before any barrier
     const __half *q_base = qkv + static_cast<size_t>(head) * head_dim;
-    const __half *k_base = q_base + attn_dim;
-    const __half *v_base = k_base + attn_dim;
+    const __half *k_base = qkv + attn_dim + static_cast<size_t>(kv_head) * head_dim;
+    const __half *v_base = k_base + kv_dim;
 
     for (int i = threadIdx.x; i < kQueryTile * d4; i += kThreads) {
         const int r = i / d4, d = i - r * d4, t = q0 + r;
@@ -198,8 +202,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __half *qkv, 
 }
 
 template <int PAIRS>
-int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim, Segments segments,
-           cudaStream_t stream) {
+int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads, int head_dim,
+           Segments segments, cudaStream_t stream) {
     const size_t smem = smem_bytes(head_dim);
     // Above the 48 KB default (head_dim > ~170) the block must opt in to more dynamic shared memory.
     if (smem > 48 * 1024) {
@@ -211,7 +215,8 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int hea
     const float q_scale = kLog2e / sqrtf(static_cast<float>(head_dim));
     attention_kernel<PAIRS><<<grid, kThreads, smem, stream>>>(reinterpret_cast<const __half *>(qkv),
                                                                reinterpret_cast<__half *>(out), t_count,
-                                                               segments.offsets, n_heads, head_dim, q_scale);
+                                                               segments.offsets, n_heads, n_kv_heads, head_dim,
+                                                               q_scale);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }
@@ -220,12 +225,14 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int hea
 
 // attention_mma.cu
 bool attention_tensor_core_supported(const uint16_t *qkv, const uint16_t *out, int head_dim);
-int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                                 Segments segments, cudaStream_t stream);
+int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads,
+                                 int head_dim, Segments segments, cudaStream_t stream);
 
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                     cudaStream_t stream, AttentionKernel kernel, Segments segments) {
-    if (qkv == nullptr || out == nullptr || t_count < 1 || n_heads < 1 || head_dim < 2 || head_dim % 2 != 0) {
+                     cudaStream_t stream, AttentionKernel kernel, Segments segments, int n_kv_heads) {
+    if (n_kv_heads == 0) n_kv_heads = n_heads;
+    if (qkv == nullptr || out == nullptr || t_count < 1 || n_heads < 1 || head_dim < 2 || head_dim % 2 != 0 ||
+        n_kv_heads < 1 || n_heads % n_kv_heads != 0) {
         return kRcBadArgument;
     }
     if (segments.offsets == nullptr) {
@@ -241,14 +248,14 @@ int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_head
     }
     if (kernel == AttentionKernel::TensorCore ||
         (kernel == AttentionKernel::Auto && attention_tensor_core_supported(qkv, out, head_dim))) {
-        const int rc = causal_attention_tensor_core(qkv, out, t_count, n_heads, head_dim, segments, stream);
+        const int rc = causal_attention_tensor_core(qkv, out, t_count, n_heads, n_kv_heads, head_dim, segments, stream);
         // Auto falls back where the device cannot give the kernel its shared memory (none of the GPUs we build for).
         if (rc != kRcUnsupported || kernel == AttentionKernel::TensorCore) return rc;
     }
     if (kernel != AttentionKernel::Simt && kernel != AttentionKernel::Auto) return kRcBadArgument;
-    if (head_dim <= 64) return launch<1>(qkv, out, t_count, n_heads, head_dim, segments, stream);
-    if (head_dim <= 128) return launch<2>(qkv, out, t_count, n_heads, head_dim, segments, stream);
-    return launch<4>(qkv, out, t_count, n_heads, head_dim, segments, stream);
+    if (head_dim <= 64) return launch<1>(qkv, out, t_count, n_heads, n_kv_heads, head_dim, segments, stream);
+    if (head_dim <= 128) return launch<2>(qkv, out, t_count, n_heads, n_kv_heads, head_dim, segments, stream);
+    return launch<4>(qkv, out, t_count, n_heads, n_kv_heads, head_dim, segments, stream);
 }
 
 }  // namespace tl::gpu

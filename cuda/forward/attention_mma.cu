@@ -16,6 +16,8 @@
 //  - O += P V: P is rounded to FP16 in registers, where the S accumulators already have the layout of the A
 //    operand; V fragments come from the transposing ldmatrix (V is [key][dim], the mma wants [dim][key]).
 // The output is divided by the row sum and stored FP16, head-major, exactly as the SIMT kernel stores it.
+// Grouped-query attention: the block of query head h reads K/V head h / group from where it lies in each qkv row
+// ([q heads | k heads | v heads]); nothing is repeated in memory.
 //
 // Precision: the scores and all sums are FP32; the only roundings beyond the SIMT kernel's are those of P to FP16
 // (relative 2^-11, or absolute 2^-25 once P falls into FP16's subnormal range). The row sum adds the unrounded
@@ -114,7 +116,7 @@ template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *__restrict__ qkv,
                                                                   __half *__restrict__ out, int t_count,
                                                                   const int32_t *__restrict__ seg_offsets,
-                                                                  int n_heads, float scale_log2) {
+                                                                  int n_heads, int n_kv_heads, float scale_log2) {
     using L = Layout<HD>;
     constexpr int kRow = L::kRow;
     constexpr int kDimSteps = HD / 16;      // k16 steps of Q K^T
@@ -132,15 +134,17 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
     const int head = blockIdx.y;
     const int q_tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles start first
     const int q0 = q_tile * kQueryTile;
-    const size_t attn_dim = static_cast<size_t>(n_heads) * HD, row_stride = 3 * attn_dim;
+    const size_t attn_dim = static_cast<size_t>(n_heads) * HD, kv_dim = static_cast<size_t>(n_kv_heads) * HD;
+    const size_t row_stride = attn_dim + 2 * kv_dim;  // a multiple of 8 halves: every row start is 16-byte aligned
+    const int kv_head = head / (n_heads / n_kv_heads);
     const forward::SegmentRows rows = forward::segment_rows(seg_offsets, t_count);
     t_count = rows.count;
     qkv += rows.first * row_stride;
     out += rows.first * attn_dim;
     if (q0 >= t_count) return;  // the whole block: before any barrier
     const __half *q_base = qkv + static_cast<size_t>(head) * HD;
-    const __half *k_base = q_base + attn_dim;
-    const __half *v_base = k_base + attn_dim;
+    const __half *k_base = qkv + attn_dim + static_cast<size_t>(kv_head) * HD;
+    const __half *v_base = k_base + kv_dim;
 
     load_tile<HD>(q_s, q_base, q0, t_count, row_stride);
     load_tile<HD>(k_s, k_base, 0, t_count, row_stride);
@@ -277,7 +281,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
 }
 
 template <int HD>
-int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, Segments segments, cudaStream_t stream) {
+int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads, Segments segments,
+           cudaStream_t stream) {
     constexpr size_t smem = Layout<HD>::kSmemBytes;
     if (smem > 48 * 1024) {  // above the default the block must opt in (87 KB for head_dim 128), once per device
         constexpr int kMaxDevices = 64;
@@ -296,7 +301,7 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, Segment
     const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HD));
     attention_mma_kernel<HD><<<grid, kThreads, smem, stream>>>(reinterpret_cast<const __half *>(qkv),
                                                                reinterpret_cast<__half *>(out), t_count,
-                                                               segments.offsets, n_heads, scale_log2);
+                                                               segments.offsets, n_heads, n_kv_heads, scale_log2);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }
@@ -309,11 +314,11 @@ bool attention_tensor_core_supported(const uint16_t *qkv, const uint16_t *out, i
     return (head_dim == 64 || head_dim == 128) && aligned16(qkv) && (reinterpret_cast<uintptr_t>(out) & 3u) == 0;
 }
 
-int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                                 Segments segments, cudaStream_t stream) {
+int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads,
+                                 int head_dim, Segments segments, cudaStream_t stream) {
     if (!attention_tensor_core_supported(qkv, out, head_dim)) return kRcUnsupported;
-    return head_dim == 64 ? launch<64>(qkv, out, t_count, n_heads, segments, stream)
-                          : launch<128>(qkv, out, t_count, n_heads, segments, stream);
+    return head_dim == 64 ? launch<64>(qkv, out, t_count, n_heads, n_kv_heads, segments, stream)
+                          : launch<128>(qkv, out, t_count, n_heads, n_kv_heads, segments, stream);
 }
 
 }  // namespace tl::gpu

@@ -37,12 +37,13 @@ int embed_gather(const int32_t *tokens, const void *table, TableType type, float
 int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t *y, int t_count, int d, float eps,
                      cudaStream_t stream);
 
-// Rotate-half RoPE in place on the q and k parts of qkv [T][3][n_heads][head_dim] (FP16; v is left alone): for
-// i < head_dim/2 the pair (x[i], x[i + head_dim/2]) of every q and k head of row t is rotated by the angle whose
-// cosine and sine are cos_table[p][i], sin_table[p][i] (FP32 [positions][head_dim/2]), where p = positions[t] (INT32
-// [T], each row's position inside its own sequence) or p = t when positions is nullptr.
+// Rotate-half RoPE in place on the q and k parts of qkv [T][n_heads + 2 n_kv_heads][head_dim] (FP16: n_heads query
+// heads, then n_kv_heads key and n_kv_heads value heads; v is left alone): for i < head_dim/2 the pair (x[i],
+// x[i + head_dim/2]) of every q and k head of row t is rotated by the angle whose cosine and sine are cos_table[p][i],
+// sin_table[p][i] (FP32 [positions][head_dim/2]), where p = positions[t] (INT32 [T], each row's position inside its
+// own sequence) or p = t when positions is nullptr. n_kv_heads 0 means n_heads ([T][3][n_heads][head_dim]).
 int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
-            cudaStream_t stream, const int32_t *positions = nullptr);
+            cudaStream_t stream, const int32_t *positions = nullptr, int n_kv_heads = 0);
 
 // Independent sequences packed one after another in the rows of one pass: sequence s is rows [offsets[s],
 // offsets[s + 1]) (offsets: a DEVICE array of count + 1 increasing values, offsets[0] = 0, offsets[count] = T), at
@@ -54,8 +55,10 @@ struct Segments {
 };
 constexpr int kMaxSegments = 65535;  // the grid's z dimension
 
-// Causal multi-head attention: qkv [T][3][n_heads][head_dim] FP16 (q and k after RoPE) -> out [T][n_heads *
-// head_dim] FP16, head-major; with `segments`, each row attends to the rows of its own sequence up to itself only.
+// Causal multi-head attention: qkv [T][n_heads + 2 n_kv_heads][head_dim] FP16 (the query heads, then the key and the
+// value heads; q and k after RoPE) -> out [T][n_heads * head_dim] FP16, head-major; query head h reads K/V head
+// h / (n_heads / n_kv_heads) where it lies (grouped-query attention, nothing copied; n_kv_heads must divide n_heads,
+// 0 means n_heads). With `segments`, each row attends to the rows of its own sequence up to itself only.
 // Tiled with an online softmax in FP32 (no T x T matrix in memory). head_dim even and <= kAttentionMaxHeadDim (else
 // kRcUnsupported). Any T >= 1; segments.count <= kMaxSegments. Two kernels:
 //  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, probabilities rounded to FP16 for the
@@ -66,7 +69,12 @@ constexpr int kMaxSegments = 65535;  // the grid's z dimension
 constexpr int kAttentionMaxHeadDim = 256;
 enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2 };
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
-                     cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto, Segments segments = {});
+                     cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto, Segments segments = {},
+                     int n_kv_heads = 0);
+
+// A linear's bias, after its GEMM: y[t][j] = fp16(y[t][j] + bias[j]) for t < rows, j < n. y FP16 [rows][n], bias
+// FP32 [n].
+int add_bias(uint16_t *y, const float *bias, int rows, int n, cudaStream_t stream);
 
 // SwiGLU: h[t][j] = fp16(silu(gate[t][j]) * up[t][j]), j < f, silu(g) = g / (1 + e^-g). gate and up are FP16 rows
 // of stride ld (ld = 2f with gate = gu, up = gu + f for the fused gate|up GEMM output), h is FP16 [T][f].

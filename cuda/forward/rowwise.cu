@@ -1,6 +1,6 @@
-// The forward pass's row-wise and element-wise kernels: embedding gather, residual add + RMSNorm, RoPE, SwiGLU and
-// the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for clarity (one
-// block per row for the reductions, grid-stride loops for the rest), with FP32 math throughout.
+// The forward pass's row-wise and element-wise kernels: embedding gather, residual add + RMSNorm, RoPE, a linear's
+// bias, SwiGLU and the head's log-softmax NLL. All are memory-bound and small next to the GEMMs; they are written for
+// clarity (one block per row for the reductions, grid-stride loops for the rest), with FP32 math throughout.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -108,6 +108,25 @@ __global__ void __launch_bounds__(kFlatThreads) rope_kernel(__half *qkv, const f
     }
 }
 
+// ---- Bias -------------------------------------------------------------------------------------------------------
+
+// A separate pass over the GEMM's output rather than an epilogue of each GEMM kernel (Marlin-class, native, cuBLAS):
+// one small kernel serves them all. VEC = 2 (half2 accesses) when n is even and y 4-byte aligned, else 1.
+template <int VEC>
+__global__ void __launch_bounds__(kFlatThreads) bias_kernel(__half *y, const float *bias, int n, size_t total) {
+    for (size_t idx = static_cast<size_t>(blockIdx.x) * kFlatThreads + threadIdx.x; idx < total;
+         idx += static_cast<size_t>(gridDim.x) * kFlatThreads) {
+        const size_t i = idx * VEC;
+        const int j = static_cast<int>(i % static_cast<size_t>(n));
+        if constexpr (VEC == 2) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(y + i));
+            *reinterpret_cast<__half2 *>(y + i) = __floats2half2_rn(v.x + bias[j], v.y + bias[j + 1]);
+        } else {
+            y[i] = __float2half_rn(__half2float(y[i]) + bias[j]);
+        }
+    }
+}
+
 // ---- SwiGLU -----------------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float silu_times(float g, float u) {
@@ -196,21 +215,37 @@ int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t 
 }
 
 int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
-            cudaStream_t stream, const int32_t *positions) {
+            cudaStream_t stream, const int32_t *positions, int n_kv_heads) {
+    if (n_kv_heads == 0) n_kv_heads = n_heads;
     if (qkv == nullptr || cos_table == nullptr || sin_table == nullptr || t_count < 1 || n_heads < 1 ||
-        head_dim < 2 || head_dim % 2 != 0) {
+        head_dim < 2 || head_dim % 2 != 0 || n_kv_heads < 1 || n_heads % n_kv_heads != 0) {
         return kRcBadArgument;
     }
-    const size_t row_stride = 3 * static_cast<size_t>(n_heads) * head_dim;
-    const size_t pairs = static_cast<size_t>(t_count) * n_heads * head_dim;  // 2 * n_heads heads x head_dim/2 pairs
+    // q and k are adjacent in each row: n_heads + n_kv_heads heads to rotate, then the values.
+    const int qk_heads = n_heads + n_kv_heads;
+    const size_t row_stride = static_cast<size_t>(qk_heads + n_kv_heads) * head_dim;
+    const size_t pairs = static_cast<size_t>(t_count) * qk_heads * (head_dim / 2);
     __half *x = reinterpret_cast<__half *>(qkv);
     // half2 accesses need an even half_dim and a 4-byte aligned qkv (row stride and head offsets are then even).
     if (head_dim % 4 == 0 && (reinterpret_cast<uintptr_t>(qkv) & 3u) == 0) {
         rope_kernel<2><<<flat_blocks(pairs / 2), kFlatThreads, 0, stream>>>(x, cos_table, sin_table, positions,
-                                                                             t_count, 2 * n_heads, head_dim, row_stride);
+                                                                             t_count, qk_heads, head_dim, row_stride);
     } else {
         rope_kernel<1><<<flat_blocks(pairs), kFlatThreads, 0, stream>>>(x, cos_table, sin_table, positions, t_count,
-                                                                         2 * n_heads, head_dim, row_stride);
+                                                                         qk_heads, head_dim, row_stride);
+    }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int add_bias(uint16_t *y, const float *bias, int rows, int n, cudaStream_t stream) {
+    if (y == nullptr || bias == nullptr || rows < 1 || n < 1) return kRcBadArgument;
+    const size_t total = static_cast<size_t>(rows) * n;
+    __half *out = reinterpret_cast<__half *>(y);
+    if (n % 2 == 0 && (reinterpret_cast<uintptr_t>(y) & 3u) == 0) {
+        bias_kernel<2><<<flat_blocks(total / 2), kFlatThreads, 0, stream>>>(out, bias, n, total / 2);
+    } else {
+        bias_kernel<1><<<flat_blocks(total), kFlatThreads, 0, stream>>>(out, bias, n, total);
     }
     TL_GPU_CHECK_LAUNCH();
     return 0;

@@ -324,8 +324,8 @@ elseif(CASE MATCHES "_json$")
       perplexity_stderr seconds load_seconds setup_seconds graph_capture_seconds scoring_seconds
       tokens_per_second)
   else()
-    set(fields model=${MODEL} d_model=64 n_heads=4 head_dim=16 ffn=128 vocab=256 n_pre=1 n_loops=2 max_seq=128
-      quantized=ON bits=4 group_size=32 head=tied parameter_count file_bytes quant_weight_bytes rope_theta norm_eps)
+    set(fields model=${MODEL} d_model=64 n_heads=4 n_kv_heads=4 head_dim=16 ffn=128 vocab=256 n_pre=1 n_loops=2
+      max_seq=128 quantized=ON bits=4 group_size=32 head=tied parameter_count file_bytes quant_weight_bytes rope_theta norm_eps)
   endif()
   foreach(field ${fields})
     string(REPLACE "=" ";" kv "${field}")

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
+#include "util/error.hpp"
+#include "score/rope.hpp"
 #include "quant/quant.hpp"
 #include "reference.hpp"
 #include "import/synthetic.hpp"
@@ -72,6 +74,25 @@ TEST(Forward, CausalAttentionMatchesReference) {
     }
 }
 
+// Grouped-query attention: 6 query heads over 2 K/V heads (and 1, multi-query), read in place.
+TEST(Forward, GroupedQueryAttentionMatchesReference) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t T = 90, H = 6, hd = 16;
+    for (int32_t kv : {2, 1, 6}) {
+        const std::vector<float> qkv = ref::random_floats(rng, static_cast<size_t>(T) * (H + 2 * kv) * hd, 1.5);
+        const ref::Vec want = ref::attention(to_double(qkv), T, H, hd, kv);
+        for (int32_t threads : {1, 3}) {
+            std::vector<float> out(static_cast<size_t>(T) * H * hd);
+            tl::causal_attention(qkv.data(), out.data(), T, H, hd, threads, kv);
+            expect_close(out, want, 1e-5, "kv heads " + std::to_string(kv) + ", threads " + std::to_string(threads));
+        }
+    }
+    std::vector<float> buf(static_cast<size_t>(T) * 20 * hd);
+    EXPECT_THROW(tl::causal_attention(buf.data(), buf.data(), T, H, hd, 1, 4), tl::Error);
+}
+
 TEST(Forward, LinearMatchesReferenceQuantizedAndDense) {
     const uint64_t seed = ref::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -111,7 +132,21 @@ struct NllCase {
     bool quantize_head;
     int32_t group_size;
     int32_t window;  // 0 = max_seq
+    bool biases = false;
+    tl::RopeScaling rope = {};
+    int32_t kv_heads = 0;  // 0: n_heads
 };
+
+tl::RopeScaling rope_scaling(tl::RopeScalingType type) {
+    tl::RopeScaling r;
+    r.type = type;
+    r.factor = type == tl::RopeScalingType::Linear ? 2.0 : 4.0;
+    r.original_max_positions = 128;  // the models' max_seq: dynamic is then plain RoPE
+    r.low_freq_factor = 1.0;
+    r.high_freq_factor = 4.0;
+    r.attention_factor = 1.1386294361119891;  // 0.1 ln 4 + 1
+    return r;
+}
 
 void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
     SCOPED_TRACE(std::string(c.name) + ", seed " + std::to_string(seed));
@@ -125,11 +160,14 @@ void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
     config.loops = 3;
     config.max_seq = 128;
     config.group_size = c.group_size;
+    config.rope_scaling = c.rope;
+    config.n_kv_heads = c.kv_heads;
     tl::SyntheticOptions options;
     options.seed = seed;
     options.quantized = c.quantized;
     options.method = c.method;
     options.quantize_head = c.quantize_head;
+    options.biases = c.biases;
     const std::unique_ptr<tl::Model> model = tl::make_synthetic_model(config, options);
 
     std::mt19937_64 rng(seed);
@@ -152,6 +190,71 @@ void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
 
 }  // namespace
 
+// The one host function of both backends' RoPE against transformers' formulas as the reference writes them, on
+// the shapes and parameters of real checkpoints (Llama 3.1, Qwen2.5 with YaRN, DeepSeek's mscale, ...).
+TEST(Rope, FrequenciesMatchTheReference) {
+    struct Case {
+        const char *name;
+        int32_t head_dim;
+        float theta;
+        tl::RopeScaling r;
+    };
+    auto make = [](tl::RopeScalingType type, double factor, int32_t original) {
+        tl::RopeScaling r;
+        r.type = type;
+        r.factor = factor;
+        r.original_max_positions = original;
+        return r;
+    };
+    std::vector<Case> cases = {
+        {"plain", 128, 10000.0f, {}},
+        {"linear x2", 64, 10000.0f, make(tl::RopeScalingType::Linear, 2.0, 0)},
+        {"dynamic", 128, 10000.0f, make(tl::RopeScalingType::Dynamic, 2.0, 4096)},
+        {"llama3.1 8B", 128, 500000.0f, make(tl::RopeScalingType::Llama3, 8.0, 8192)},
+        {"llama3.2 1B", 64, 500000.0f, make(tl::RopeScalingType::Llama3, 32.0, 8192)},
+        {"qwen2.5 yarn x4", 128, 1000000.0f, make(tl::RopeScalingType::Yarn, 4.0, 32768)},
+        {"yarn untruncated", 96, 10000.0f, make(tl::RopeScalingType::Yarn, 8.0, 4096)},
+        {"yarn one-dim ramp", 16, 10000.0f, make(tl::RopeScalingType::Yarn, 2.0, 64)},
+    };
+    cases[3].r.low_freq_factor = cases[4].r.low_freq_factor = 1.0;
+    cases[3].r.high_freq_factor = cases[4].r.high_freq_factor = 4.0;
+    cases[5].r.attention_factor = 0.1 * std::log(4.0) + 1.0;
+    cases[6].r.truncate = false;
+    cases[6].r.beta_fast = 16.0;
+    cases[6].r.beta_slow = 2.0;
+    cases[6].r.attention_factor = 1.3;
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.name);
+        tl::ModelConfig config;
+        config.head_dim = c.head_dim;
+        config.rope_theta = c.theta;
+        config.rope_scaling = c.r;
+        const tl::RopeFrequencies got = tl::rope_frequencies(config);
+        const ref::RopeAngles want = ref::rope_angles(config);
+        ASSERT_EQ(got.inv_freq.size(), want.inv_freq.size());
+        size_t scaled = 0;
+        for (size_t i = 0; i < want.inv_freq.size(); ++i) {
+            const double w = static_cast<double>(want.inv_freq[i]);
+            EXPECT_NEAR(got.inv_freq[i], w, 1e-13 * w) << "pair " << i;
+            scaled += std::fabs(w - std::pow(static_cast<double>(c.theta), -2.0 * i / c.head_dim)) > 1e-9 * w;
+        }
+        EXPECT_NEAR(got.attention_scale, static_cast<double>(want.scale), 1e-15);
+        // Each scaling changes some frequencies (dynamic, inside its range, none).
+        const bool changes = c.r.type != tl::RopeScalingType::None && c.r.type != tl::RopeScalingType::Dynamic;
+        EXPECT_EQ(scaled > 0, changes) << scaled << " frequencies scaled";
+        // The tables: cos and sin of position * inv_freq, times the scale, rounded once.
+        std::vector<float> cos_table, sin_table;
+        tl::rope_tables(config, 3, 1000, cos_table, sin_table);
+        const size_t half = got.inv_freq.size();
+        ASSERT_EQ(cos_table.size(), 3 * half);
+        for (size_t i = 0; i < half; ++i) {
+            const long double angle = 1002.0L * want.inv_freq[i];
+            EXPECT_NEAR(cos_table[2 * half + i], static_cast<double>(want.scale * std::cos(angle)), 2e-6) << i;
+            EXPECT_NEAR(sin_table[2 * half + i], static_cast<double>(want.scale * std::sin(angle)), 2e-6) << i;
+        }
+    }
+}
+
 TEST(Forward, WholeNllMatchesReference) {
     const uint64_t seed = ref::fresh_seed();
     const NllCase cases[] = {
@@ -159,6 +262,21 @@ TEST(Forward, WholeNllMatchesReference) {
         {"asymmetric g32, windows of 24", true, tl::QuantMethod::Asymmetric, false, 32, 24},
         {"symmetric per row, quantized head", true, tl::QuantMethod::Symmetric, true, 0, 0},
         {"dense, windows of 40", false, tl::QuantMethod::Asymmetric, false, 0, 40},
+        {"asymmetric g32, biases on every linear, quantized head", true, tl::QuantMethod::Asymmetric, true, 32, 0,
+         true},
+        {"dense, biases on every linear, windows of 40", false, tl::QuantMethod::Asymmetric, false, 0, 40, true},
+        {"linear RoPE scaling", true, tl::QuantMethod::Asymmetric, false, 32, 0, false,
+         rope_scaling(tl::RopeScalingType::Linear)},
+        {"dynamic RoPE scaling", true, tl::QuantMethod::Asymmetric, false, 32, 0, false,
+         rope_scaling(tl::RopeScalingType::Dynamic)},
+        {"llama3 RoPE scaling, windows of 24", true, tl::QuantMethod::Asymmetric, false, 32, 24, false,
+         rope_scaling(tl::RopeScalingType::Llama3)},
+        {"yarn RoPE scaling", false, tl::QuantMethod::Asymmetric, true, 0, 0, false,
+         rope_scaling(tl::RopeScalingType::Yarn)},
+        {"grouped-query attention, 2 K/V heads, windows of 24", true, tl::QuantMethod::Asymmetric, false, 32, 24,
+         false, {}, 2},
+        {"multi-query attention, biases, llama3 RoPE", false, tl::QuantMethod::Asymmetric, true, 0, 0, true,
+         rope_scaling(tl::RopeScalingType::Llama3), 1},
     };
     for (const NllCase &c : cases) expect_nll_matches_reference(c, seed);
 }

@@ -41,14 +41,14 @@ inline double weight_at(const tl::Linear &w, int32_t kk, int32_t nn) {
     return q * static_cast<double>(tl::half_to_float(w.scales[g])) + tl::half_to_float(w.zeros[g]);
 }
 
-// y[m][n] = sum_k x[m][k] W[k][n]
+// y[m][n] = sum_k x[m][k] W[k][n] + bias[n]
 inline Vec linear(const tl::Linear &w, const Vec &x, int32_t M) {
     Vec y(static_cast<size_t>(M) * w.n, 0.0);
     for (int32_t nn = 0; nn < w.n; ++nn) {
         Vec col(w.k);
         for (int32_t kk = 0; kk < w.k; ++kk) col[kk] = weight_at(w, kk, nn);
         for (int32_t m = 0; m < M; ++m) {
-            double s = 0.0;
+            double s = w.bias ? (*w.bias)[nn] : 0.0;
             for (int32_t kk = 0; kk < w.k; ++kk) s += x[static_cast<size_t>(m) * w.k + kk] * col[kk];
             y[static_cast<size_t>(m) * w.n + nn] = s;
         }
@@ -67,32 +67,96 @@ inline Vec rmsnorm(const Vec &x, const std::vector<float> &gain, int32_t T, int3
     return y;
 }
 
-// x: [T][n_heads][head_dim] with row stride `stride`, starting at `offset`; rotate-half pairs (i, i + hd/2).
-inline void rope(Vec &x, size_t stride, size_t offset, int32_t T, int32_t n_heads, int32_t hd, double theta,
-                 int32_t pos0) {
+// RoPE's inverse frequency of pair i (of hd / 2) and the factor on cos and sin, written from transformers'
+// modeling_rope_utils.py (_compute_*_parameters) for each rope_scaling type, in long double.
+struct RopeAngles {
+    std::vector<long double> inv_freq;
+    long double scale = 1.0L;
+};
+
+inline RopeAngles rope_angles(const tl::ModelConfig &c) {
+    const long double pi = 3.141592653589793238462643383279502884L, base = c.rope_theta;
+    const int32_t dim = c.head_dim;
+    const tl::RopeScaling &r = c.rope_scaling;
+    RopeAngles out;
+    for (int32_t j = 0; j < dim; j += 2) {  // arange(0, dim, 2) / dim
+        const long double inv = 1.0L / std::pow(base, static_cast<long double>(j) / dim);
+        long double v = inv;
+        if (r.type == tl::RopeScalingType::Linear) v = inv / r.factor;
+        if (r.type == tl::RopeScalingType::Llama3) {
+            const long double old_context = r.original_max_positions;
+            const long double low_freq_wavelen = old_context / r.low_freq_factor;
+            const long double high_freq_wavelen = old_context / r.high_freq_factor;
+            const long double wavelen = 2 * pi / inv;
+            long double llama = wavelen > low_freq_wavelen ? inv / r.factor : inv;
+            const long double smooth =
+                (old_context / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+            const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            if (medium) llama = (1 - smooth) * llama / r.factor + smooth * llama;
+            v = llama;
+        }
+        if (r.type == tl::RopeScalingType::Yarn) {
+            auto correction_dim = [&](long double rotations) {
+                return dim * std::log(r.original_max_positions / (rotations * 2 * pi)) / (2 * std::log(base));
+            };
+            long double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+            if (r.truncate) low = std::floor(low), high = std::ceil(high);
+            low = std::max(low, 0.0L);
+            high = std::min(high, static_cast<long double>(dim - 1));
+            if (low == high) high += 0.001L;
+            const long double ramp = std::min(std::max((j / 2 - low) / (high - low), 0.0L), 1.0L);
+            const long double extrapolation_factor = 1 - ramp;
+            v = inv / r.factor * (1 - extrapolation_factor) + inv * extrapolation_factor;
+            out.scale = r.attention_factor;
+        }
+        out.inv_freq.push_back(v);
+    }
+    return out;
+}
+
+// x: [T][n_heads][head_dim] with row stride `stride`, starting at `offset`; rotate-half pairs (i, i + hd/2) by
+// position * inv_freq[i], cos and sin times the scale.
+inline void rope(Vec &x, size_t stride, size_t offset, int32_t T, int32_t n_heads, int32_t hd,
+                 const RopeAngles &angles, int32_t pos0) {
     for (int32_t t = 0; t < T; ++t)
         for (int32_t h = 0; h < n_heads; ++h)
             for (int32_t i = 0; i < hd / 2; ++i) {
-                const double angle = (pos0 + t) * std::pow(theta, -2.0 * i / hd);
+                const long double angle = (pos0 + t) * angles.inv_freq[i];
+                const double c = static_cast<double>(angles.scale * std::cos(angle));
+                const double s = static_cast<double>(angles.scale * std::sin(angle));
                 double &a = x[offset + t * stride + h * hd + i];
                 double &b = x[offset + t * stride + h * hd + i + hd / 2];
                 const double a0 = a, b0 = b;
-                a = a0 * std::cos(angle) - b0 * std::sin(angle);
-                b = a0 * std::sin(angle) + b0 * std::cos(angle);
+                a = a0 * c - b0 * s;
+                b = a0 * s + b0 * c;
             }
 }
 
-// qkv [T][3][n_heads][hd] -> out [T][n_heads * hd], causal softmax(q k^T / sqrt(hd)) v per head.
-inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd) {
-    const size_t A = static_cast<size_t>(n_heads) * hd;
+// Plain RoPE (theta^(-2i/hd)).
+inline void rope(Vec &x, size_t stride, size_t offset, int32_t T, int32_t n_heads, int32_t hd, double theta,
+                 int32_t pos0) {
+    RopeAngles angles;
+    for (int32_t i = 0; i < hd / 2; ++i) {
+        angles.inv_freq.push_back(std::pow(static_cast<long double>(theta), -2.0L * i / hd));
+    }
+    rope(x, stride, offset, T, n_heads, hd, angles, pos0);
+}
+
+// qkv [T][n_heads + 2 n_kv_heads][hd] (q heads, k heads, v heads) -> out [T][n_heads * hd], causal
+// softmax(q k^T / sqrt(hd)) v per query head h, with K/V head h / (n_heads / n_kv_heads) (transformers' repeat_kv).
+inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd, int32_t n_kv_heads = 0) {
+    if (n_kv_heads == 0) n_kv_heads = n_heads;
+    const size_t A = static_cast<size_t>(n_heads) * hd, KV = static_cast<size_t>(n_kv_heads) * hd;
+    const size_t row = A + 2 * KV;
     Vec out(T * A, 0.0);
     for (int32_t h = 0; h < n_heads; ++h)
         for (int32_t t = 0; t < T; ++t) {
+            const size_t kh = static_cast<size_t>(h / (n_heads / n_kv_heads)) * hd;
             Vec p(t + 1);
             double mx = -INFINITY;
             for (int32_t j = 0; j <= t; ++j) {
                 double s = 0.0;
-                for (int32_t d = 0; d < hd; ++d) s += qkv[t * 3 * A + h * hd + d] * qkv[j * 3 * A + A + h * hd + d];
+                for (int32_t d = 0; d < hd; ++d) s += qkv[t * row + h * hd + d] * qkv[j * row + A + kh + d];
                 p[j] = s / std::sqrt(static_cast<double>(hd));
                 mx = std::max(mx, p[j]);
             }
@@ -100,7 +164,7 @@ inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd) {
             for (double &v : p) sum += (v = std::exp(v - mx));
             for (int32_t d = 0; d < hd; ++d) {
                 double o = 0.0;
-                for (int32_t j = 0; j <= t; ++j) o += p[j] * qkv[j * 3 * A + 2 * A + h * hd + d];
+                for (int32_t j = 0; j <= t; ++j) o += p[j] * qkv[j * row + A + KV + kh + d];
                 out[t * A + h * hd + d] = o / sum;
             }
         }
@@ -108,11 +172,12 @@ inline Vec attention(const Vec &qkv, int32_t T, int32_t n_heads, int32_t hd) {
 }
 
 inline void block(const tl::ModelConfig &c, const tl::Block &b, Vec &x, int32_t T) {
-    const int32_t D = c.d_model, A = c.attn_dim();
+    const int32_t D = c.d_model, A = c.attn_dim(), row = c.attn_dim() + 2 * c.kv_heads() * c.head_dim;
     Vec qkv = linear(b.attn_qkv, rmsnorm(x, b.attn_norm, T, D, c.norm_eps), T);
-    rope(qkv, 3 * A, 0, T, c.n_heads, c.head_dim, c.rope_theta, 0);  // q
-    rope(qkv, 3 * A, A, T, c.n_heads, c.head_dim, c.rope_theta, 0);  // k
-    const Vec o = linear(b.attn_out, attention(qkv, T, c.n_heads, c.head_dim), T);
+    const RopeAngles angles = rope_angles(c);
+    rope(qkv, row, 0, T, c.n_heads, c.head_dim, angles, 0);     // q
+    rope(qkv, row, A, T, c.kv_heads(), c.head_dim, angles, 0);  // k
+    const Vec o = linear(b.attn_out, attention(qkv, T, c.n_heads, c.head_dim, c.kv_heads()), T);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     const Vec u = rmsnorm(x, b.mlp_norm, T, D, c.norm_eps);
     Vec g = linear(b.mlp_gate, u, T);

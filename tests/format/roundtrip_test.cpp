@@ -81,6 +81,7 @@ void expect_norm(const std::vector<float> &gain, const OwnedTensor &t) {
 void expect_config(const tl::ModelConfig &a, const tl::ModelConfig &b) {
     EXPECT_EQ(a.d_model, b.d_model);
     EXPECT_EQ(a.n_heads, b.n_heads);
+    EXPECT_EQ(a.kv_heads(), b.kv_heads());
     EXPECT_EQ(a.head_dim, b.head_dim);
     EXPECT_EQ(a.ffn, b.ffn);
     EXPECT_EQ(a.vocab, b.vocab);
@@ -91,6 +92,23 @@ void expect_config(const tl::ModelConfig &a, const tl::ModelConfig &b) {
     EXPECT_EQ(a.bits, b.bits);
     EXPECT_EQ(std::memcmp(&a.rope_theta, &b.rope_theta, sizeof(float)), 0) << a.rope_theta << " vs " << b.rope_theta;
     EXPECT_EQ(std::memcmp(&a.norm_eps, &b.norm_eps, sizeof(float)), 0) << a.norm_eps << " vs " << b.norm_eps;
+    const tl::RopeScaling &r = a.rope_scaling, &s = b.rope_scaling;
+    EXPECT_EQ(r.type, s.type);
+    if (r.type == tl::RopeScalingType::None || s.type == tl::RopeScalingType::None) return;
+    EXPECT_EQ(r.factor, s.factor);
+    if (r.type != tl::RopeScalingType::Linear) {
+        EXPECT_EQ(r.original_max_positions, s.original_max_positions);
+    }
+    if (r.type == tl::RopeScalingType::Llama3) {
+        EXPECT_EQ(r.low_freq_factor, s.low_freq_factor);
+        EXPECT_EQ(r.high_freq_factor, s.high_freq_factor);
+    }
+    if (r.type == tl::RopeScalingType::Yarn) {
+        EXPECT_EQ(r.beta_fast, s.beta_fast);
+        EXPECT_EQ(r.beta_slow, s.beta_slow);
+        EXPECT_EQ(r.attention_factor, s.attention_factor);
+        EXPECT_EQ(r.truncate, s.truncate);
+    }
 }
 
 // Every view of `model` against the tensors of the file it was loaded from.
@@ -429,6 +447,131 @@ TEST(KPerm, TheSameModelStoredInAnotherKOrder) {
     EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum, reference);
 }
 
+// Biases: saved as F32 <name>.bias [N] in a format_version 2 file (a model without them stays version 1), loaded
+// back the same, and the loaded model scores exactly as the one saved. A bias of the wrong shape or with a NaN is
+// refused naming it.
+TEST(Bias, SavedAsVersion2AndLoadedBack) {
+    std::mt19937_64 rng(std::random_device{}());
+    tl::SyntheticOptions options;
+    options.seed = rng();
+    options.quantize_head = true;
+    const auto plain = tl::make_synthetic_model(tlt::small_config(8), options);
+    EXPECT_EQ(tl::required_format_version(*plain), 1);
+    options.biases = true;
+    const auto original = tl::make_synthetic_model(tlt::small_config(8), options);
+    EXPECT_EQ(tl::required_format_version(*original), 2);
+    const std::string path = tlt::temp_dir() + "/bias.tinyloop";
+    tl::save_model(path, *original);
+    const tl::SafetensorsFile file = tl::read_safetensors(path);
+    EXPECT_EQ(file.metadata.at("format_version"), "2");
+    const auto loaded = tl::load_model(path, tl::LoadOptions{});
+    EXPECT_EQ(loaded->format_version, 2);
+    const auto got = loaded->linears(), want = original->linears();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(want[i]->bias && got[i]->bias) << want[i]->name;
+        EXPECT_EQ(*got[i]->bias, *want[i]->bias) << want[i]->name;
+        const tl::SafetensorsTensor &t = file.tensors.at(want[i]->name + ".bias");
+        EXPECT_EQ(t.dtype, DType::F32);
+        EXPECT_EQ(t.shape, std::vector<int64_t>{want[i]->n});
+    }
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(rng() % 50);
+    tl::ScoreOptions o;
+    o.n_threads = 2;
+    const double with_bias = tl::score_cpu(*original, tokens.data(), tokens.size(), o).nll_sum;
+    EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum, with_bias);
+    EXPECT_NE(tl::score_cpu(*plain, tokens.data(), tokens.size(), o).nll_sum, with_bias);
+
+    // The same tensors with one bias changed, written as another file.
+    auto rewrite = [&](const std::vector<int64_t> &shape, float value) {
+        std::vector<tl::TensorView> views;
+        std::vector<float> bias(static_cast<size_t>(shape[0]), value);
+        for (const auto &kv : file.tensors) {
+            const tl::SafetensorsTensor &t = kv.second;
+            if (kv.first == "pre.1.mlp_up.bias") {
+                views.push_back({kv.first, DType::F32, shape, bias.data()});
+            } else {
+                views.push_back({kv.first, t.dtype, t.shape, t.data});
+            }
+        }
+        const std::string bad = tlt::temp_dir() + "/bad_bias.tinyloop";
+        tl::write_safetensors(bad, file.metadata, views);
+        return bad;
+    };
+    const int64_t n = original->pre[1].mlp_up.n;
+    for (const auto &[shape, value, message] :
+         {std::tuple<std::vector<int64_t>, float, std::string>{{n + 1}, 0.0f, "tensor 'pre.1.mlp_up.bias': shape ["},
+          {{n}, std::numeric_limits<float>::quiet_NaN(), "tensor 'pre.1.mlp_up.bias': non-finite value"}}) {
+        try {
+            tl::load_model(rewrite(shape, value), tl::LoadOptions{});
+            ADD_FAILURE() << "loaded a file with a bad bias";
+        } catch (const tl::Error &e) {
+            EXPECT_EQ(e.code(), TL_ERR_FORMAT);
+            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+        }
+    }
+}
+
+// Grouped-query attention: n_kv_heads in the config (written only when below n_heads), attn_qkv of
+// (n_heads + 2 n_kv_heads) head_dim rows, format_version 2; the loaded model scores as the saved one. A count that
+// does not divide n_heads, or a qkv of the version-1 shape, is refused naming it.
+TEST(GroupedQueryAttention, SavedAsVersion2AndLoadedBack) {
+    std::mt19937_64 rng(std::random_device{}());
+    tl::ModelConfig config = tlt::small_config(8);
+    config.n_heads = 4;
+    config.head_dim = 6;
+    config.n_kv_heads = 2;
+    tl::SyntheticOptions options;
+    options.seed = rng();
+    const auto original = tl::make_synthetic_model(config, options);
+    EXPECT_EQ(original->loop.attn_qkv.n, (4 + 2 * 2) * 6);
+    EXPECT_EQ(tl::required_format_version(*original), 2);
+    const nlohmann::json j = nlohmann::json::parse(tl::config_to_json(config));
+    EXPECT_EQ(j["n_kv_heads"], 2);
+    config.n_kv_heads = 4;
+    EXPECT_EQ(nlohmann::json::parse(tl::config_to_json(config)).count("n_kv_heads"), 0u);
+
+    const std::string path = tlt::temp_dir() + "/gqa.tinyloop";
+    tl::save_model(path, *original);
+    const tl::SafetensorsFile file = tl::read_safetensors(path);
+    EXPECT_EQ(file.metadata.at("format_version"), "2");
+    EXPECT_EQ(file.tensors.at("pre.0.attn_qkv.qweight").shape, (std::vector<int64_t>{48, 12}));
+    const auto loaded = tl::load_model(path, tl::LoadOptions{});
+    EXPECT_EQ(loaded->config.kv_heads(), 2);
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(rng() % 50);
+    tl::ScoreOptions o;
+    o.n_threads = 2;
+    EXPECT_EQ(tl::score_cpu(*loaded, tokens.data(), tokens.size(), o).nll_sum,
+              tl::score_cpu(*original, tokens.data(), tokens.size(), o).nll_sum);
+
+    nlohmann::json bad = nlohmann::json::parse(file.metadata.at("config"));
+    bad["n_kv_heads"] = 3;
+    try {
+        tl::validate_config(tl::config_from_json(bad.dump()));
+        ADD_FAILURE() << "n_kv_heads 3 of 4 heads accepted";
+    } catch (const tl::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("n_kv_heads = 3 must divide n_heads = 4"), std::string::npos)
+            << e.what();
+    }
+    std::map<std::string, std::string> metadata = file.metadata;  // the same tensors, the config without n_kv_heads
+    bad.erase("n_kv_heads");
+    metadata["config"] = bad.dump();
+    std::vector<tl::TensorView> views;
+    for (const auto &kv : file.tensors) views.push_back({kv.first, kv.second.dtype, kv.second.shape, kv.second.data});
+    const std::string mismatched = tlt::temp_dir() + "/gqa_mismatched.tinyloop";
+    tl::write_safetensors(mismatched, metadata, views);
+    try {
+        tl::load_model(mismatched, tl::LoadOptions{});
+        ADD_FAILURE() << "a grouped qkv loaded under a config without n_kv_heads";
+    } catch (const tl::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("tensor 'pre.0.attn_qkv.qweight': shape [48, 12], expected [72, 12]"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(ConfigJson, RoundTripsEveryFieldExactly) {
     std::mt19937_64 rng(std::random_device{}());
     std::uniform_int_distribution<int32_t> any_int(std::numeric_limits<int32_t>::min(),
@@ -472,6 +615,74 @@ void expect_format_error(const std::function<void()> &fn, const std::string &sub
         EXPECT_EQ(e.code(), TL_ERR_FORMAT) << e.what();
         EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
     }
+}
+
+// rope_scaling: each type's fields round-trip exactly (doubles as written), only that type's fields are stored, a
+// model with one is format_version 2, and bad values are refused naming the field.
+TEST(ConfigJson, RopeScalingRoundTripsAndIsValidated) {
+    std::mt19937_64 rng(std::random_device{}());
+    std::uniform_real_distribution<double> any(1.0, 64.0);
+    const std::pair<tl::RopeScalingType, size_t> types[] = {{tl::RopeScalingType::Linear, 2},
+                                                            {tl::RopeScalingType::Dynamic, 3},
+                                                            {tl::RopeScalingType::Llama3, 5},
+                                                            {tl::RopeScalingType::Yarn, 7}};
+    for (const auto &[type, fields] : types) {
+        SCOPED_TRACE(tl::rope_scaling_name(type));
+        tl::ModelConfig c = tlt::small_config(8);
+        c.rope_scaling.type = type;
+        c.rope_scaling.factor = any(rng);
+        c.rope_scaling.original_max_positions = 4096;
+        c.rope_scaling.low_freq_factor = any(rng);
+        c.rope_scaling.high_freq_factor = c.rope_scaling.low_freq_factor + any(rng);
+        c.rope_scaling.beta_fast = any(rng);
+        c.rope_scaling.beta_slow = any(rng);
+        c.rope_scaling.attention_factor = any(rng);
+        c.rope_scaling.truncate = rng() % 2 == 0;
+        tl::validate_config(c);
+        const std::string text = tl::config_to_json(c);
+        const nlohmann::json j = nlohmann::json::parse(text);
+        ASSERT_EQ(j.size(), 13u) << text;
+        EXPECT_EQ(j["rope_scaling"].size(), fields) << text;
+        EXPECT_EQ(j["rope_scaling"]["type"], tl::rope_scaling_name(type));
+        expect_config(tl::config_from_json(text), c);
+        tl::SyntheticOptions options;
+        const auto model = tl::make_synthetic_model(c, options);
+        EXPECT_EQ(tl::required_format_version(*model), 2);
+    }
+    EXPECT_EQ(nlohmann::json::parse(tl::config_to_json(tlt::small_config(8))).count("rope_scaling"), 0u);
+
+    nlohmann::json j = nlohmann::json::parse(tl::config_to_json(tlt::small_config(8)));
+    j["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "rope_scaling type 'longrope' is not one");
+    j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "rope_scaling: missing field 'high_freq_factor'");
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 1.5}};
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "'original_max_position_embeddings' must be");
+    j["rope_scaling"] = "linear";
+    expect_format_error([&] { tl::config_from_json(j.dump()); }, "rope_scaling must be an object");
+
+    auto invalid = [](const std::function<void(tl::ModelConfig &)> &edit, const std::string &message) {
+        tl::ModelConfig c = tlt::small_config(8);
+        c.rope_scaling.type = tl::RopeScalingType::Yarn;
+        c.rope_scaling.original_max_positions = 64;
+        edit(c);
+        expect_format_error([&] { tl::validate_config(c); }, message);
+    };
+    invalid([](tl::ModelConfig &c) { c.rope_scaling.factor = 0.0; }, "rope_scaling (yarn): factor = 0");
+    invalid([](tl::ModelConfig &c) { c.rope_scaling.attention_factor = NAN; }, "attention_factor");
+    invalid([](tl::ModelConfig &c) { c.rope_scaling.original_max_positions = 0; }, "original_max_position_embeddings");
+    invalid(
+        [](tl::ModelConfig &c) {
+            c.rope_scaling.type = tl::RopeScalingType::Dynamic;
+            c.rope_scaling.original_max_positions = c.max_seq - 1;
+        },
+        "max_seq = 32 exceeds original_max_position_embeddings = 31");
+    invalid(
+        [](tl::ModelConfig &c) {
+            c.rope_scaling.type = tl::RopeScalingType::Llama3;
+            c.rope_scaling.high_freq_factor = c.rope_scaling.low_freq_factor;
+        },
+        "high_freq_factor");
 }
 
 TEST(ConfigJson, MissingOrMistypedFieldsAreNamed) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <vector>
 
 #include "forward/forward_kernels.hpp"
@@ -259,15 +260,19 @@ struct ReferenceRow {
     std::vector<double> out, mag, p_round;
 };
 
-ReferenceRow reference_attention(const std::vector<double> &qkv, int H, int hd, int t) {
-    const int A = H * hd;
+// qkv rows are [H query heads | KV key heads | KV value heads] (KV = H when kv is 0); query head h reads K/V head
+// h / (H / KV).
+ReferenceRow reference_attention(const std::vector<double> &qkv, int H, int hd, int t, int kv = 0) {
+    if (kv == 0) kv = H;
+    const int A = H * hd, KV = kv * hd, W = A + 2 * KV;
     ReferenceRow row{std::vector<double>(A, 0.0), std::vector<double>(A, 0.0), std::vector<double>(A, 0.0)};
     std::vector<double> p(t + 1);
     for (int h = 0; h < H; ++h) {
-        const double *q = qkv.data() + static_cast<size_t>(t) * 3 * A + h * hd;
+        const int g = h / (H / kv);
+        const double *q = qkv.data() + static_cast<size_t>(t) * W + h * hd;
         double mx = -INFINITY;
         for (int j = 0; j <= t; ++j) {
-            const double *k = qkv.data() + static_cast<size_t>(j) * 3 * A + A + h * hd;
+            const double *k = qkv.data() + static_cast<size_t>(j) * W + A + g * hd;
             double s = 0.0;
             for (int d = 0; d < hd; ++d) s += q[d] * k[d];
             p[j] = s / std::sqrt(static_cast<double>(hd));
@@ -276,7 +281,7 @@ ReferenceRow reference_attention(const std::vector<double> &qkv, int H, int hd, 
         double sum = 0.0;
         for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
         for (int j = 0; j <= t; ++j) {
-            const double *v = qkv.data() + static_cast<size_t>(j) * 3 * A + 2 * A + h * hd;
+            const double *v = qkv.data() + static_cast<size_t>(j) * W + A + KV + g * hd;
             const double rounding = std::ldexp(p[j], -11) + std::ldexp(1.0, -25);
             for (int d = 0; d < hd; ++d) {
                 row.out[h * hd + d] += p[j] * v[d];
@@ -302,24 +307,26 @@ ReferenceRow reference_attention(const std::vector<double> &qkv, int H, int hd, 
 // the tensor cores' FP32 accumulation may truncate, and an element sees <= 4 x 64 chained mma adds at T = 4096,
 // ~3e-5) + 1e-7 (FP16 subnormal outputs). A wrong index, mask or scale is off by a sizeable fraction of mag.
 double check_attention(int T, int H, int hd, const std::vector<int> &rows_in,
-                       tl::gpu::AttentionKernel kernel = tl::gpu::AttentionKernel::Auto, int misalign = 0) {
+                       tl::gpu::AttentionKernel kernel = tl::gpu::AttentionKernel::Auto, int misalign = 0, int kv = 0) {
     SCOPED_TRACE("T=" + std::to_string(T) + " H=" + std::to_string(H) + " hd=" + std::to_string(hd) + " kernel " +
-                 std::to_string(static_cast<int>(kernel)) + " misalign " + std::to_string(misalign));
-    const int A = H * hd;
+                 std::to_string(static_cast<int>(kernel)) + " misalign " + std::to_string(misalign) + " kv " +
+                 std::to_string(kv));
+    const int A = H * hd, W = A + 2 * (kv == 0 ? H : kv) * hd;  // W: one row of qkv
     // The kernel that runs: Auto picks the tensor cores for hd 64/128 with a 16-byte aligned qkv.
     const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore ||
                         (kernel == tl::gpu::AttentionKernel::Auto && (hd == 64 || hd == 128) && misalign % 8 == 0);
-    std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A + misalign, 0);
+    std::vector<uint16_t> qkv(static_cast<size_t>(T) * W + misalign, 0);
     std::normal_distribution<float> q_dist(0.0f, 2.0f), kv_dist(0.0f, 1.0f);
     for (int t = 0; t < T; ++t)
-        for (int i = 0; i < 3 * A; ++i)
-            qkv[misalign + static_cast<size_t>(t) * 3 * A + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
+        for (int i = 0; i < W; ++i)
+            qkv[misalign + static_cast<size_t>(t) * W + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
     DeviceArray<uint16_t> d_qkv(qkv.size()), out(static_cast<size_t>(T) * A);
     double worst = 0.0;
     [&] {
         ASSERT_TRUE(upload_guarded(d_qkv, qkv) && out.ok());
         CUDA_OK(out.poison(0xFF));  // FP16 NaN
-        ASSERT_TRUE(launched(tl::gpu::causal_attention(d_qkv.get() + misalign, out.get(), T, H, hd, nullptr, kernel)));
+        ASSERT_TRUE(launched(
+            tl::gpu::causal_attention(d_qkv.get() + misalign, out.get(), T, H, hd, nullptr, kernel, {}, kv)));
         std::vector<uint16_t> got;
         CUDA_OK(out.download(got));
         for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(half_to_float(got[i]))) << "element " << i;
@@ -329,7 +336,7 @@ double check_attention(int T, int H, int hd, const std::vector<int> &rows_in,
         if (rows.empty())
             for (int t = 0; t < T; ++t) rows.push_back(t);
         for (int t : rows) {
-            const ReferenceRow ref = reference_attention(qkv_d, H, hd, t);
+            const ReferenceRow ref = reference_attention(qkv_d, H, hd, t, kv);
             for (int i = 0; i < A; ++i) {
                 const double g = half_to_float(got[static_cast<size_t>(t) * A + i]);
                 const double bound = std::ldexp(std::fabs(ref.out[i]), -11) + (fp16_p ? ref.p_round[i] : 0.0) +
@@ -394,6 +401,68 @@ TEST(Kernels, AttentionSimt) {
         }
     }
     std::printf("SIMT attention: largest error / bound %.3f\n", worst);
+}
+
+// Grouped-query attention on both kernels: 8 query heads over 4, 2 and 1 K/V heads (and 6 over 3, hd 16), read in
+// place. A kernel that read K/V head h instead of h / group would be caught by the reference's O(1) difference.
+TEST(Kernels, AttentionGrouped) {
+    double worst = 0.0;
+    for (auto kernel : {tl::gpu::AttentionKernel::TensorCore, tl::gpu::AttentionKernel::Simt}) {
+        for (int hd : {64, 128}) {
+            for (int kv : {4, 2, 1}) {
+                for (int T : {1, 65, 300}) {
+                    worst = std::max(worst, check_attention(T, 8, hd, {}, kernel, 0, kv));
+                    if (HasFatalFailure()) return;
+                }
+            }
+        }
+    }
+    worst = std::max(worst, check_attention(130, 6, 16, {}, tl::gpu::AttentionKernel::Auto, 0, 3));
+    std::printf("grouped-query attention: largest error / bound %.3f\n", worst);
+    DeviceArray<uint16_t> buf(3 * 512);
+    EXPECT_LT(tl::gpu::causal_attention(buf.get(), buf.get() + 2 * 64 * 3, 1, 3, 64, nullptr,
+                                        tl::gpu::AttentionKernel::Auto, {}, 2),
+              0)
+        << "3 query heads over 2 K/V heads";
+}
+
+// RoPE with grouped K/V heads: the n_heads query heads and the n_kv_heads key heads of each row rotate, the value heads
+// stay as they are.
+TEST(Kernels, RopeGrouped) {
+    const int T = 37, H = 8, KV = 2, hd = 64, half = hd / 2, W = (H + 2 * KV) * hd;
+    const std::vector<uint16_t> qkv = random_half(static_cast<size_t>(T) * W, 1.0);
+    std::vector<float> cos_table, sin_table;
+    tl::rope_tables(T, hd, 10000.0f, cos_table, sin_table);
+    DeviceArray<uint16_t> d_qkv(qkv.size());
+    DeviceArray<float> d_cos(cos_table.size()), d_sin(sin_table.size());
+    ASSERT_TRUE(upload_guarded(d_qkv, qkv) && upload_guarded(d_cos, cos_table) && upload_guarded(d_sin, sin_table));
+    ASSERT_TRUE(launched(tl::gpu::rope_qk(d_qkv.get(), d_cos.get(), d_sin.get(), T, H, hd, nullptr, nullptr, KV)));
+    std::vector<uint16_t> got;
+    CUDA_OK(d_qkv.download(got));
+    for (int t = 0; t < T; ++t) {
+        for (int head = 0; head < H + 2 * KV; ++head) {
+            const size_t base = static_cast<size_t>(t) * W + static_cast<size_t>(head) * hd;
+            for (int i = 0; i < half; ++i) {
+                const size_t ia = base + i, ib = base + i + half;
+                if (head >= H + KV) {  // a value head
+                    ASSERT_EQ(got[ia], qkv[ia]) << "t " << t << " head " << head;
+                    ASSERT_EQ(got[ib], qkv[ib]) << "t " << t << " head " << head;
+                    continue;
+                }
+                const double cs = cos_table[static_cast<size_t>(t) * half + i];
+                const double sn = sin_table[static_cast<size_t>(t) * half + i];
+                const double a = half_to_float(qkv[ia]), b = half_to_float(qkv[ib]);
+                const double ref_a = a * cs - b * sn, ref_b = a * sn + b * cs;
+                const double slack = 1e-6 * (std::fabs(a) + std::fabs(b)) + 1e-7;
+                ASSERT_LE(std::fabs(half_to_float(got[ia]) - ref_a), kHalfTol * std::fabs(ref_a) + slack)
+                    << "t " << t << " head " << head << " i " << i;
+                ASSERT_LE(std::fabs(half_to_float(got[ib]) - ref_b), kHalfTol * std::fabs(ref_b) + slack)
+                    << "t " << t << " head " << head << " i " << i + half;
+            }
+        }
+    }
+    EXPECT_TRUE(d_qkv.guard_intact());
+    EXPECT_LT(tl::gpu::rope_qk(d_qkv.get(), d_cos.get(), d_sin.get(), T, H, hd, nullptr, nullptr, 3), 0);
 }
 
 // Packed sequences: each sequence's rows must equal the FP64 reference of that sequence alone (attention never
@@ -520,6 +589,37 @@ TEST(Kernels, AttentionRefusals) {
         EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 64, 1, 1, 64, nullptr, auto_kernel, bad),
                   tl::gpu::kRcBadArgument);
     }
+}
+
+// ---- Bias -----------------------------------------------------------------------------------------------------
+
+// y = fp16(y + bias) per row: one FP32 add and one rounding, so within half an FP16 ulp of the exact sum. Odd N
+// and a misaligned y take the scalar kernel, even N the half2 one.
+TEST(Kernels, Bias) {
+    for (auto [rows, n, offset] : {std::tuple{1, 2, 0}, {7, 192, 0}, {33, 4608, 0}, {5, 97, 0}, {6, 64, 1}}) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+        const size_t count = static_cast<size_t>(rows) * n;
+        const std::vector<uint16_t> y = random_half(count + offset, 1.0);
+        const std::vector<float> bias = random_float(n, 0.0, 0.5);
+        DeviceArray<uint16_t> yd(count + offset);
+        DeviceArray<float> bd(n);
+        ASSERT_TRUE(upload_guarded(yd, y) && upload_guarded(bd, bias));
+        ASSERT_TRUE(launched(tl::gpu::add_bias(yd.get() + offset, bd.get(), rows, n, nullptr)));
+        std::vector<uint16_t> got;
+        CUDA_OK(yd.download(got));
+        for (int i = 0; i < offset; ++i) ASSERT_EQ(got[i], y[i]) << "wrote before y";
+        for (size_t i = 0; i < count; ++i) {
+            const double ref = static_cast<double>(half_to_float(y[offset + i])) + bias[i % n];
+            const double g = half_to_float(got[offset + i]);
+            ASSERT_LE(std::fabs(g - ref), kHalfTol * std::fabs(ref) + 1e-7) << "y[" << i / n << "][" << i % n << "]";
+        }
+        EXPECT_TRUE(yd.guard_intact() && bd.guard_intact());
+    }
+    DeviceArray<uint16_t> yd(8);
+    DeviceArray<float> bd(8);
+    EXPECT_LT(tl::gpu::add_bias(nullptr, bd.get(), 1, 8, nullptr), 0);
+    EXPECT_LT(tl::gpu::add_bias(yd.get(), nullptr, 1, 8, nullptr), 0);
+    EXPECT_LT(tl::gpu::add_bias(yd.get(), bd.get(), 0, 8, nullptr), 0);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------------------

@@ -64,10 +64,34 @@ tl::ModelConfig tiny_config() {  // the CLI's "tiny" preset
     return c;
 }
 
+// tiny_config with RoPE scaling: the tables both backends read (score/rope.hpp) change, the kernels do not.
+tl::ModelConfig tiny_rope_config(tl::RopeScalingType type) {
+    tl::ModelConfig c = tiny_config();
+    c.rope_scaling.type = type;
+    c.rope_scaling.factor = 4.0;
+    c.rope_scaling.original_max_positions = 32;
+    c.rope_scaling.attention_factor = 1.2;
+    return c;
+}
+
 tl::ModelConfig d256_config(int32_t group_size) {
     tl::ModelConfig c;
     c.d_model = 256, c.n_heads = 4, c.head_dim = 64, c.ffn = 1024, c.vocab = 50257;
     c.pre = 2, c.loops = 4, c.max_seq = 256, c.group_size = group_size;
+    return c;
+}
+
+// Grouped-query attention: K/V heads shared by groups of query heads, read in place by both attention kernels.
+tl::ModelConfig tiny_gqa_config(int32_t kv_heads) {
+    tl::ModelConfig c = tiny_config();
+    c.n_kv_heads = kv_heads;
+    return c;
+}
+
+tl::ModelConfig d256_gqa_config(int32_t kv_heads) {
+    tl::ModelConfig c = d256_config(128);
+    c.n_kv_heads = kv_heads;
+    c.vocab = 1000;  // keeps the CPU reference quick
     return c;
 }
 
@@ -78,6 +102,7 @@ struct ModelCase {
     tl::ModelConfig config;
     Head head;
     bool mixed = false;  // pre.0.attn_out and loop.mlp_up dense: a dense block linear and an unfused gate/up
+    bool biases = false;  // every linear has a bias (SyntheticOptions::biases)
 };
 
 const std::vector<ModelCase> &model_cases() {
@@ -85,6 +110,13 @@ const std::vector<ModelCase> &model_cases() {
         {"tiny_g32_tied", tiny_config(), Head::Tied},
         {"tiny_g32_qhead", tiny_config(), Head::Quantized},
         {"tiny_g32_mixed", tiny_config(), Head::Tied, true},
+        // Biases on every linear: the fused gate|up weight carries both biases, the padded head its own.
+        {"tiny_g32_bias_qhead", tiny_config(), Head::Quantized, false, true},
+        {"tiny_g32_bias_mixed", tiny_config(), Head::Tied, true, true},
+        {"tiny_g32_llama3_rope", tiny_rope_config(tl::RopeScalingType::Llama3), Head::Tied},
+        {"tiny_g32_gqa", tiny_gqa_config(2), Head::Tied, false, true},  // grouped-query attention, with biases
+        {"d256_g128_mqa_qhead", d256_gqa_config(1), Head::Quantized},      // multi-query, head_dim 64: tensor cores
+        {"tiny_g32_yarn_rope", tiny_rope_config(tl::RopeScalingType::Yarn), Head::Quantized},
         {"d256_g128_qhead", d256_config(128), Head::Quantized},   // V = 50257: head padded to 50304
         {"d256_rows_qhead", d256_config(0), Head::Quantized},
         {"d256_rows_tied", d256_config(0), Head::Tied},           // the FP16 embedding as the head, through cuBLAS
@@ -96,6 +128,7 @@ std::unique_ptr<tl::Model> build_model(const ModelCase &mc) {
     tl::SyntheticOptions options;
     options.seed = rng()();
     options.quantize_head = mc.head == Head::Quantized;
+    options.biases = mc.biases;
     auto model = tl::make_synthetic_model(mc.config, options);
     if (mc.mixed) {
         // The dense model of the same seed holds the same underlying values (synthetic.hpp).

@@ -165,11 +165,23 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
     const auto file = read_safetensors(out, &metadata);
 
     EXPECT_EQ(metadata["format"], "tinyloop");
-    EXPECT_EQ(metadata["format_version"], "1");
+    EXPECT_EQ(metadata["format_version"], manifest["format_version"].get<std::string>());
     const json config = json::parse(metadata["config"]);
+    EXPECT_EQ(config.contains("rope_scaling"), manifest["config"].contains("rope_scaling"));
     for (const auto &kv : manifest["config"].items()) {
         ASSERT_TRUE(config.contains(kv.key())) << kv.key();
-        if (kv.value().is_number_float()) {
+        if (kv.value().is_object()) {  // rope_scaling: its doubles as the script computed them, to rounding
+            EXPECT_EQ(config[kv.key()].size(), kv.value().size()) << config[kv.key()].dump();
+            for (const auto &field : kv.value().items()) {
+                ASSERT_TRUE(config[kv.key()].contains(field.key())) << field.key();
+                const json &got = config[kv.key()][field.key()];
+                if (field.value().is_number_float()) {
+                    EXPECT_NEAR(got.get<double>(), field.value().get<double>(), 1e-14) << field.key();
+                } else {
+                    EXPECT_EQ(got, field.value()) << field.key();
+                }
+            }
+        } else if (kv.value().is_number_float()) {
             EXPECT_EQ(static_cast<float>(config[kv.key()].get<double>()), static_cast<float>(kv.value().get<double>()))
                 << kv.key();
         } else {
@@ -191,6 +203,11 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
     EXPECT_EQ(tensors, 1u + 2u * 3u + 1u);
     for (const auto &kv : manifest["linears"].items()) {
         const std::string name = kv.key(), storage = kv.value();
+        if (expected.count(name + ".bias")) {  // biases: F32 in the file, exactly the stored values
+            ASSERT_EQ(file.count(name + ".bias"), 1u) << name << " has no bias in the file";
+            expect_dense_equal(file.at(name + ".bias"), "F32", expected.at(name + ".bias"), name + ".bias");
+            ++tensors;
+        }
         if (storage == "INT4") {
             expect_int4_close(file, name, expected.at(name), expected.at(name + ".offset"));
             tensors += 3 + file.count(name + ".k_perm");
@@ -233,6 +250,158 @@ TEST(CheckpointImport, DenseF32ShardedMixedQkvDtypes) { check_round_trip("dense_
 TEST(CheckpointImport, GptqMisalignedWithDenseLinear) { check_round_trip("gptq"); }
 TEST(CheckpointImport, GptqPerRowWithoutGIdx) { check_round_trip("gptq_per_row"); }
 TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
+TEST(CheckpointImport, GptqSettingsInQuantizeConfigJson) { check_round_trip("gptq_quantize_config"); }
+TEST(CheckpointImport, Qwen2QkvBiasesGqa) { check_round_trip("qwen2_bias"); }
+TEST(CheckpointImport, GptqAttentionAndMlpBiases) { check_round_trip("gptq_biases"); }
+TEST(CheckpointImport, Llama3RopeScalingPlainConfig) { check_round_trip("llama3_rope"); }
+TEST(CheckpointImport, Qwen2YarnRopeScaling) { check_round_trip("qwen2_yarn"); }
+
+// RoPE scaling's parameters as transformers resolves them: YaRN's attention factor from mscale / mscale_all_dim, its
+// original length from max_position_embeddings when rope_scaling has none (not from the max_seq option), rope_type
+// "default" as plain RoPE, and transformers 5's rope_parameters with rope_theta inside.
+TEST(CheckpointImport, RopeScalingResolvedAsTransformersDoes) {
+    struct Case {
+        const char *name;
+        std::function<void(json &)> edit;
+        json want;  // the file's rope_scaling, or null for none
+        double rope_theta;
+    };
+    const std::vector<Case> cases = {
+        {"yarn mscale", [](json &c) {
+             c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5},
+                                  {"beta_fast", 0}, {"original_max_position_embeddings", 64}};
+         },
+         {{"type", "yarn"}, {"factor", 40.0}, {"original_max_position_embeddings", 64}, {"beta_fast", 32.0},
+          {"beta_slow", 1.0}, {"attention_factor", (0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1)},
+          {"truncate", true}},
+         500000.0},
+        {"yarn without original length", [](json &c) {
+             c["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"truncate", false}, {"attention_factor", 1.5}};
+         },
+         {{"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 128}, {"beta_fast", 32.0},
+          {"beta_slow", 1.0}, {"attention_factor", 1.5}, {"truncate", false}},
+         500000.0},
+        {"linear", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+         {{"type", "linear"}, {"factor", 2.0}}, 500000.0},
+        {"dynamic within its range", [](json &c) { c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; },
+         {{"type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 128}}, 500000.0},
+        {"default", [](json &c) { c["rope_scaling"] = {{"rope_type", "default"}}; }, nullptr, 500000.0},
+        {"rope_parameters", [](json &c) {
+             c.erase("rope_theta");
+             c["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 20000.0}};
+         },
+         {{"type", "linear"}, {"factor", 4.0}}, 20000.0},
+    };
+    tl_import_options o;
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.max_seq = 100;  // yarn's original length stays max_position_embeddings (128)
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.name);
+        const std::string out = scratch("rope.tinyloop");
+        const Result r = convert(with_config("dense_f16_tied", c.edit), out, &o);
+        ASSERT_EQ(r.status, TL_OK) << r.message;
+        std::map<std::string, std::string> metadata;
+        read_safetensors(out, &metadata);
+        const json config = json::parse(metadata["config"]);
+        EXPECT_EQ(static_cast<float>(config["rope_theta"].get<double>()), static_cast<float>(c.rope_theta));
+        if (c.want.is_null()) {
+            EXPECT_FALSE(config.contains("rope_scaling")) << config.dump();
+            EXPECT_EQ(metadata["format_version"], "1");
+            continue;
+        }
+        EXPECT_EQ(metadata["format_version"], "2");
+        ASSERT_TRUE(config.contains("rope_scaling"));
+        const json &got = config["rope_scaling"];
+        EXPECT_EQ(got.size(), c.want.size()) << got.dump();
+        for (const auto &kv : c.want.items()) {
+            if (kv.value().is_number_float()) {
+                EXPECT_NEAR(got[kv.key()].get<double>(), kv.value().get<double>(), 1e-14) << kv.key();
+            } else {
+                EXPECT_EQ(got[kv.key()], kv.value()) << kv.key();
+            }
+        }
+    }
+}
+TEST(CheckpointImport, PlainLlamaConfigLoopsOnce) { check_round_trip("plain_llama"); }
+
+// A looped model stored unrolled (a plain config, the looped layer stored three times) imports as the looped model:
+// the repeats are found and the block stored once with loops = 3, the same file content as the looped checkpoint's.
+TEST(CheckpointImport, UnrolledRepeatsStoredOnce) {
+    check_round_trip("unrolled");
+    const std::string unrolled = scratch("unrolled.tinyloop"), looped = scratch("looped.tinyloop");
+    ASSERT_EQ(convert(kData + "/unrolled", unrolled).status, TL_OK) << tl_last_error_message();
+    ASSERT_EQ(convert(kData + "/dense_f16_tied", looped).status, TL_OK) << tl_last_error_message();
+    const auto a = read_safetensors(unrolled), b = read_safetensors(looped);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto &kv : b) {
+        ASSERT_EQ(a.count(kv.first), 1u) << kv.first;
+        EXPECT_EQ(a.at(kv.first).dtype, kv.second.dtype) << kv.first;
+        EXPECT_TRUE(a.at(kv.first).data == kv.second.data) << kv.first;
+    }
+    // A layer that differs in one byte ends the repeats: then only the last layer is looped (once).
+    const std::string dir = copy_of("unrolled");
+    {
+        std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+        uint64_t header = 0;
+        f.read(reinterpret_cast<char *>(&header), sizeof header);
+        std::string text(header, ' ');
+        f.read(text.data(), static_cast<std::streamsize>(header));
+        const json h = json::parse(text);
+        const uint64_t begin = h["model.layers.3.mlp.up_proj.weight"]["data_offsets"][0];
+        f.seekp(static_cast<std::streamoff>(8 + header + begin));
+        f.put('\x55');
+    }
+    const std::string out = scratch("changed.tinyloop");
+    ASSERT_EQ(convert(dir, out).status, TL_OK) << tl_last_error_message();
+    std::map<std::string, std::string> metadata;
+    read_safetensors(out, &metadata);
+    const json config = json::parse(metadata["config"]);
+    EXPECT_EQ(config["pre"], 4);
+    EXPECT_EQ(config["loops"], 1);
+}
+
+// Settings in both config.json and quantize_config.json: accepted when they agree, refused naming the first field
+// where they do not.
+TEST(CheckpointImport, QuantizeConfigJsonAgreesWithConfig) {
+    std::string dir = copy_of("gptq");
+    write_json(dir + "/quantize_config.json", json{{"bits", 4}, {"group_size", 32}, {"desc_act", false},
+                                                   {"damp_percent", 0.01}, {"quant_method", "gptq"}});
+    ASSERT_EQ(convert(dir, scratch("agree.tinyloop")).status, TL_OK) << tl_last_error_message();
+    write_json(dir + "/quantize_config.json", json{{"bits", 4}, {"group_size", 64}});
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop")), TL_ERR_FORMAT, "config.json' and '",
+                   "quantize_config.json' disagree on 'group_size'", "= 32", "has 64");
+    write_json(dir + "/quantize_config.json", json{{"bits", 4}, {"group_size", 32}, {"is_marlin_format", true}});
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop")), TL_ERR_UNSUPPORTED, "is_marlin_format");
+    write_json(dir + "/quantize_config.json", json::array());
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop")), TL_ERR_FORMAT, "quantize_config.json': not a JSON object");
+}
+
+// Sliding-window attention is full attention for windows no longer than sliding_window: accepted then (or when it is
+// switched off), refused otherwise.
+TEST(CheckpointImport, SlidingWindowAcceptedWhereItIsFullAttention) {
+    const std::vector<std::pair<const char *, std::function<void(json &)>>> cases = {
+        {"window = max_seq", [](json &c) { c["model_type"] = "mistral", c["sliding_window"] = 128; }},
+        {"window null", [](json &c) { c["model_type"] = "mistral", c["sliding_window"] = nullptr; }},
+        {"use_sliding_window false",
+         [](json &c) { c["sliding_window"] = 16, c["use_sliding_window"] = false,
+                       c["max_window_layers"] = 2; }},
+        {"only full-attention layers",
+         [](json &c) { c["sliding_window"] = 16, c["layer_types"] = {"full_attention", "full_attention"}; }},
+    };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.first);
+        const Result r = convert(with_config("dense_f16_tied", c.second), scratch("out.tinyloop"));
+        EXPECT_EQ(r.status, TL_OK) << r.message;
+    }
+    tl_import_options o;
+    ASSERT_EQ(tl_import_options_init(&o, sizeof o), TL_OK);
+    o.max_seq = 64;
+    const std::string dir = with_config("dense_f16_tied", [](json &c) { c["sliding_window"] = 64; });
+    EXPECT_EQ(convert(dir, scratch("out.tinyloop"), &o).status, TL_OK) << tl_last_error_message();
+    o.max_seq = 65;
+    EXPECT_REFUSED(convert(dir, scratch("out.tinyloop"), &o), TL_ERR_UNSUPPORTED, "field 'sliding_window' = 64",
+                   "max_seq is 65 (the max_seq option)");
+}
 
 // Act-order: every INT4 linear is stored with its groups contiguous and a k_perm, and the model scores as its dense
 // twin (the same weights in F32) does, on the CPU and, where there is one, on the GPU. A k_perm ignored or applied the
@@ -324,9 +493,19 @@ TEST(CheckpointImportRefuses, NonFiniteScale) {
                    "model.layers.1.mlp.gate_proj.scales[0][0]", "not finite");
 }
 
-TEST(CheckpointImportRefuses, Bias) {
-    EXPECT_REFUSED(convert(kData + "/bad/bias", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
-                   "'model.layers.0.self_attn.q_proj.bias'", "biases");
+TEST(CheckpointImportRefuses, BiasesOnlyWhereTheConfigGivesThem) {
+    EXPECT_REFUSED(convert(kData + "/bad/bias", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "tensor 'model.layers.0.self_attn.q_proj.bias'", "config.json gives",
+                   "'model.layers.0.self_attn.q_proj' none");
+    EXPECT_REFUSED(convert(kData + "/bad/qwen2_o_proj_bias", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "tensor 'model.layers.2.self_attn.o_proj.bias'");
+    EXPECT_REFUSED(convert(kData + "/bad/missing_bias", scratch("out.tinyloop")), TL_ERR_FORMAT,
+                   "missing tensor 'model.layers.1.self_attn.k_proj.bias'",
+                   "Qwen2's q_proj, k_proj and v_proj have biases");
+    // attention_bias announces q, k, v and o biases, which this checkpoint lacks.
+    EXPECT_REFUSED(convert(with_config("dense_f16_tied", [](json &c) { c["attention_bias"] = true; }),
+                           scratch("out.tinyloop")),
+                   TL_ERR_FORMAT, "missing tensor 'model.layers.0.self_attn.q_proj.bias'", "attention_bias is true");
 }
 
 // ---- Refusals: config.json edited ----
@@ -363,12 +542,40 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          {"field 'num_key_value_heads'"}},
         {"head_dim wrong for the tensors", "dense_f16_tied", [](json &c) { c["head_dim"] = 8; }, TL_ERR_FORMAT,
          {"tensor 'model.layers.0.self_attn.q_proj.weight'", "shape [64, 64], expected [32, 64]"}},
-        {"rope_scaling", "dense_f16_tied", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
-         TL_ERR_UNSUPPORTED, {"field 'rope_scaling'"}},
+        {"rope_scaling longrope", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
+         },
+         TL_ERR_UNSUPPORTED, {"field 'rope_scaling.type' = 'longrope'", "linear, dynamic, llama3 and yarn"}},
+        {"rope_scaling field of another type", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}};
+         },
+         TL_ERR_UNSUPPORTED, {"field 'rope_scaling.low_freq_factor' = 1.0", "'linear' RoPE scaling"}},
+        {"dynamic rope past its range", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 64}};
+         },
+         TL_ERR_UNSUPPORTED,
+         {"field 'rope_scaling.rope_type' = 'dynamic'", "longer than 64 tokens", "max_seq is 128", "--max-seq"}},
+        {"llama3 without its context length", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {
+                 {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+         },
+         TL_ERR_FORMAT, {"field 'rope_scaling.original_max_position_embeddings' is missing"}},
+        {"rope factor 0", "dense_f16_tied", [](json &c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 0}}; },
+         TL_ERR_FORMAT, {"field 'rope_scaling.factor' = 0 must be positive"}},
+        {"rope_scaling and rope_parameters", "dense_f16_tied",
+         [](json &c) {
+             c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+             c["rope_parameters"] = {{"rope_type", "default"}};
+         },
+         TL_ERR_FORMAT, {"field 'rope_parameters'", "both set"}},
         {"hidden_act", "dense_f16_tied", [](json &c) { c["hidden_act"] = "gelu"; }, TL_ERR_UNSUPPORTED,
          {"field 'hidden_act' = 'gelu'"}},
-        {"attention_bias", "dense_f16_tied", [](json &c) { c["attention_bias"] = true; }, TL_ERR_UNSUPPORTED,
-         {"field 'attention_bias'"}},
+        {"attention_bias not a boolean", "dense_f16_tied", [](json &c) { c["attention_bias"] = 1; }, TL_ERR_FORMAT,
+         {"field 'attention_bias' must be true or false"}},
         {"untied without lm_head", "dense_f16_tied", [](json &c) { c["tie_word_embeddings"] = false; }, TL_ERR_FORMAT,
          {"missing tensor 'lm_head.weight'", "tie_word_embeddings is false"}},
         {"tied with a different lm_head", "dense_bf16_untied_gqa", [](json &c) { c["tie_word_embeddings"] = true; },
@@ -389,6 +596,48 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          TL_ERR_FORMAT, {".qweight'", "no quantization_config"}},
         {"not an object", "dense_f16_tied", [](json &c) { c = json::array(); }, TL_ERR_FORMAT,
          {"config.json': not a JSON object"}},
+        {"plain config without num_hidden_layers", "dense_f16_tied",
+         [](json &c) {
+             c.erase("num_pre_layers");
+             c.erase("num_loops");
+             c.erase("num_hidden_layers");
+         },
+         TL_ERR_FORMAT, {"field 'num_hidden_layers' is missing", "num_pre_layers and num_loops"}},
+        {"plain config, too few layers stored", "plain_llama", [](json &c) { c["num_hidden_layers"] = 2; },
+         TL_ERR_FORMAT, {"unexpected tensor 'model.layers.2.", "num_hidden_layers = 2"}},
+        {"sliding window", "dense_f16_tied",
+         [](json &c) {
+             c["model_type"] = "mistral";
+             c["sliding_window"] = 64;
+         },
+         TL_ERR_UNSUPPORTED,
+         {"field 'sliding_window' = 64", "sliding-window attention", "max_seq is 128 (max_position_embeddings)",
+          "--max-seq"}},
+        {"qwen2 sliding window switched on", "dense_f16_tied",
+         [](json &c) {
+             c["model_type"] = "qwen2";
+             c["sliding_window"] = 32;
+             c["use_sliding_window"] = true;
+         },
+         TL_ERR_UNSUPPORTED, {"field 'sliding_window' = 32"}},
+        {"layer_types", "dense_f16_tied", [](json &c) { c["layer_types"] = {"full_attention", "chunked_attention"}; },
+         TL_ERR_UNSUPPORTED, {"field 'layer_types'", "'chunked_attention'"}},
+        {"gemma", "dense_f16_tied", [](json &c) { c["model_type"] = "gemma2"; }, TL_ERR_UNSUPPORTED,
+         {"field 'model_type' = 'gemma2'", "1 + weight", "sqrt(hidden_size)", "GELU"}},
+        {"gemma's activation", "dense_f16_tied", [](json &c) { c["hidden_activation"] = "gelu_pytorch_tanh"; },
+         TL_ERR_UNSUPPORTED, {"field 'hidden_activation'", "'gelu_pytorch_tanh'", "Gemma"}},
+        {"another family", "dense_f16_tied", [](json &c) { c["model_type"] = "phi3"; }, TL_ERR_UNSUPPORTED,
+         {"field 'model_type' = 'phi3'", "Llama-family"}},
+        {"a field the importer does not know", "dense_f16_tied", [](json &c) { c["query_pre_attn_scalar"] = 256; },
+         TL_ERR_UNSUPPORTED, {"field 'query_pre_attn_scalar' = 256", "not a field this importer reads",
+          "docs/import.md"}},
+        {"a quantization field the importer does not know", "gptq",
+         [](json &c) { c["quantization_config"]["act_group_aware"] = true; }, TL_ERR_UNSUPPORTED,
+         {"field 'quantization_config.act_group_aware' = true"}},
+        {"partial rotary", "dense_f16_tied", [](json &c) { c["partial_rotary_factor"] = 0.5; }, TL_ERR_UNSUPPORTED,
+         {"field 'partial_rotary_factor' = 0.5"}},
+        {"fields the importer ignores", "dense_f16_tied",
+         [](json &c) { c["eos_token_id"] = json::array({1, 2}), c["attention_dropout"] = 0.1; }, TL_OK, {}},
     };
     for (const ConfigCase &c : cases) {
         SCOPED_TRACE(c.name);

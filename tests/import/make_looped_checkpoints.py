@@ -12,11 +12,11 @@ Hugging Face-style checkpoints"). Next to it:
                           <b>mlp_norm.weight, final_norm.weight [D], each linear <b>attn_qkv, <b>attn_out, <b>mlp_gate,
                           <b>mlp_up, <b>mlp_down and (untied) head as W transposed, [N, K]; for an INT4 linear also
                           <p>.offset [N, G], |z * s|, which bounds the one FP16 rounding of the offset z' = -z * s
-  V.expected.json         {"config": the .tinyloop config, "embed_dtype", "head": "tied" | "dense" | "int4",
-                          "linears": {name: "F16" | "BF16" | "F32" | "INT4"}}
+  V.expected.json         {"config": the .tinyloop config, "embed_dtype", "format_version", "head": "tied" | "dense" |
+                          "int4", "linears": {name: "F16" | "BF16" | "F32" | "INT4"}}
 The expected values are the stored values themselves (what F16 / BF16 / F32 encode), assembled here in the layout the
-docs give: attn_qkv is q_proj's rows, then for each query head h the rows of K head h // (H / KV), then the same for
-V (grouped-query attention repeated). INT4 layers come from make_int4_checkpoints.make_layer, whose expected
+docs give: attn_qkv is q_proj's rows, then k_proj's, then v_proj's (grouped-query attention stays grouped: the
+config's n_kv_heads), biases likewise. INT4 layers come from make_int4_checkpoints.make_layer, whose expected
 (q - z) * s is computed from its own independent unpacking.
 
 OUT_DIR/gptq_act_order_dense/ is gptq_act_order's model with every INT4 linear written dense (F32 [N, K], the
@@ -24,6 +24,7 @@ expected values): both must score alike. OUT_DIR/bad/* are checkpoints the conve
 one's status and message).
 """
 import json
+import math
 import os
 import random
 import shutil
@@ -55,7 +56,8 @@ def encode(dtype, x):
 
 class Variant:
     def __init__(self, name, dtype="F16", tied=True, head_dim=None, kv_heads=None, quant=None, group=GROUP,
-                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False):
+                 dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False, plain=False,
+                 biases=None):
         self.name = name
         self.rng = random.Random(f"{SEED}-{name}")
         self.dtype = dtype
@@ -68,6 +70,8 @@ class Variant:
         self.dtype_of = dtype_of or {}  # HF proj key ("k", ...) -> dtype, overriding `dtype` for dense linears
         self.head_dtype = head_dtype
         self.act_order = act_order  # GPTQ: every INT4 linear's K rows reordered as desc_act leaves them
+        # Which linears have a .bias: None; "qwen2" (q, k, v: model_type qwen2); "all" (attention_bias and mlp_bias).
+        self.biases = {None: set(), "qwen2": {"q", "k", "v"}, "all": {"q", "k", "v", "o", "gate", "up", "down"}}[biases]
         self.perms = {}  # input name -> the row order of the linears that read it
         self.dense_twin = {}  # HF linear name -> its weight [N, K] as F32: the same model, written dense
         self.tensors = {}  # the checkpoint: name -> (dtype, shape, items)
@@ -85,6 +89,20 @@ class Variant:
             self.config.update({"max_position_embeddings": max_seq, "rope_theta": rope_theta, "rms_norm_eps": eps,
                                 "num_hidden_layers": P + 1, "hidden_act": "silu", "rope_scaling": None,
                                 "attention_bias": False, "head_dim": None})
+        if plain:
+            # A Llama config as transformers writes it: no num_pre_layers / num_loops, the layer count, and fields
+            # the importer ignores (docs/import.md).
+            for key in ("num_pre_layers", "num_loops"):
+                del self.config[key]
+            self.config.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                "num_hidden_layers": P + 1, "bos_token_id": 1, "eos_token_id": [2, 3],
+                                "pad_token_id": None, "use_cache": True, "initializer_range": 0.02,
+                                "pretraining_tp": 1, "attention_dropout": 0.0, "mlp_bias": False,
+                                "transformers_version": "4.46.0"})
+        if biases == "qwen2":
+            self.config["model_type"] = "qwen2"
+        elif biases == "all":
+            self.config.update({"attention_bias": True, "mlp_bias": True})
         if head_dim:
             self.config["head_dim"] = head_dim
         if kv_heads:
@@ -96,9 +114,13 @@ class Variant:
             self.config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group or -1,
                                                   "version": "gemm", "zero_point": True}
         self.tl_config = {"d_model": D, "n_heads": H, "head_dim": self.hd, "ffn": F, "vocab": V, "pre": P,
-                          "loops": LOOPS, "max_seq": max_seq, "group_size": group if quant else 0, "bits": 4,
+                          "loops": 1 if plain else LOOPS, "max_seq": max_seq, "group_size": group if quant else 0,
+                          "bits": 4,
                           "rope_theta": rope_theta, "norm_eps": eps}
+        if self.kv != H:
+            self.tl_config["n_kv_heads"] = self.kv
         self.a = a
+        self.quantize_config = None  # AutoGPTQ's quantize_config.json, written next to config.json when set
 
     def dense(self, name, rows, cols, std, mean=0.0, dtype=None):
         """A dense tensor [rows, cols] of the checkpoint; returns its stored values as rows."""
@@ -112,8 +134,16 @@ class Variant:
         return [values[r * cols:(r + 1) * cols] for r in range(rows)], dtype
 
     def linear(self, hf, k, n, proj):
-        """One linear (K inputs, N outputs): dense [N, K] or INT4. Returns (rows [N][K], offsets [N][G] or None,
-        storage dtype or "INT4")."""
+        """One linear (K inputs, N outputs): dense [N, K] or INT4, and its bias if it has one. Returns (rows [N][K],
+        offsets [N][G] or None, storage dtype or "INT4", bias [N] or None)."""
+        rows, offsets, storage = self.weight(hf, k, n, proj)
+        bias = None
+        if proj in self.biases:
+            dtype = storage if storage in ("F16", "BF16", "F32") else "F16"  # GPTQ / AWQ store F16 biases
+            (bias,), _ = self.dense(f"{hf}.bias", 1, n, 0.1, dtype=dtype)
+        return rows, offsets, storage, bias
+
+    def weight(self, hf, k, n, proj):
         if self.quant and hf not in self.dense_linears:
             layer = int4.make_layer(self.rng, self.quant, k, n, self.group)
             if self.act_order:
@@ -141,8 +171,10 @@ class Variant:
         rows, dtype = self.dense(f"{hf}.weight", n, k, 1.0 / k ** 0.5, dtype=self.dtype_of.get(proj))
         return rows, None, dtype
 
-    def put(self, name, rows, offsets, storage):
+    def put(self, name, rows, offsets, storage, bias=None):
         self.expected[name] = ("F32", [len(rows), len(rows[0])], [x for row in rows for x in row])
+        if bias is not None:
+            self.expected[name + ".bias"] = ("F32", [len(bias)], bias)
         if offsets is not None:
             self.expected[name + ".offset"] = ("F32", [len(offsets), len(offsets[0])],
                                                [x for row in offsets for x in row])
@@ -161,17 +193,18 @@ class Variant:
             q = self.linear(layer + PROJ["q"], D, self.a, "q")
             k = self.linear(layer + PROJ["k"], D, kv, "k")
             v = self.linear(layer + PROJ["v"], D, kv, "v")
-            # [q | k | v], K/V heads repeated for grouped-query attention (query head h reads K/V head h // group).
-            group = H // self.kv
+            # [q | k | v]: the projections' rows as they are, K/V heads once each (grouped-query attention stays
+            # grouped: n_kv_heads).
             rows, offsets = list(q[0]), list(q[1]) if q[1] else None
+            bias = list(q[3]) if q[3] is not None else None
             for src in (k, v):
-                for h in range(H):
-                    j = h // group
-                    rows += src[0][j * self.hd:(j + 1) * self.hd]
-                    if offsets is not None:
-                        offsets += src[1][j * self.hd:(j + 1) * self.hd]
+                rows += src[0]
+                if offsets is not None:
+                    offsets += src[1]
+                if bias is not None:
+                    bias += src[3]
             storages = {q[2], k[2], v[2]}
-            self.put(block + "attn_qkv", rows, offsets, storages.pop() if len(storages) == 1 else "F32")
+            self.put(block + "attn_qkv", rows, offsets, storages.pop() if len(storages) == 1 else "F32", bias)
             for proj, tl, kk, n in (("o", "attn_out", self.a, D), ("gate", "mlp_gate", D, F),
                                     ("up", "mlp_up", D, F), ("down", "mlp_down", F, D)):
                 self.put(block + tl, *self.linear(layer + PROJ[proj], kk, n, proj))
@@ -188,6 +221,9 @@ class Variant:
         os.makedirs(folder)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(self.config, f, indent=2)
+        if self.quantize_config is not None:
+            with open(os.path.join(folder, "quantize_config.json"), "w") as f:
+                json.dump(self.quantize_config, f, indent=2)
         names = sorted(self.tensors)
         if shards == 1:
             int4.write_safetensors(os.path.join(folder, "model.safetensors"), self.tensors, {"format": "pt"}, misalign)
@@ -205,6 +241,8 @@ class Variant:
         int4.write_safetensors(os.path.join(out, self.name + ".expected.safetensors"), self.expected)
         with open(os.path.join(out, self.name + ".expected.json"), "w") as f:
             json.dump({"config": self.tl_config, "embed_dtype": self.embed_dtype,
+                       "format_version": "2" if self.biases or "rope_scaling" in self.tl_config or self.kv != H
+                       else "1",
                        "head": "tied" if self.tied else "int4" if self.linears["head"] == "INT4" else "dense",
                        "linears": self.linears}, f, indent=2)
 
@@ -248,6 +286,48 @@ def main():
     twin.write(out, checkpoint_only=True)
     # AWQ GEMM, group 32, grouped-query attention (the INT4 K/V rows repeated), a BF16 head.
     Variant("awq", tied=False, quant="awq", kv_heads=2, head_dtype="BF16").build().write(out)
+    # Qwen2-style: q, k and v with biases (BF16, as the weights), grouped-query attention.
+    qwen2 = Variant("qwen2_bias", dtype="BF16", kv_heads=2, biases="qwen2").build()
+    qwen2.write(out)
+    # GPTQ with attention_bias and mlp_bias: every block linear has an F16 bias next to its INT4 tensors.
+    Variant("gptq_biases", tied=False, quant="gptq", biases="all").build().write(out)
+    # Llama-3-style: a plain config, grouped-query attention, llama3 RoPE scaling, a separate head.
+    v = Variant("llama3_rope", tied=False, kv_heads=2, plain=True).build()
+    v.config["rope_scaling"] = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 32, "rope_type": "llama3"}
+    v.tl_config["rope_scaling"] = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 32}
+    v.write(out)
+    # Qwen2-style with YaRN (transformers' "type" key; original_max_position_embeddings given, the attention factor
+    # from the factor: 0.1 ln 4 + 1).
+    v = Variant("qwen2_yarn", kv_heads=2, biases="qwen2").build()
+    v.config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    v.tl_config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                   "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 0.1 * math.log(4.0) + 1.0,
+                                   "truncate": True}
+    v.write(out)
+    # GPTQ whose settings are only in AutoGPTQ's quantize_config.json (older AutoGPTQ: no quant_method).
+    v = Variant("gptq_quantize_config", quant="gptq").build()
+    v.quantize_config = {"bits": 4, "group_size": GROUP, "damp_percent": 0.01, "desc_act": False,
+                         "static_groups": False, "sym": False, "true_sequential": True, "model_name_or_path": None,
+                         "model_file_base_name": "model"}
+    del v.config["quantization_config"]
+    v.write(out)
+    # A plain Llama config (no num_pre_layers / num_loops): its three distinct layers are two pre blocks and the looped
+    # block, applied once.
+    Variant("plain_llama", plain=True).build().write(out)
+    # dense_f16_tied's model stored unrolled, as a Llama checkpoint: layers 2, 3 and 4 are the looped block stored three
+    # times. The importer finds the repeats and stores the block once, looped 3 times: the same model as
+    # dense_f16_tied's.
+    v = Variant("dense_f16_tied", plain=True).build()
+    v.name = "unrolled"
+    for layer in range(P + 1, P + LOOPS):
+        prefix = f"model.layers.{P}."
+        for name in [n for n in v.tensors if n.startswith(prefix)]:
+            v.tensors[f"model.layers.{layer}." + name[len(prefix):]] = v.tensors[name]
+    v.config["num_hidden_layers"] = P + LOOPS
+    v.tl_config["loops"] = LOOPS
+    v.write(out)
 
     # ---- Checkpoints to refuse ----
     bad = os.path.join(out, "bad")
@@ -286,9 +366,14 @@ def main():
         v.tensors["model.layers.1.mlp.gate_proj.scales"] = (dtype, shape, [0x7C00] + items[1:])
     variant_from(gptq, "infinite_scale", bad_scales)
 
-    def bias(v):
+    def bias(v):  # a bias no config field announces
         v.tensors["model.layers.0.self_attn.q_proj.bias"] = ("F16", [D], [0] * D)
     variant_from(base, "bias", bias)
+    variant_from(qwen2, "missing_bias", lambda v: v.tensors.pop("model.layers.1.self_attn.k_proj.bias"))
+
+    def o_proj_bias(v):  # Qwen2's o_proj has none
+        v.tensors["model.layers.2.self_attn.o_proj.bias"] = ("BF16", [D], [0] * D)
+    variant_from(qwen2, "qwen2_o_proj_bias", o_proj_bias)
     return 0
 
 

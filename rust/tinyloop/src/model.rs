@@ -279,14 +279,15 @@ impl Default for ImportOptions {
     }
 }
 
-/// Converts a Hugging Face-style checkpoint folder of a looped model (`config.json` and `model.safetensors`, or a
-/// sharded index; dense, GPTQ v1 or AWQ GEMM linears) into the `.tinyloop` file `out`, which [`Model::load`] then
-/// reads (docs/format.md, "Importing Hugging Face-style checkpoints"). Nothing is written unless the whole
-/// conversion succeeds.
+/// Converts a Hugging Face-style checkpoint folder (`config.json` of a Llama, Mistral or Qwen2 model or of a looped
+/// one, and `model.safetensors`, or a sharded index; dense, GPTQ v1 or AWQ GEMM linears) into the `.tinyloop` file
+/// `out`, which [`Model::load`] then reads (docs/import.md). Nothing is written unless the whole conversion
+/// succeeds.
 ///
 /// Errors: [`Error::Io`] for a folder or file that cannot be read or written, [`Error::Format`] for a malformed
-/// config or tensor, [`Error::Unsupported`] for what the library does not import (8-bit weights, biases,
-/// act-order q, k and v in different K orders, ...); each message names the file and the field or tensor.
+/// config or tensor, [`Error::Unsupported`] for what the library does not import (8-bit weights, Gemma, a sliding
+/// window narrower than max_seq, a config field it does not know, ...); each message names the file and the field
+/// or tensor.
 pub fn import_checkpoint(dir: impl AsRef<Path>, out: impl AsRef<Path>, options: &ImportOptions) -> Result<()> {
     let (dir, out) = (path_to_c(dir.as_ref())?, path_to_c(out.as_ref())?);
     let max_seq = match options.max_seq {
