@@ -482,7 +482,8 @@ static const int32_t TL_DISPATCH_MARLIN_MODE = 3;
  *  kernels lose there), weights with K·N >= 2^27 at twice this (measured: the wgmma kernel still wins at 512 rows
  *  there). */
 static const int32_t TL_DISPATCH_CUBLAS_MIN_M = 4;
-/** GPU scoring's attention: 0 (default) the tensor-core kernel where it runs, 1 the FP32 SIMT kernel (A/B runs). */
+/** GPU scoring's attention: 0 (default) the fastest tensor-core kernel that runs (warpgroup MMA on compute capability
+ *  9.0, else mma.sync), 1 the FP32 SIMT kernel, 2 the mma.sync kernel (A/B runs). */
 static const int32_t TL_DISPATCH_ATTENTION = 5;
 
 /** Sets the process-wide default of a dispatcher setting: every handle that has not set it uses `value` from its

@@ -314,8 +314,11 @@ void apply_dispatch_environment(tl_model *model) {
     }
     if (const char *attention = std::getenv("TINYLOOP_ATTENTION"); attention != nullptr && *attention != '\0') {
         const std::string a = attention;
-        if (a != "simt" && a != "auto") throw UsageError("TINYLOOP_ATTENTION='" + a + "' is not simt or auto");
-        check(tl_model_set_dispatch(model, TL_DISPATCH_ATTENTION, a == "simt" ? 1 : 0), "TINYLOOP_ATTENTION");
+        if (a != "simt" && a != "auto" && a != "mma") {
+            throw UsageError("TINYLOOP_ATTENTION='" + a + "' is not auto, simt or mma");
+        }
+        check(tl_model_set_dispatch(model, TL_DISPATCH_ATTENTION, a == "simt" ? 1 : a == "mma" ? 2 : 0),
+              "TINYLOOP_ATTENTION");
     }
 }
 

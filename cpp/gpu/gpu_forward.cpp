@@ -87,8 +87,10 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions(),
                               KV),
                  "RoPE");
-        const gpu::AttentionKernel attention =
-            s.dispatch[DispatchSetting::Attention] == 1 ? gpu::AttentionKernel::Simt : gpu::AttentionKernel::Auto;
+        const int32_t attention_setting = s.dispatch[DispatchSetting::Attention];
+        const gpu::AttentionKernel attention = attention_setting == 1   ? gpu::AttentionKernel::Simt
+                                               : attention_setting == 2 ? gpu::AttentionKernel::TensorCore
+                                                                        : gpu::AttentionKernel::Auto;
         check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, attention, segments, KV), "attention");
         gemm(s, b.out, att, proj, T, stream, fp16[1]);
         check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),

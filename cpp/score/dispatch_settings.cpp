@@ -26,9 +26,9 @@ size_t index_of(DispatchSetting setting) {
 
 void check_dispatch_value(DispatchSetting setting, int32_t value) {
     index_of(setting);
-    const int32_t max = setting == DispatchSetting::MarlinMode   ? 2
-                        : setting == DispatchSetting::CublasMinM ? INT32_MAX
-                                                                 : 1;
+    const int32_t max = setting == DispatchSetting::MarlinMode || setting == DispatchSetting::Attention ? 2
+                        : setting == DispatchSetting::CublasMinM                                       ? INT32_MAX
+                                                                                                       : 1;
     if (value < 0 || value > max) {
         fail(TL_ERR_INVALID_ARGUMENT,
              "value " + std::to_string(value) + " is out of range [0, " + std::to_string(max) + "] for setting " +

@@ -19,7 +19,7 @@ enum class DispatchSetting : int32_t {
     CrossIterRound = 2,  // 0 / 1: cross-iteration rounding (CPU backend)
     MarlinMode = 3,      // 0 the faster form, 1 fused, 2 correction
     CublasMinM = 4,      // rows from which dequantize + cuBLAS replaces the Marlin-class kernel; 0 = never
-    Attention = 5,       // 0 the tensor-core attention where it runs, 1 the FP32 SIMT kernel
+    Attention = 5,       // 0 the fastest tensor-core attention that runs, 1 the FP32 SIMT kernel, 2 the mma.sync one
 };
 constexpr int32_t kDispatchSettings = 6;
 

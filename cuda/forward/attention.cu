@@ -223,6 +223,9 @@ int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_k
 
 }  // namespace
 
+// attention_wgmma.cu
+int causal_attention_wgmma(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads, int head_dim,
+                           Segments segments, cudaStream_t stream);
 // attention_mma.cu
 bool attention_tensor_core_supported(const uint16_t *qkv, const uint16_t *out, int head_dim);
 int causal_attention_tensor_core(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads,
@@ -245,6 +248,11 @@ int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_head
     // qkv rows are read as half2: the row stride and head offsets are even, so 4-byte alignment of qkv suffices.
     if ((reinterpret_cast<uintptr_t>(qkv) & 3u) != 0 || (reinterpret_cast<uintptr_t>(out) & 3u) != 0) {
         return kRcBadArgument;
+    }
+    if (kernel == AttentionKernel::Wgmma || kernel == AttentionKernel::Auto) {
+        const int rc = causal_attention_wgmma(qkv, out, t_count, n_heads, n_kv_heads, head_dim, segments, stream);
+        // Auto goes on to the mma.sync kernel where this one does not run (not compute capability 9.0, or the shape).
+        if (rc != kRcUnsupported || kernel == AttentionKernel::Wgmma) return rc;
     }
     if (kernel == AttentionKernel::TensorCore ||
         (kernel == AttentionKernel::Auto && attention_tensor_core_supported(qkv, out, head_dim))) {

@@ -60,14 +60,18 @@ constexpr int kMaxSegments = 65535;  // the grid's z dimension
 // h / (n_heads / n_kv_heads) where it lies (grouped-query attention, nothing copied; n_kv_heads must divide n_heads,
 // 0 means n_heads). With `segments`, each row attends to the rows of its own sequence up to itself only.
 // Tiled with an online softmax in FP32 (no T x T matrix in memory). head_dim even and <= kAttentionMaxHeadDim (else
-// kRcUnsupported). Any T >= 1; segments.count <= kMaxSegments. Two kernels:
-//  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, probabilities rounded to FP16 for the
-//    P V product (as FlashAttention does); head_dim 64 or 128, qkv 16-byte aligned, out 4-byte aligned.
+// kRcUnsupported). Any T >= 1; segments.count <= kMaxSegments. Three kernels:
+//  - Wgmma (attention_wgmma.cu, compute capability 9.0, built for sm_90a): warpgroup MMA, 128 queries x 128 keys per
+//    step, probabilities rounded to FP16 for the P V product; head_dim 64 or 128, qkv 16-byte aligned, out 4-byte
+//    aligned.
+//  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, the same rounding and requirements.
 //  - Simt (attention.cu): FP32 FMA throughout, 32 x 32 tiles; any head_dim, qkv and out 4-byte aligned.
-// Auto picks TensorCore where it applies, else Simt (the dispatcher setting Attention = 1 asks for Simt, for A/B runs).
-// Asking for TensorCore where it does not apply returns kRcUnsupported.
+// Auto picks the first that applies of Wgmma, TensorCore, Simt (the dispatcher setting Attention asks for one, for
+// A/B runs). Asking for Wgmma or TensorCore where it does not apply returns kRcUnsupported.
 constexpr int kAttentionMaxHeadDim = 256;
-enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2 };
+enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2, Wgmma = 3 };
+// Whether the library holds the sm_90a attention kernel (it runs on compute capability 9.0 alone).
+bool attention_wgmma_built();
 int causal_attention(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int head_dim,
                      cudaStream_t stream, AttentionKernel kernel = AttentionKernel::Auto, Segments segments = {},
                      int n_kv_heads = 0);

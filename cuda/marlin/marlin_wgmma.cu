@@ -28,6 +28,7 @@
 // the copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (measured on the H200:
 // 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, against every warp copying). One warpgroup cannot
 // be specialized that way: at two blocks per SM, ptxas would hold the consumers to 128 registers.
+#include "../wgmma.cuh"
 #include "marlin_device.cuh"
 
 namespace tl::gpu::marlin {
@@ -57,118 +58,6 @@ struct WgmmaLayout {
     static constexpr int kFragBufs = WGS == 1 ? 2 : 4;
     static constexpr int kPartialFloats = WGS * 4 * kWords * kNB * 32 * 4;  // cut-tile sums: [warp][w][nb][lane][4]
 };
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Keeps the compiler from moving reads or writes of an accumulator across the asynchronous wgmma's boundaries.
-template <int R>
-__device__ __forceinline__ void pin(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// Descriptor of a K-major operand in the 128-byte swizzle: start address >> 4, leading byte offset (unused by this
-// layout; 16), stride byte offset 1024 (from one 8-row group to the next), layout type 1 in bits 62-63.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-    return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
-           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// D[64 x 64] += A[64 x 16] (registers: this warp's 16 rows) * B[16 x 64] (shared memory, K-major).
-#define TL_WGMMA_64X64X16(TYPE) \
-    asm volatile( \
-        "{\n" \
-        ".reg .pred p;\n" \
-        "setp.ne.b32 p, %37, 0;\n" \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n" \
-        "}\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1) \
-        : "memory")
-template <Dtype D>
-__device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-    if constexpr (D == Dtype::F16) {
-        TL_WGMMA_64X64X16("f16");
-    } else {
-        TL_WGMMA_64X64X16("bf16");
-    }
-}
-#undef TL_WGMMA_64X64X16
-
-// D[64 x 32] += A[64 x 16] (registers: this warp's 16 rows) * B[16 x 32] (shared memory, K-major).
-#define TL_WGMMA_64X32X16(TYPE) \
-    asm volatile( \
-        "{\n" \
-        ".reg .pred p;\n" \
-        "setp.ne.b32 p, %21, 0;\n" \
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " " \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n" \
-        "}\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1) \
-        : "memory")
-template <Dtype D>
-__device__ __forceinline__ void wgmma_64x32x16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
-    if constexpr (D == Dtype::F16) {
-        TL_WGMMA_64X32X16("f16");
-    } else {
-        TL_WGMMA_64X32X16("bf16");
-    }
-}
-#undef TL_WGMMA_64X32X16
-
-// D[64 x 128] += A[64 x 16] (registers) * B[16 x 128] (shared memory, K-major).
-#define TL_WGMMA_64X128X16(TYPE) \
-    asm volatile( \
-        "{\n" \
-        ".reg .pred p;\n" \
-        "setp.ne.b32 p, %69, 0;\n" \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n" \
-        "}\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1) \
-        : "memory")
-template <Dtype D>
-__device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-    if constexpr (D == Dtype::F16) {
-        TL_WGMMA_64X128X16("f16");
-    } else {
-        TL_WGMMA_64X128X16("bf16");
-    }
-}
-#undef TL_WGMMA_64X128X16
-
-// The shape by the accumulator's size: 16 registers = m64n32k16, 32 = m64n64k16, 64 = m64n128k16.
-template <Dtype D>
-__device__ __forceinline__ void wgmma_64xRx16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
-    wgmma_64x32x16<D>(d, a, desc);
-}
-template <Dtype D>
-__device__ __forceinline__ void wgmma_64xRx16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-    wgmma_64x64x16<D>(d, a, desc);
-}
-template <Dtype D>
-__device__ __forceinline__ void wgmma_64xRx16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-    wgmma_64x128x16<D>(d, a, desc);
-}
 
 // ---- mbarriers (the producer / consumer ring of the warp-specialized kernel)
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -295,12 +184,12 @@ struct WgmmaTile {
         for (int wi = 0; wi < L::kWords; ++wi) {
 #pragma unroll
             for (int i = 0; i < L::kNB * 4; ++i) acc[wi][i] = 0.0f;
-            pin(acc[wi]);
+            wgmma::pin(acc[wi]);
         }
     }
     __device__ __forceinline__ void pin_all() {
 #pragma unroll
-        for (int wi = 0; wi < L::kWords; ++wi) pin(acc[wi]);
+        for (int wi = 0; wi < L::kWords; ++wi) wgmma::pin(acc[wi]);
     }
 
     // The four k16 steps of the slice in the stage at st (generic pointer) / st_addr (shared address).
@@ -335,21 +224,21 @@ struct WgmmaTile {
                 dequant_word<L::kFused, L::kDtype>(words[wi], s8[2 * wi], s8[2 * wi + 1], z8[2 * wi], z8[2 * wi + 1],
                                         frag[wi]);
             }
-            wgmma_fence();
-            const uint64_t desc = desc_sw128(st_addr + k16 * 32);
+            wgmma::fence();
+            const uint64_t desc = wgmma::desc_sw128(st_addr + k16 * 32);
 #pragma unroll
-            for (int wi = 0; wi < kWords; ++wi) wgmma_64xRx16<L::kDtype>(acc[wi], frag[wi], desc);
-            wgmma_commit();
+            for (int wi = 0; wi < kWords; ++wi) wgmma::mma_rs<L::kDtype>(acc[wi], frag[wi], desc, true);
+            wgmma::commit();
             // Step k16 + 1 - kFragBufs is done: its fragment buffer may be refilled. (At most 4 steps in flight, so
             // a stage is free two slices after it was consumed.)
-            wgmma_wait<L::kFragBufs - 1>();
+            wgmma::wait<L::kFragBufs - 1>();
         }
     }
 
     // After a tile's last slice of the range: the wgmma drained, the tile written or its sums added (finish), the
     // accumulators zeroed for the next.
     __device__ __forceinline__ void end_tile(const Params &p, int tile, int iters, int warp, int lane) {
-        wgmma_wait<0>();
+        wgmma::wait<0>();
         pin_all();
         finish(p, tile, iters, warp, lane);
         zero();

@@ -130,7 +130,7 @@ Test(gpu, dispatch_settings_round_trip_and_reject_bad_values) {
     ASSERT_OK(tl_set_dispatch(TL_DISPATCH_ATTENTION, 1));
     ASSERT_OK(tl_get_dispatch(TL_DISPATCH_ATTENTION, &value));
     cr_assert_eq(value, 1);
-    ASSERT_FAILS_NAMING(tl_set_dispatch(TL_DISPATCH_ATTENTION, 2), TL_ERR_INVALID_ARGUMENT, "value");
+    ASSERT_FAILS_NAMING(tl_set_dispatch(TL_DISPATCH_ATTENTION, 3), TL_ERR_INVALID_ARGUMENT, "value");
     ASSERT_FAILS_NAMING(tl_set_dispatch(6, 0), TL_ERR_INVALID_ARGUMENT, "setting");
     ASSERT_FAILS_NAMING(tl_set_dispatch(-1, 0), TL_ERR_INVALID_ARGUMENT, "setting");
     ASSERT_FAILS_NAMING(tl_get_dispatch(TL_DISPATCH_FP16_BODY, NULL), TL_ERR_INVALID_ARGUMENT, "out_value");

@@ -313,7 +313,7 @@ double check_attention(int T, int H, int hd, const std::vector<int> &rows_in,
                  std::to_string(kv));
     const int A = H * hd, W = A + 2 * (kv == 0 ? H : kv) * hd;  // W: one row of qkv
     // The kernel that runs: Auto picks the tensor cores for hd 64/128 with a 16-byte aligned qkv.
-    const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore ||
+    const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore || kernel == tl::gpu::AttentionKernel::Wgmma ||
                         (kernel == tl::gpu::AttentionKernel::Auto && (hd == 64 || hd == 128) && misalign % 8 == 0);
     std::vector<uint16_t> qkv(static_cast<size_t>(T) * W + misalign, 0);
     std::normal_distribution<float> q_dist(0.0f, 2.0f), kv_dist(0.0f, 1.0f);
@@ -355,7 +355,8 @@ double check_attention(int T, int H, int hd, const std::vector<int> &rows_in,
 // Rows worth checking in a long sequence: the first tiles, both sides of tile edges (32 and 64), the middle, the end.
 std::vector<int> sample_rows(int T) {
     std::vector<int> rows;
-    for (int t : {0, 1, 15, 16, 31, 32, 63, 64, 65, T / 2 - 1, T / 2, T - 65, T - 64, T - 33, T - 2, T - 1})
+    for (int t : {0, 1, 15, 16, 31, 32, 63, 64, 65, 127, 128, 129, T / 2 - 1, T / 2, T - 129, T - 128, T - 65, T - 64,
+                  T - 33, T - 2, T - 1})
         if (t >= 0 && t < T && std::find(rows.begin(), rows.end(), t) == rows.end()) rows.push_back(t);
     return rows;
 }
@@ -371,20 +372,37 @@ TEST(Kernels, Attention) {
     }
 }
 
+// The tensor-core kernels this device runs: the mma.sync one everywhere, the wgmma one on compute capability 9.0
+// where the library holds it.
+std::vector<tl::gpu::AttentionKernel> tensor_core_attention_kernels() {
+    std::vector<tl::gpu::AttentionKernel> kernels = {tl::gpu::AttentionKernel::TensorCore};
+    int device = 0, major = 0, minor = 0;
+    if (tl::gpu::attention_wgmma_built() && cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+        major * 10 + minor == 90) {
+        kernels.push_back(tl::gpu::AttentionKernel::Wgmma);
+    }
+    return kernels;
+}
+
 TEST(Kernels, AttentionTensorCore) {
-    // Every T around the 16-row warp tiles and the 64 x 64 block tiles; H = 16 (the 2B preset) up to T = 200 here,
-    // T = 1024 in AttentionLong (kept out of the sanitizer runs).
-    double worst = 0.0;
-    for (int hd : {64, 128}) {
-        for (int T : {1, 15, 16, 17, 63, 64, 65, 127, 200, 1024}) {
-            for (int H : {1, 3, 16}) {
-                if (H == 16 && T > 200) continue;
-                worst = std::max(worst, check_attention(T, H, hd, {}, tl::gpu::AttentionKernel::TensorCore));
-                if (HasFatalFailure()) return;
+    // Every T around the 16-row warp tiles and the 64- and 128-row block tiles; H = 16 (the 2B preset) up to T = 200
+    // here, T = 1024 in AttentionLong (kept out of the sanitizer runs).
+    for (auto kernel : tensor_core_attention_kernels()) {
+        double worst = 0.0;
+        for (int hd : {64, 128}) {
+            for (int T : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 1024}) {
+                for (int H : {1, 3, 16}) {
+                    if (H == 16 && T > 200) continue;
+                    worst = std::max(worst, check_attention(T, H, hd, {}, kernel));
+                    if (HasFatalFailure()) return;
+                }
             }
         }
+        std::printf("tensor-core attention (kernel %d): largest error / bound %.3f\n", static_cast<int>(kernel),
+                    worst);
     }
-    std::printf("tensor-core attention: largest error / bound %.3f\n", worst);
 }
 
 TEST(Kernels, AttentionSimt) {
@@ -407,7 +425,9 @@ TEST(Kernels, AttentionSimt) {
 // place. A kernel that read K/V head h instead of h / group would be caught by the reference's O(1) difference.
 TEST(Kernels, AttentionGrouped) {
     double worst = 0.0;
-    for (auto kernel : {tl::gpu::AttentionKernel::TensorCore, tl::gpu::AttentionKernel::Simt}) {
+    std::vector<tl::gpu::AttentionKernel> kernels = tensor_core_attention_kernels();
+    kernels.push_back(tl::gpu::AttentionKernel::Simt);
+    for (auto kernel : kernels) {
         for (int hd : {64, 128}) {
             for (int kv : {4, 2, 1}) {
                 for (int T : {1, 65, 300}) {
@@ -473,9 +493,11 @@ TEST(Kernels, AttentionSegments) {
     for (int32_t len : lengths) offsets.push_back(offsets.back() + len);
     const int T = offsets.back();
     const int max_len = *std::max_element(lengths.begin(), lengths.end());
-    for (auto kernel : {tl::gpu::AttentionKernel::TensorCore, tl::gpu::AttentionKernel::Simt}) {
+    std::vector<tl::gpu::AttentionKernel> kernels = tensor_core_attention_kernels();
+    kernels.push_back(tl::gpu::AttentionKernel::Simt);
+    for (auto kernel : kernels) {
         for (auto [H, hd] : {std::pair{2, 64}, {3, 128}, {2, 16}}) {
-            if (kernel == tl::gpu::AttentionKernel::TensorCore && hd == 16) continue;
+            if (kernel != tl::gpu::AttentionKernel::Simt && hd == 16) continue;
             SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " H=" + std::to_string(H) +
                          " hd=" + std::to_string(hd));
             const int A = H * hd;
@@ -492,7 +514,7 @@ TEST(Kernels, AttentionSegments) {
             ASSERT_TRUE(launched(tl::gpu::causal_attention(d_qkv.get(), out.get(), T, H, hd, nullptr, kernel, segments)));
             std::vector<uint16_t> got;
             CUDA_OK(out.download(got));
-            const bool fp16_p = kernel == tl::gpu::AttentionKernel::TensorCore;
+            const bool fp16_p = kernel != tl::gpu::AttentionKernel::Simt;
             for (size_t s = 0; s < lengths.size(); ++s) {
                 const size_t first = static_cast<size_t>(offsets[s]);
                 std::vector<double> seq(static_cast<size_t>(lengths[s]) * 3 * A);
@@ -523,8 +545,10 @@ void time_attention(int T, int H, int hd) {
     cudaEvent_t start, stop;
     CUDA_OK(cudaEventCreate(&start));
     CUDA_OK(cudaEventCreate(&stop));
-    for (auto [kernel, name] : {std::pair{tl::gpu::AttentionKernel::TensorCore, "tensor cores"},
-                                {tl::gpu::AttentionKernel::Simt, "SIMT"}}) {
+    std::vector<std::pair<tl::gpu::AttentionKernel, const char *>> kernels = {
+        {tl::gpu::AttentionKernel::TensorCore, "tensor cores (mma.sync)"}, {tl::gpu::AttentionKernel::Simt, "SIMT"}};
+    if (tensor_core_attention_kernels().size() > 1) kernels.insert(kernels.begin(), {tl::gpu::AttentionKernel::Wgmma, "wgmma"});
+    for (auto [kernel, name] : kernels) {
         ASSERT_TRUE(launched(tl::gpu::causal_attention(qkv.get(), out.get(), T, H, hd, nullptr, kernel)));  // warm-up
         std::vector<float> ms(5);
         for (float &m : ms) {
@@ -550,10 +574,12 @@ TEST(Kernels, AttentionLong) {
     // T = 4096 (the 2B preset's max_seq), the 2B preset's 16 heads at T = 1024 and 4096; the reference on a sample
     // of rows. Plus the SIMT kernel at T = 4096 (what Auto ran before the tensor-core kernel).
     double worst = 0.0;
-    for (int hd : {64, 128}) {
-        worst = std::max(worst, check_attention(1024, 16, hd, sample_rows(1024), tl::gpu::AttentionKernel::TensorCore));
-        worst = std::max(worst, check_attention(4096, 16, hd, sample_rows(4096), tl::gpu::AttentionKernel::TensorCore));
-        if (HasFatalFailure()) return;
+    for (auto kernel : tensor_core_attention_kernels()) {
+        for (int hd : {64, 128}) {
+            worst = std::max(worst, check_attention(1024, 16, hd, sample_rows(1024), kernel));
+            worst = std::max(worst, check_attention(4096, 16, hd, sample_rows(4096), kernel));
+            if (HasFatalFailure()) return;
+        }
     }
     std::printf("tensor-core attention, long: largest error / bound %.3f\n", worst);
     worst = check_attention(4096, 2, 128, sample_rows(4096), tl::gpu::AttentionKernel::Simt);
@@ -576,6 +602,9 @@ TEST(Kernels, AttentionRefusals) {
               tl::gpu::kRcUnsupported);
     EXPECT_EQ(tl::gpu::causal_attention(buf.get() + 2, buf.get() + 3 * 128, 1, 1, 64, nullptr,
                                         tl::gpu::AttentionKernel::TensorCore),
+              tl::gpu::kRcUnsupported);
+    EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 96, 1, 1, 96, nullptr,
+                                        tl::gpu::AttentionKernel::Wgmma),
               tl::gpu::kRcUnsupported);
     EXPECT_EQ(tl::gpu::causal_attention(buf.get(), buf.get() + 3 * 64, 1, 1, 64, nullptr,
                                         static_cast<tl::gpu::AttentionKernel>(7)),

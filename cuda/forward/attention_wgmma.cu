@@ -1,0 +1,304 @@
+// Causal multi-head attention on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only, so this file is compiled for
+// that target alone: cuda/sources_sm90a.txt), head_dim 64 and 128, FP16. cuda/forward/attention.cu runs it on compute
+// capability 9.0 and keeps the mma.sync kernel (attention_mma.cu) for other GPUs.
+//
+// A block of two warpgroups owns one head and 128 queries, 64 per warpgroup (the M of the wgmma); it walks the key
+// tiles of 128 keys up to the diagonal. Per key tile:
+//  - K and V come into shared memory with cp.async, double-buffered (tile j + 1 loads while tile j computes), in the
+//    layout the tensor cores read through a descriptor: 128-byte rows (64 head dims of one key) whose 16-byte chunks
+//    are XOR-ed with row % 8 (the 128-byte swizzle), one panel of rows per 64 dims. Q is loaded the same way once.
+//  - S = Q K^T: wgmma m64n128k16 with both operands in shared memory (Q and K are both K-major: dims contiguous);
+//  - the causal mask (the diagonal tile only: 128 x 128 tiles are aligned, so it is the last one) and the online
+//    softmax in FP32, each thread owning two query rows (g and g + 8 of its warp's 16), in log2 units;
+//  - O += P V: P rounded to FP16 in registers, where the S accumulator of every 16 keys already has the layout of a
+//    wgmma A fragment; V is the B operand read MN-major (dims contiguous) from the same swizzled rows, so that
+//    nothing is transposed in memory.
+// The output is divided by the row sum and stored FP16, head-major, as the other kernels store it.
+// Grouped-query attention and packed sequences (Segments) as in attention_mma.cu.
+//
+// Precision: as attention_mma.cu (FP32 scores and sums, P rounded to FP16 for the P V product), and checked against
+// the same bound (tests/gpu_score/kernels_test.cpp).
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "../gpu_common.cuh"
+#include "../wgmma.cuh"
+#include "forward_kernels.hpp"
+#include "segments.cuh"
+
+namespace tl::gpu {
+
+#if defined(TL_HAVE_SM90A)
+namespace {
+
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kQueryTile = 64 * kWarpgroups;
+constexpr int kKeyTile = 128;
+constexpr int kKeyBlocks = kKeyTile / 8;  // n8 blocks of the S accumulator
+constexpr float kLog2e = 1.4426950408889634f;
+// Finite, so that exp2(m_old - m_new) is never (-inf) - (-inf) = NaN.
+constexpr float kInitialMax = -1e30f;
+
+static_assert(kQueryTile == kKeyTile, "the diagonal tile is the last one the block visits");
+
+// Shared memory: Q [panel][kQueryTile][128 B], then two stages of K and V [panel][kKeyTile][128 B] each; a panel
+// holds 64 head dims. Every panel starts on a 1024-byte boundary (the swizzle repeats every 8 rows).
+template <int HD>
+struct WgLayout {
+    static constexpr int kPanels = HD / 64;
+    static constexpr int kQPanel = kQueryTile * 128;
+    static constexpr int kKvPanel = kKeyTile * 128;
+    static constexpr int kQBytes = kPanels * kQPanel;
+    static constexpr int kKvBytes = kPanels * kKvPanel;  // one K or V tile
+    static constexpr int kSmemBytes = kQBytes + 2 * 2 * kKvBytes + 1024;  // + slack to align the start to 1024
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read, but must still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower column of the fragment
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+template <int R>
+__device__ __forceinline__ void pin_regs(uint32_t (&r)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// ROWS rows x HD halves of one q/k/v part into the swizzled panels at dst; rows at or past t_count are zero-filled,
+// so that masked keys have finite scores and zero values (0 * NaN would poison the P V product). Consecutive threads
+// copy consecutive 16-byte chunks of a row.
+template <int HD, int ROWS>
+__device__ __forceinline__ void load_tile(uint32_t dst, const __half *src, int row0, int t_count, size_t row_stride) {
+    constexpr int kChunks = HD / 8;
+    static_assert(ROWS * kChunks % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+    for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
+        const int c = threadIdx.x + i * kThreads;
+        const int r = c / kChunks, chunk = c % kChunks, t = row0 + r;
+        const bool valid = t < t_count;
+        const __half *from = src + static_cast<size_t>(valid ? t : 0) * row_stride + chunk * 8;
+        const uint32_t to = dst + (chunk / 8) * (ROWS * 128) + r * 128 + (((chunk % 8) ^ (r % 8)) << 4);
+        cp_async16_zfill(to, from, valid);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_wgmma_kernel(const __half *__restrict__ qkv, __half *__restrict__ out, int t_count,
+                           const int32_t *__restrict__ seg_offsets, int n_heads, int n_kv_heads, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = WgLayout<HD>;
+    constexpr int kDimSteps = HD / 16;      // k16 steps of Q K^T
+    constexpr int kKeySteps = kKeyTile / 16;  // k16 steps of P V
+    constexpr int kOutBlocks = HD / 8;      // n8 blocks of the O accumulator
+
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw_base = smem_addr(smem_raw);
+    const uint32_t q_s = (raw_base + 1023u) & ~1023u;
+    const uint32_t kv_s = q_s + L::kQBytes;  // stage s: K at kv_s + 2 s kKvBytes, V kKvBytes further
+
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int g = lane / 4, tq = lane % 4;  // the accumulator layout: rows g, g + 8; columns 2 tq, 2 tq + 1
+    const int head = blockIdx.y;
+    const int q_tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles start first
+    const int q0 = q_tile * kQueryTile;
+    const size_t attn_dim = static_cast<size_t>(n_heads) * HD, kv_dim = static_cast<size_t>(n_kv_heads) * HD;
+    const size_t row_stride = attn_dim + 2 * kv_dim;  // a multiple of 8 halves: every row start is 16-byte aligned
+    const int kv_head = head / (n_heads / n_kv_heads);
+    const forward::SegmentRows rows = forward::segment_rows(seg_offsets, t_count);
+    t_count = rows.count;
+    qkv += rows.first * row_stride;
+    out += rows.first * attn_dim;
+    if (q0 >= t_count) return;  // the whole block: before any barrier
+    const __half *q_base = qkv + static_cast<size_t>(head) * HD;
+    const __half *k_base = qkv + attn_dim + static_cast<size_t>(kv_head) * HD;
+    const __half *v_base = k_base + kv_dim;
+
+    load_tile<HD, kQueryTile>(q_s, q_base, q0, t_count, row_stride);
+    load_tile<HD, kKeyTile>(kv_s, k_base, 0, t_count, row_stride);
+    load_tile<HD, kKeyTile>(kv_s + L::kKvBytes, v_base, 0, t_count, row_stride);
+    cp_async_commit();
+
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.0f;
+    float m[2] = {kInitialMax, kInitialMax}, l[2] = {0.0f, 0.0f};
+    const int row0 = q0 + wg * 64 + warp * 16 + g;  // the query of accumulator elements 0, 1; row0 + 8 for 2, 3
+    // This warpgroup's 64 query rows in each Q panel.
+    const uint32_t q_wg = q_s + wg * 64 * 128;
+
+    const int n_tiles = q_tile + 1;
+    for (int j = 0; j < n_tiles; ++j) {
+        // Tile j has landed for this thread; the proxy fence hands the cp.async writes to the tensor cores' reads,
+        // and the barrier makes everyone's visible. It also means every warpgroup is done with tile j - 1, whose
+        // stage the next copies overwrite.
+        cp_async_wait_all();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            const uint32_t next = kv_s + ((j + 1) & 1) * 2 * L::kKvBytes;
+            load_tile<HD, kKeyTile>(next, k_base, (j + 1) * kKeyTile, t_count, row_stride);
+            load_tile<HD, kKeyTile>(next + L::kKvBytes, v_base, (j + 1) * kKeyTile, t_count, row_stride);
+            cp_async_commit();
+        }
+        const uint32_t k_st = kv_s + (j & 1) * 2 * L::kKvBytes, v_st = k_st + L::kKvBytes;
+
+        // S = Q K^T (the first step overwrites the accumulator).
+        float s[kKeyBlocks * 4];
+        wgmma::fence();
+#pragma unroll
+        for (int ds = 0; ds < kDimSteps; ++ds) {
+            const uint32_t in_panel = (ds % 4) * 32;  // 16 dims = 32 bytes into the panel's rows
+            const uint64_t desc_q = wgmma::desc_sw128(q_wg + (ds / 4) * L::kQPanel + in_panel);
+            const uint64_t desc_k = wgmma::desc_sw128(k_st + (ds / 4) * L::kKvPanel + in_panel);
+            wgmma::mma_ss<Dtype::F16>(s, desc_q, desc_k, ds > 0);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(s);
+
+        if (j == q_tile) {  // the diagonal tile: key > query is masked (this also masks every key >= t_count)
+#pragma unroll
+            for (int nb = 0; nb < kKeyBlocks; ++nb) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = j * kKeyTile + nb * 8 + 2 * tq + (e & 1);
+                    if (key > row0 + (e >> 1) * 8) s[4 * nb + e] = -INFINITY;
+                }
+            }
+        }
+
+        // Online softmax, rows r = 0 (g) and 1 (g + 8): elements 2r, 2r + 1 of every n8 block.
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < kKeyBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * r], s[4 * nb + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[r], mx * scale_log2);  // scale_log2 > 0: max and scaling commute
+            alpha[r] = exp2f(m[r] - m_new);
+            m[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < kKeyBlocks; ++nb) {
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                    s[4 * nb + e] = exp2f(fmaf(s[4 * nb + e], scale_log2, -m_new));  // masked: exp2(-inf) = 0
+                    sum += s[4 * nb + e];
+                }
+            }
+            l[r] = fmaf(l[r], alpha[r], sum);
+        }
+#pragma unroll
+        for (int nb = 0; nb < kOutBlocks; ++nb) {
+            o[4 * nb + 0] *= alpha[0];
+            o[4 * nb + 1] *= alpha[0];
+            o[4 * nb + 2] *= alpha[1];
+            o[4 * nb + 3] *= alpha[1];
+        }
+
+        // O += P V, one k16 step per 16 keys: P's A fragment is the S accumulator of n8 blocks 2 ks and 2 ks + 1.
+        // V's step ks starts 16 rows (keys) into the stage; its dims run over the panels, kKvPanel bytes apart.
+        uint32_t p[kKeySteps][4];
+#pragma unroll
+        for (int ks = 0; ks < kKeySteps; ++ks) {
+            p[ks][0] = pack_half2(s[8 * ks + 0], s[8 * ks + 1]);
+            p[ks][1] = pack_half2(s[8 * ks + 2], s[8 * ks + 3]);
+            p[ks][2] = pack_half2(s[8 * ks + 4], s[8 * ks + 5]);
+            p[ks][3] = pack_half2(s[8 * ks + 6], s[8 * ks + 7]);
+        }
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeySteps; ++ks) {
+            const uint64_t desc_v = wgmma::desc_sw128(v_st + ks * 16 * 128, L::kKvPanel);
+            wgmma::mma_rs<Dtype::F16, true>(o, p[ks], desc_v, true);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(o);
+        pin_regs(p);  // the fragments stay allocated until the tensor cores have read them
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float total = l[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float inv = 1.0f / total;  // total >= ~1: the row's maximum contributed exp2(0) when it was reached
+        const int t = row0 + r * 8;
+        if (t >= t_count) continue;
+        __half *o_row = out + static_cast<size_t>(t) * attn_dim + static_cast<size_t>(head) * HD + 2 * tq;
+#pragma unroll
+        for (int nb = 0; nb < kOutBlocks; ++nb) {
+            *reinterpret_cast<__half2 *>(o_row + nb * 8) =
+                __floats2half2_rn(o[4 * nb + 2 * r] * inv, o[4 * nb + 2 * r + 1] * inv);
+        }
+    }
+#endif
+}
+
+template <int HD>
+int launch(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads, Segments segments,
+           cudaStream_t stream) {
+    constexpr int smem = WgLayout<HD>::kSmemBytes;
+    constexpr int kMaxDevices = 64;
+    static std::atomic<bool> opted_in[kMaxDevices];
+    DeviceInfo info;
+    if (const int rc = current_device_info(info); rc != 0) return rc;
+    if (info.compute_capability != 90 || info.max_smem_optin < smem) return kRcUnsupported;
+    if (!opted_in[info.device].load(std::memory_order_relaxed)) {
+        TL_GPU_CHECK(cudaFuncSetAttribute(attention_wgmma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem));
+        opted_in[info.device].store(true, std::memory_order_relaxed);
+    }
+    const int longest = segments.offsets != nullptr ? segments.max_len : t_count;
+    const dim3 grid((longest + kQueryTile - 1) / kQueryTile, n_heads, segments.count);
+    const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HD));
+    attention_wgmma_kernel<HD><<<grid, kThreads, smem, stream>>>(reinterpret_cast<const __half *>(qkv),
+                                                                 reinterpret_cast<__half *>(out), t_count,
+                                                                 segments.offsets, n_heads, n_kv_heads, scale_log2);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+}  // namespace
+
+bool attention_wgmma_built() { return true; }
+
+int causal_attention_wgmma(const uint16_t *qkv, uint16_t *out, int t_count, int n_heads, int n_kv_heads, int head_dim,
+                           Segments segments, cudaStream_t stream) {
+    // 16-byte cp.async from every row start (as the mma.sync kernel); half2 stores.
+    if ((head_dim != 64 && head_dim != 128) || !aligned16(qkv) || (reinterpret_cast<uintptr_t>(out) & 3u) != 0) {
+        return kRcUnsupported;
+    }
+    return head_dim == 64 ? launch<64>(qkv, out, t_count, n_heads, n_kv_heads, segments, stream)
+                          : launch<128>(qkv, out, t_count, n_heads, n_kv_heads, segments, stream);
+}
+
+#else  // built without sm_90a: the dispatcher uses the mma.sync kernel
+
+bool attention_wgmma_built() { return false; }
+int causal_attention_wgmma(const uint16_t *, uint16_t *, int, int, int, int, Segments, cudaStream_t) {
+    return kRcUnsupported;
+}
+
+#endif
+
+}  // namespace tl::gpu
