@@ -3,16 +3,21 @@
 // capability 9.0 and keeps the mma.sync kernel (attention_mma.cu) for other GPUs.
 //
 // A block of two warpgroups owns one head and 128 queries, 64 per warpgroup (the M of the wgmma); it walks the key
-// tiles of 128 keys up to the diagonal. Per key tile:
-//  - K and V come into shared memory with cp.async, double-buffered (tile j + 1 loads while tile j computes), in the
-//    layout the tensor cores read through a descriptor: 128-byte rows (64 head dims of one key) whose 16-byte chunks
-//    are XOR-ed with row % 8 (the 128-byte swizzle), one panel of rows per 64 dims. Q is loaded the same way once.
+// tiles of 128 keys up to the diagonal.
+//  - K and V come into shared memory with cp.async, in a ring of three stages handed over by mbarriers (a stage is
+//    full once every thread's copies have landed, empty once both warpgroups' products have read it), in the layout
+//    the tensor cores read through a descriptor: 128-byte rows (64 head dims of one key) whose 16-byte chunks are
+//    XOR-ed with row % 8 (the 128-byte swizzle), one panel of rows per 64 dims. Q is loaded the same way once.
 //  - S = Q K^T: wgmma m64n128k16 with both operands in shared memory (Q and K are both K-major: dims contiguous);
 //  - the causal mask (the diagonal tile only: 128 x 128 tiles are aligned, so it is the last one) and the online
 //    softmax in FP32, each thread owning two query rows (g and g + 8 of its warp's 16), in log2 units;
 //  - O += P V: P rounded to FP16 in registers, where the S accumulator of every 16 keys already has the layout of a
 //    wgmma A fragment; V is the B operand read MN-major (dims contiguous) from the same swizzled rows, so that
 //    nothing is transposed in memory.
+// Scheduling ("ping-pong"): a warpgroup's phase j issues tile j - 1's P V and tile j's Q K^T together, then runs tile
+// j's softmax. The two warpgroups take turns at issuing, so that one's softmax overlaps the other's products. Measured
+// on an H100 at T = 4096, 16 heads, head_dim 128: 383 TFLOPS, against 321 for the same kernel with a block barrier
+// per tile (both warpgroups' softmax at once) and 215 for the mma.sync kernel.
 // The output is divided by the row sum and stored FP16, head-major, as the other kernels store it.
 // Grouped-query attention and packed sequences (Segments) as in attention_mma.cu.
 //
@@ -22,8 +27,10 @@
 
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 
 #include "../gpu_common.cuh"
+#include "../mbarrier.cuh"
 #include "../wgmma.cuh"
 #include "forward_kernels.hpp"
 #include "segments.cuh"
@@ -43,6 +50,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInitialMax = -1e30f;
 
 static_assert(kQueryTile == kKeyTile, "the diagonal tile is the last one the block visits");
+// K/V stages in the ring: a tile is in use from its Q K^T to its P V one phase later, while the next one loads.
+constexpr int kStages = 3;
 
 // Shared memory: Q [panel][kQueryTile][128 B], then two stages of K and V [panel][kKeyTile][128 B] each; a panel
 // holds 64 head dims. Every panel starts on a 1024-byte boundary (the swizzle repeats every 8 rows).
@@ -53,7 +62,7 @@ struct WgLayout {
     static constexpr int kKvPanel = kKeyTile * 128;
     static constexpr int kQBytes = kPanels * kQPanel;
     static constexpr int kKvBytes = kPanels * kKvPanel;  // one K or V tile
-    static constexpr int kSmemBytes = kQBytes + 2 * 2 * kKvBytes + 1024;  // + slack to align the start to 1024
+    static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKvBytes + 1024;  // + slack to align the start
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
@@ -64,8 +73,13 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Named barriers 1 and 2 among the block's threads: one warpgroup syncs, the other arrives without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower column of the fragment
@@ -103,14 +117,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                            const int32_t *__restrict__ seg_offsets, int n_heads, int n_kv_heads, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = WgLayout<HD>;
-    constexpr int kDimSteps = HD / 16;      // k16 steps of Q K^T
+    constexpr int kDimSteps = HD / 16;        // k16 steps of Q K^T
     constexpr int kKeySteps = kKeyTile / 16;  // k16 steps of P V
-    constexpr int kOutBlocks = HD / 8;      // n8 blocks of the O accumulator
+    constexpr int kOutBlocks = HD / 8;        // n8 blocks of the O accumulator
 
     extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bars[1 + 2 * kStages];  // Q landed; per stage: full, empty
     const uint32_t raw_base = smem_addr(smem_raw);
     const uint32_t q_s = (raw_base + 1023u) & ~1023u;
     const uint32_t kv_s = q_s + L::kQBytes;  // stage s: K at kv_s + 2 s kKvBytes, V kKvBytes further
+    const uint32_t q_full = smem_addr(bars), full0 = q_full + 8, empty0 = full0 + 8 * kStages;
 
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, tq = lane % 4;  // the accumulator layout: rows g, g + 8; columns 2 tq, 2 tq + 1
@@ -128,50 +144,84 @@ __global__ void __launch_bounds__(kThreads, 1)
     const __half *q_base = qkv + static_cast<size_t>(head) * HD;
     const __half *k_base = qkv + attn_dim + static_cast<size_t>(kv_head) * HD;
     const __half *v_base = k_base + kv_dim;
+    const int n_tiles = q_tile + 1;
 
+    if (tid == 0) {
+        mbar::init(q_full, kThreads);
+        for (int st = 0; st < kStages; ++st) {
+            mbar::init(full0 + 8 * st, kThreads);
+            mbar::init(empty0 + 8 * st, kThreads);
+        }
+    }
+    __syncthreads();
+
+    // Every thread copies its share of key tile t into stage t % kStages and arrives on the stage's full barrier
+    // when those copies have landed.
+    auto copy_tile = [&](int t) {
+        const uint32_t st = kv_s + (t % kStages) * 2 * L::kKvBytes;
+        load_tile<HD, kKeyTile>(st, k_base, t * kKeyTile, t_count, row_stride);
+        load_tile<HD, kKeyTile>(st + L::kKvBytes, v_base, t * kKeyTile, t_count, row_stride);
+        mbar::arrive_cp_async(full0 + 8 * (t % kStages));
+    };
     load_tile<HD, kQueryTile>(q_s, q_base, q0, t_count, row_stride);
-    load_tile<HD, kKeyTile>(kv_s, k_base, 0, t_count, row_stride);
-    load_tile<HD, kKeyTile>(kv_s + L::kKvBytes, v_base, 0, t_count, row_stride);
-    cp_async_commit();
+    mbar::arrive_cp_async(q_full);
+    for (int t = 0; t < kStages - 1 && t < n_tiles; ++t) copy_tile(t);
 
     float o[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.0f;
+    float s[kKeyBlocks * 4];
+    uint32_t p[kKeySteps][4];
     float m[2] = {kInitialMax, kInitialMax}, l[2] = {0.0f, 0.0f};
     const int row0 = q0 + wg * 64 + warp * 16 + g;  // the query of accumulator elements 0, 1; row0 + 8 for 2, 3
-    // This warpgroup's 64 query rows in each Q panel.
-    const uint32_t q_wg = q_s + wg * 64 * 128;
+    const uint32_t q_wg = q_s + wg * 64 * 128;     // this warpgroup's 64 query rows in each Q panel
+    mbar::wait(q_full, 0);
 
-    const int n_tiles = q_tile + 1;
-    for (int j = 0; j < n_tiles; ++j) {
-        // Tile j has landed for this thread; the proxy fence hands the cp.async writes to the tensor cores' reads,
-        // and the barrier makes everyone's visible. It also means every warpgroup is done with tile j - 1, whose
-        // stage the next copies overwrite.
-        cp_async_wait_all();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        if (j + 1 < n_tiles) {
-            const uint32_t next = kv_s + ((j + 1) & 1) * 2 * L::kKvBytes;
-            load_tile<HD, kKeyTile>(next, k_base, (j + 1) * kKeyTile, t_count, row_stride);
-            load_tile<HD, kKeyTile>(next + L::kKvBytes, v_base, (j + 1) * kKeyTile, t_count, row_stride);
-            cp_async_commit();
+    // Phase j issues this warpgroup's tensor-core work for tile j - 1's P V and tile j's Q K^T together; the two
+    // warpgroups take turns at issuing (named barriers 1 and 2: "warpgroup 0's turn", "warpgroup 1's turn"), so that
+    // one's softmax runs while the other's products keep the tensor cores busy. Warpgroup 0 goes first.
+    if (wg == 1) named_barrier_arrive(1);
+    // One phase, with the products it issues known at compile time (PV: tile j - 1's P V; QK: tile j's Q K^T), so
+    // that no wgmma sits behind a run-time branch.
+    auto phase = [&](int j, auto pv, auto qk) {
+        constexpr bool kPv = decltype(pv)::value, kQk = decltype(qk)::value;
+        if constexpr (kQk) {
+            mbar::wait(full0 + 8 * (j % kStages), (j / kStages) & 1);
+            // The copies were generic-proxy writes; the tensor cores read the stage through the async proxy.
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         }
-        const uint32_t k_st = kv_s + (j & 1) * 2 * L::kKvBytes, v_st = k_st + L::kKvBytes;
-
-        // S = Q K^T (the first step overwrites the accumulator).
-        float s[kKeyBlocks * 4];
+        named_barrier_sync(1 + wg);
         wgmma::fence();
+        if constexpr (kPv) {  // V's step ks starts 16 keys into the stage, its panels kKvPanel bytes apart
+            const uint32_t v_st = kv_s + ((j - 1) % kStages) * 2 * L::kKvBytes + L::kKvBytes;
 #pragma unroll
-        for (int ds = 0; ds < kDimSteps; ++ds) {
-            const uint32_t in_panel = (ds % 4) * 32;  // 16 dims = 32 bytes into the panel's rows
-            const uint64_t desc_q = wgmma::desc_sw128(q_wg + (ds / 4) * L::kQPanel + in_panel);
-            const uint64_t desc_k = wgmma::desc_sw128(k_st + (ds / 4) * L::kKvPanel + in_panel);
-            wgmma::mma_ss<Dtype::F16>(s, desc_q, desc_k, ds > 0);
+            for (int ks = 0; ks < kKeySteps; ++ks) {
+                wgmma::mma_rs<Dtype::F16, true>(o, p[ks], wgmma::desc_sw128(v_st + ks * 16 * 128, L::kKvPanel), true);
+            }
+        }
+        if constexpr (kQk) {  // the first step overwrites the accumulator
+            const uint32_t k_st = kv_s + (j % kStages) * 2 * L::kKvBytes;
+#pragma unroll
+            for (int ds = 0; ds < kDimSteps; ++ds) {
+                const uint32_t in_panel = (ds % 4) * 32;  // 16 dims = 32 bytes into the panel's rows
+                const uint64_t desc_q = wgmma::desc_sw128(q_wg + (ds / 4) * L::kQPanel + in_panel);
+                const uint64_t desc_k = wgmma::desc_sw128(k_st + (ds / 4) * L::kKvPanel + in_panel);
+                wgmma::mma_ss<Dtype::F16>(s, desc_q, desc_k, ds > 0);
+            }
         }
         wgmma::commit();
+        // The other warpgroup's turn (warpgroup 1's last phase has no successor).
+        if (wg == 0 || kQk) named_barrier_arrive(2 - wg);
         wgmma::wait<0>();
-        wgmma::pin(s);
-
+        if constexpr (kQk) wgmma::pin(s);
+        if constexpr (kPv) {
+            wgmma::pin(o);
+            pin_regs(p);  // the fragments stay allocated until the tensor cores have read them
+            mbar::arrive(empty0 + 8 * ((j - 1) % kStages));
+        }
+    };
+    // After tile j's Q K^T: its mask and online softmax, P for the next phase, and the copy of tile j + 2.
+    auto softmax = [&](int j) {
         if (j == q_tile) {  // the diagonal tile: key > query is masked (this also masks every key >= t_count)
 #pragma unroll
             for (int nb = 0; nb < kKeyBlocks; ++nb) {
@@ -182,8 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         }
-
-        // Online softmax, rows r = 0 (g) and 1 (g + 8): elements 2r, 2r + 1 of every n8 block.
+        // Rows r = 0 (g) and 1 (g + 8): elements 2r, 2r + 1 of every n8 block. O holds the products up to tile
+        // j - 1 (its P V has completed).
         float alpha[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -213,10 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             o[4 * nb + 2] *= alpha[1];
             o[4 * nb + 3] *= alpha[1];
         }
-
-        // O += P V, one k16 step per 16 keys: P's A fragment is the S accumulator of n8 blocks 2 ks and 2 ks + 1.
-        // V's step ks starts 16 rows (keys) into the stage; its dims run over the panels, kKvPanel bytes apart.
-        uint32_t p[kKeySteps][4];
+        // P's A fragment for 16 keys is the S accumulator of n8 blocks 2 ks and 2 ks + 1.
 #pragma unroll
         for (int ks = 0; ks < kKeySteps; ++ks) {
             p[ks][0] = pack_half2(s[8 * ks + 0], s[8 * ks + 1]);
@@ -224,17 +271,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             p[ks][2] = pack_half2(s[8 * ks + 4], s[8 * ks + 5]);
             p[ks][3] = pack_half2(s[8 * ks + 6], s[8 * ks + 7]);
         }
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kKeySteps; ++ks) {
-            const uint64_t desc_v = wgmma::desc_sw128(v_st + ks * 16 * 128, L::kKvPanel);
-            wgmma::mma_rs<Dtype::F16, true>(o, p[ks], desc_v, true);
+        // Tile j + 2 goes into the stage of tile j - 1, once both warpgroups' P V of it are done.
+        const int t = j + kStages - 1;
+        if (t < n_tiles) {
+            if (t >= kStages) mbar::wait(empty0 + 8 * (t % kStages), ((t / kStages) - 1) & 1);
+            copy_tile(t);
         }
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::pin(o);
-        pin_regs(p);  // the fragments stay allocated until the tensor cores have read them
+    };
+    using std::false_type, std::true_type;
+    phase(0, false_type{}, true_type{});
+    softmax(0);
+    for (int j = 1; j < n_tiles; ++j) {
+        phase(j, true_type{}, true_type{});
+        softmax(j);
     }
+    phase(n_tiles, true_type{}, false_type{});
 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

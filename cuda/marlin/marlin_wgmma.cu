@@ -28,6 +28,7 @@
 // the copies, the tile's two warpgroups only compute, and the ring is handed over by mbarriers (measured on the H200:
 // 0.97-1.14x on the Llama layers from M = 128, mostly 1.01-1.07x, against every warp copying). One warpgroup cannot
 // be specialized that way: at two blocks per SM, ptxas would hold the consumers to 128 registers.
+#include "../mbarrier.cuh"
 #include "../wgmma.cuh"
 #include "marlin_device.cuh"
 
@@ -58,32 +59,6 @@ struct WgmmaLayout {
     static constexpr int kFragBufs = WGS == 1 ? 2 : 4;
     static constexpr int kPartialFloats = WGS * 4 * kWords * kNB * 32 * 4;  // cut-tile sums: [warp][w][nb][lane][4]
 };
-
-// ---- mbarriers (the producer / consumer ring of the warp-specialized kernel)
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// The arrival fires when all of this thread's earlier cp.async copies have landed (counted in the init count).
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n"
-            ".reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n"
-            "}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    }
-}
 
 // The copy side of a wgmma kernel, for NT copying threads (t = 0 .. NT - 1): per stage, 4 strips x 2 KB of weights
 // (contiguous in global memory), kRows x 8 activation chunks (8 consecutive threads read one row's 128 bytes), GPT
@@ -438,8 +413,8 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
     if (range.total <= 0) return;
     if (tid == 0) {
         for (int s = 0; s < L::kStages; ++s) {
-            mbar_init(full0 + 8 * s, 128);
-            mbar_init(empty0 + 8 * s, 256);
+            mbar::init(full0 + 8 * s, 128);
+            mbar::init(empty0 + 8 * s, 256);
         }
     }
     __syncthreads();
@@ -453,9 +428,9 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
         uint32_t phase = 0;  // of the round of stage uses this fetch belongs to
 #pragma unroll 1
         for (int f = 0; f < total; ++f) {
-            if (f >= L::kStages) mbar_wait(empty0 + 8 * stage, phase ^ 1u);  // the use one round back is released
+            if (f >= L::kStages) mbar::wait(empty0 + 8 * stage, phase ^ 1u);  // the use one round back is released
             copier.load(smem_base + stage * L::kStage);
-            mbar_arrive_cp_async(full0 + 8 * stage);
+            mbar::arrive_cp_async(full0 + 8 * stage);
             if (f + 1 < total) copier.advance();  // (never locates a tile past the last)
             if (++stage == L::kStages) {
                 stage = 0;
@@ -473,13 +448,13 @@ __global__ void __launch_bounds__(384, 1) marlin_wgmma_ws_kernel(const Params p)
         for_each_slice(
             p, range,
             [&] {
-                mbar_wait(full0 + 8 * stage, phase);
+                mbar::wait(full0 + 8 * stage, phase);
                 // The copies were generic-proxy writes; the tensor cores read the stage through the async proxy.
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 t.compute(smem + stage * L::kStage, smem_base + stage * L::kStage, wg, strip_in_tile, lane);
                 // This slice's last wait_group left only its own steps in flight: the previous stage is read. Every
                 // consumer thread releases its own reads of it (weights, scales).
-                if (prev >= 0) mbar_arrive(empty0 + 8 * prev);
+                if (prev >= 0) mbar::arrive(empty0 + 8 * prev);
                 prev = stage;
                 if (++stage == L::kStages) {
                     stage = 0;
