@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
+#include "format/format.hpp"
 #include "import/synthetic.hpp"
 #include "reference.hpp"
 #include "score/compare.hpp"
@@ -251,6 +252,28 @@ TEST(TopKRow, OrdersByLogitWithTiesToTheLowerId) {
     tl::top_k_row(logits, 8, 4, 0.0, ids, lp);
     EXPECT_EQ(std::vector<int32_t>(ids, ids + 4), (std::vector<int32_t>{4, 7, 1, 2}));
     EXPECT_EQ(std::vector<float>(lp, lp + 4), (std::vector<float>{5, 5, 3, 3}));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(BosTokenId, KeptInTheConfigAndChecked) {
+    tl::ModelConfig c = small_config();
+    EXPECT_EQ(tl::config_from_json(tl::config_to_json(c)).bos_token_id, -1);  // none: the key is left out
+    EXPECT_EQ(tl::config_to_json(c).find("bos_token_id"), std::string::npos);
+    c.bos_token_id = 10;
+    const tl::ModelConfig back = tl::config_from_json(tl::config_to_json(c));
+    EXPECT_EQ(back.bos_token_id, 10);
+    tl::validate_config(back);
+    c.bos_token_id = c.vocab;
+    try {
+        tl::validate_config(c);
+        FAIL() << "a BOS outside the vocabulary was accepted";
+    } catch (const tl::Error &e) {
+        EXPECT_EQ(e.code(), TL_ERR_FORMAT);
+        EXPECT_NE(std::string(e.what()).find("bos_token_id = 256"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace
