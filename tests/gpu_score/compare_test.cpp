@@ -108,7 +108,9 @@ TEST(Kernels, CompareLogits) {
                 ASSERT_LE(std::fabs(got_r[r] - want.nll_reference), 1e-4 + 1e-6 * want.nll_reference) << "row " << r;
                 ASSERT_LE(std::fabs(got_t[r] - want.nll_test), 1e-4 + 1e-6 * want.nll_test) << "row " << r;
                 ASSERT_EQ(got_match[r], want.top1_match ? 1 : 0) << "row " << r;
-                if (r == 0) ASSERT_EQ(got_kl[r], 0.0f);
+                if (r == 0) {
+                    ASSERT_EQ(got_kl[r], 0.0f);
+                }
             }
         }
     }
