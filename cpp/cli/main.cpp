@@ -1379,7 +1379,10 @@ int main(int argc, char **argv) {
                     "\"tokens_scored\", \"mean_nll\", \"perplexity\", \"greedy\"}; greedy is true when every scored "
                     "token is its position's most likely one. Other keys of a request (\"id\", ...) are repeated after "
                     "\"index\". A context too long for the model's max_seq is cut from the front (the continuation "
-                    "stays whole) and \"context_truncated\" gives the tokens cut; a context must not be empty. A line that is not a valid request, or that the library refuses, gets "
+                    "stays whole) and \"context_truncated\" gives the tokens cut. An empty context (\"context\": [] or "
+                    "\"context_text\": \"\") stands for one beginning-of-text token: the request's \"bos\": ID, "
+                    "else --bos, else the model file's bos_token_id; with none the line is refused. A line that is "
+                    "not a valid request, or that the library refuses, gets "
                     "{\"index\", \"line\", \"error\"} instead, the other lines are still scored, and the exit "
                     "status is 1. Lines are at most 4 MiB; requests are scored in chunks of about 2^20 tokens, each "
                     "chunk's results written before the next is read.\n\n") +
