@@ -8,7 +8,8 @@
 #                                    on an H200)
 #   scripts/train-demo.sh quantize   any machine with the project built: GPTQ, group 128, asymmetric, calibrated on
 #                                    build-data/calib.txt, with frac4 channels (for cross-iteration rounding) ->
-#                                    models/demo-int4.tinyloop, then scores data/eval.txt on the CPU
+#                                    models/demo-int4.tinyloop, then scores data/eval.txt on the CPU, keeps the
+#                                    dense file as models/demo-fp16.tinyloop and compares the two (tinyloop compare)
 #
 # The shipped model was made exactly this way on 2026-11-30 (training on the project's H200; the log of that run is
 # models/demo-train.log). Training is not bit-reproducible across GPUs or PyTorch versions; the quantize step is
@@ -38,6 +39,9 @@ case ${1:-} in
     "$build/bin/tinyloop" quantize build-demo/demo-fp16.tinyloop models/demo-int4.tinyloop \
       --method gptq --group-size 128 --calib build-data/calib.txt --frac4
     "$build/bin/tinyloop" score models/demo-int4.tinyloop --text data/eval.txt --backend cpu
+    # The dense original beside the INT4 file, and the INT4 weights' divergence from it (docs/quality.md).
+    cp build-demo/demo-fp16.tinyloop models/demo-fp16.tinyloop
+    "$build/bin/tinyloop" compare models/demo-fp16.tinyloop models/demo-int4.tinyloop --text data/eval.txt --backend cpu
     ;;
   *)
     echo "usage: scripts/train-demo.sh data | train | quantize" >&2

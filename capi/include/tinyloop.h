@@ -200,6 +200,9 @@ typedef struct tl_model_properties {
     uint64_t quant_weight_bytes;
     /** Number of model parameters (a quantized weight counts K*N, a bias N). */
     uint64_t parameter_count;
+    /** The beginning-of-text token the model file names (from the checkpoint's config.json, tokenizer_config.json
+     *  or tokenizer.json at import), or -1 when it names none (added after the struct's first version). */
+    int32_t bos_token_id;
 } tl_model_properties;
 
 /** Reads a model's configuration and counts into `*out` (whose struct_size the caller sets). */
@@ -625,6 +628,17 @@ typedef struct tl_score_options {
      *  TL_ERR_OUT_OF_MEMORY before allocating, and the message gives the size it needed.
      *  (Added after the struct's first version: a caller built against the older header gets the default.) */
     uint64_t max_memory_bytes;
+    /** Optional top-k log-probabilities (added in the struct's third version): 0 (default) for none, else 1..20
+     *  (above 20 is TL_ERR_INVALID_ARGUMENT). For each predicted position i (token i + 1's prediction, laid out as
+     *  token_nll: tl_score's n_tokens - 1 positions, tl_score_batch's sum of n_tokens - 1), the top_k most likely
+     *  tokens, most likely first (ties: the lower id first), go to top_ids[i * top_k .. i * top_k + top_k) and their
+     *  natural-log probabilities, logit - logsumexp(logits), to top_logprobs at the same offsets. Both arrays must
+     *  be set and hold top_len >= positions * top_k entries (else TL_ERR_BUFFER_TOO_SMALL giving that number). The
+     *  logits are reduced a chunk of positions at a time: nothing of size positions x vocab is ever allocated. */
+    int32_t top_k;
+    int32_t *top_ids;
+    float *top_logprobs;
+    size_t top_len;
 } tl_score_options;
 
 /** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
@@ -711,6 +725,89 @@ typedef struct tl_sequence_score {
 TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequences, size_t n_sequences,
                                 const tl_score_options *options, tl_sequence_score *out_scores,
                                 tl_score_result *out_result);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Comparing two models on one text
+ * ------------------------------------------------------------------------------------------------------- */
+
+typedef struct tl_compare_options {
+    uint32_t struct_size;
+    /** As tl_score_options: backend (AUTO, CPU or CUDA; both models run on it), CPU threads, window (0 = the
+     *  shorter max_seq of the two models), progress callback (done, total in predicted positions, between windows
+     *  or passes), CUDA device and stream, CUDA graphs, and the working-memory budget of both models together. */
+    int32_t backend;
+    int32_t n_threads;
+    int32_t window;
+    tl_progress_fn progress;
+    void *progress_user_data;
+    int32_t device;
+    void *stream;
+    int32_t use_graphs;
+    uint64_t max_memory_bytes;
+    /** Optional per-position outputs (NULL: not wanted), each of token_len >= n_tokens - 1 entries when set (else
+     *  TL_ERR_BUFFER_TOO_SMALL): position i, the prediction of token i + 1, gets KL(P_reference || P_test) in nats,
+     *  the reference's and the test's NLL (natural log), and 1 when both models' most likely token is the same (the
+     *  lowest id among ties), else 0. */
+    float *token_kl;
+    float *token_nll_reference;
+    float *token_nll_test;
+    uint8_t *token_top1_match;
+    size_t token_len;
+} tl_compare_options;
+
+/** Fills `options` with the defaults (backend AUTO, use_graphs 1, the rest 0/NULL) and sets struct_size; pass
+ *  sizeof(*options) as struct_size. */
+TL_API tl_status tl_compare_options_init(tl_compare_options *options, uint32_t struct_size);
+
+typedef struct tl_compare_result {
+    uint32_t struct_size;
+    /** Positions compared: n_tokens - 1. */
+    uint64_t tokens_scored;
+    /** KL(P_reference || P_test) per position, nats: mean, the mean's standard error (sample standard deviation /
+     *  sqrt(n); NaN below 2 positions), and exact order statistics of the per-position values (linear interpolation
+     *  between the two nearest ranks): median, 90th, 99th and 99.9th percentiles, maximum and minimum. */
+    double kl_mean;
+    double kl_stderr;
+    double kl_median;
+    double kl_p90;
+    double kl_p99;
+    double kl_p999;
+    double kl_max;
+    double kl_min;
+    /** Fraction of positions where both models' most likely token is the same. */
+    double top1_agreement;
+    /** Each model's NLL sum and perplexity over the same positions; delta_perplexity = test - reference,
+     *  perplexity_ratio = test / reference. */
+    double nll_sum_reference;
+    double nll_sum_test;
+    double perplexity_reference;
+    double perplexity_test;
+    double delta_perplexity;
+    double perplexity_ratio;
+    /** Pearson's correlation of the two models' per-position NLLs (NaN when either is constant). */
+    double nll_correlation;
+    /** The backend that ran, windows, wall-clock seconds, and the one-time GPU set-up of both models (as
+     *  tl_score_result's setup_seconds). */
+    int32_t backend;
+    int32_t n_windows;
+    double seconds;
+    double setup_seconds;
+} tl_compare_result;
+
+/** Fills `result` with zeros and sets struct_size; pass sizeof(*result) as struct_size. */
+TL_API tl_status tl_compare_result_init(tl_compare_result *result, uint32_t struct_size);
+
+/** Runs `reference` and `test` on the same windows of `tokens` (as tl_score splits them) and compares their
+ *  predictions position by position: KL(P_reference || P_test), both NLLs and top-1 agreement, summarized in
+ *  *out_result (llama-perplexity's KL-divergence report). The models must share a vocabulary: the same vocab size
+ *  and tokenizer kind, else TL_ERR_INVALID_ARGUMENT naming both; they may differ in everything else (a dense model
+ *  against its INT4 quantization), and may be the same model. The two models' logits exist a chunk of positions at
+ *  a time (on the GPU, the scoring pass's logits chunk of each model, compared by one kernel), never for the whole
+ *  text; the summary keeps one float per position. n_tokens >= 2, tokens in [0, vocab). On the CUDA backend both
+ *  models run on options->device; AUTO falls back to the CPU when the GPU path declines. `options` may be NULL.
+ *  Thread-safe on shared models. */
+TL_API tl_status tl_score_compare(const tl_model *reference, const tl_model *test, const int32_t *tokens,
+                                  size_t n_tokens, const tl_compare_options *options, tl_compare_result *out_result);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Text: the model's tokenizer

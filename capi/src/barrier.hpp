@@ -79,22 +79,32 @@ template <> inline constexpr uint32_t kFirstVersionSize<tl_pack_options> = sizeo
 template <> inline constexpr uint32_t kFirstVersionSize<tl_pack_report> = sizeof(tl_pack_report);
 template <>
 inline constexpr uint32_t kFirstVersionSize<tl_score_options> = offsetof(tl_score_options, max_memory_bytes);
+template <> inline constexpr uint32_t kFirstVersionSize<tl_compare_options> = sizeof(tl_compare_options);
+template <> inline constexpr uint32_t kFirstVersionSize<tl_compare_result> = sizeof(tl_compare_result);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_score_result> = offsetof(tl_score_result, setup_seconds);
-template <> inline constexpr uint32_t kFirstVersionSize<tl_model_properties> = sizeof(tl_model_properties);
+template <>
+inline constexpr uint32_t kFirstVersionSize<tl_model_properties> = offsetof(tl_model_properties, bos_token_id);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_weight_properties> = sizeof(tl_weight_properties);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_device_properties> = sizeof(tl_device_properties);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_dispatch_counts> = sizeof(tl_dispatch_counts);
 
-// The struct sizes an input struct may have: one per version (every struct has at most two today).
+// The size of a struct's middle version, for structs with three (0: none): tl_score_options before top_k.
+template <class T>
+inline constexpr uint32_t kMiddleVersionSize = 0;
+template <> inline constexpr uint32_t kMiddleVersionSize<tl_score_options> = offsetof(tl_score_options, top_k);
+
+// The struct sizes an input struct may have: one per version.
 template <class T>
 bool is_version_size(uint32_t size) {
     static_assert(kFirstVersionSize<T> > 0, "list the struct's first-version size in kFirstVersionSize");
-    return size == kFirstVersionSize<T> || size == sizeof(T);
+    return size == kFirstVersionSize<T> || (kMiddleVersionSize<T> != 0 && size == kMiddleVersionSize<T>) ||
+           size == sizeof(T);
 }
 template <class T>
 std::string version_sizes() {
-    return kFirstVersionSize<T> == sizeof(T) ? std::to_string(sizeof(T))
-                                              : std::to_string(kFirstVersionSize<T>) + " or " + std::to_string(sizeof(T));
+    if (kFirstVersionSize<T> == sizeof(T)) return std::to_string(sizeof(T));
+    const std::string middle = kMiddleVersionSize<T> != 0 ? ", " + std::to_string(kMiddleVersionSize<T>) : "";
+    return std::to_string(kFirstVersionSize<T>) + middle + " or " + std::to_string(sizeof(T));
 }
 
 // An input struct from the caller, of one of the struct's versions, laid over the defaults its *_init function

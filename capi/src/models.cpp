@@ -91,6 +91,7 @@ TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out) 
             }
         }
         p.parameter_count = params;
+        p.bos_token_id = c.bos_token_id;
         write_output_struct(out, p);
     });
 }

@@ -2,6 +2,7 @@
 // GPU (a GpuModel per model and device, made on first use) or the CPU.
 #include "tinyloop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "gpu/gpu_forward.hpp"
 #include "gpu/gpu_model.hpp"
 #include "handles.hpp"
+#include "score/compare.hpp"
 #include "score/score_plan.hpp"
 #include "util/log.hpp"
 
@@ -49,8 +51,19 @@ tl::GpuModel &gpu_model_for(const tl_model &model, int32_t device, double *setup
     return *slot;
 }
 
-// The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs, and
-// a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
+// TL_ERR_NO_DEVICE for a CUDA backend that this build or machine lacks.
+void require_backend(int32_t backend) {
+    if (backend == TL_BACKEND_CUDA && tl::device_count() == 0) {
+#if defined(TL_WITH_CUDA)
+        tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
+#else
+        tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but this build has no CUDA support");
+#endif
+    }
+}
+
+// The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs,
+// top-k, and a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
 tl_score_options read_score_options(const tl_score_options *options) {
     const tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
     require(opts.n_threads >= 0 && opts.n_threads <= 1024,
@@ -60,23 +73,39 @@ tl_score_options read_score_options(const tl_score_options *options) {
                 std::to_string(opts.backend));
     require(opts.use_graphs == 0 || opts.use_graphs == 1,
             "options->use_graphs must be 0 or 1, got " + std::to_string(opts.use_graphs));
-    if (opts.backend == TL_BACKEND_CUDA && tl::device_count() == 0) {
-#if defined(TL_WITH_CUDA)
-        tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but no CUDA device is usable");
-#else
-        tl::fail(TL_ERR_NO_DEVICE, "backend CUDA requested but this build has no CUDA support");
-#endif
+    require(opts.top_k >= 0 && opts.top_k <= tl::kMaxTopK,
+            "options->top_k must be in [0, " + std::to_string(tl::kMaxTopK) + "] (0: none), got " +
+                std::to_string(opts.top_k));
+    if (opts.top_k > 0) {
+        require(opts.top_ids != nullptr, "options->top_ids is NULL while options->top_k is " +
+                                             std::to_string(opts.top_k));
+        require(opts.top_logprobs != nullptr, "options->top_logprobs is NULL while options->top_k is " +
+                                                  std::to_string(opts.top_k));
     }
+    require_backend(opts.backend);
     return opts;
 }
 
-// Fails with TL_ERR_BUFFER_TOO_SMALL when the options' token_nll (if any) holds fewer than `needed` floats; `what`
-// says what `needed` counts.
+// Fails with TL_ERR_BUFFER_TOO_SMALL when the options' token_nll (if any) holds fewer than `needed` floats, or their
+// top-k arrays (if asked for) fewer than `needed` positions' worth; `what` says what `needed` counts.
 void require_token_nll_room(const tl_score_options &opts, size_t needed, const char *what) {
     if (opts.token_nll != nullptr && opts.token_nll_len < needed) {
         tl::fail(TL_ERR_BUFFER_TOO_SMALL, "options->token_nll_len is " + std::to_string(opts.token_nll_len) +
                                               ", needs " + what + " = " + std::to_string(needed));
     }
+    if (opts.top_k > 0 && (needed > SIZE_MAX / static_cast<size_t>(opts.top_k) ||
+                           opts.top_len < needed * static_cast<size_t>(opts.top_k))) {
+        tl::fail(TL_ERR_BUFFER_TOO_SMALL, "options->top_len is " + std::to_string(opts.top_len) + ", needs (" + what +
+                                              ") * top_k = " + std::to_string(needed) + " * " +
+                                              std::to_string(opts.top_k));
+    }
+}
+
+// top_k no larger than the vocabulary (a model of fewer than 20 tokens).
+void require_top_k_fits(const tl_score_options &opts, const tl_model &model) {
+    const int32_t vocab = model.model->config.vocab;
+    require(opts.top_k <= vocab, "options->top_k = " + std::to_string(opts.top_k) + " is above the model's vocab " +
+                                     std::to_string(vocab));
 }
 
 // The core's options for checked C options; progress goes to the C callback (non-zero: stop).
@@ -89,6 +118,9 @@ tl::ScoreOptions core_score_options(const tl_model &model, const tl_score_option
     score.cross_iter_round = score.dispatch[tl::DispatchSetting::CrossIterRound] != 0;
     score.use_graphs = opts.use_graphs != 0;
     score.max_memory_bytes = opts.max_memory_bytes;
+    score.top_k = opts.top_k;
+    score.top_ids = opts.top_ids;
+    score.top_logprobs = opts.top_logprobs;
     if (opts.progress != nullptr) {
         const tl_progress_fn fn = opts.progress;
         void *user = opts.progress_user_data;
@@ -151,6 +183,23 @@ tl_score_result run_score(const tl_model &model, const tl_score_options &opts, c
     return result;
 }
 
+// The scoring options of a comparison's checked options.
+tl::ScoreOptions core_compare_options(const tl_model &reference, const tl_compare_options &opts) {
+    tl::ScoreOptions score;
+    score.dispatch = reference.dispatch.resolve();
+    score.n_threads = opts.n_threads;
+    score.window = opts.window;
+    score.cross_iter_round = score.dispatch[tl::DispatchSetting::CrossIterRound] != 0;
+    score.use_graphs = opts.use_graphs != 0;
+    score.max_memory_bytes = opts.max_memory_bytes;
+    if (opts.progress != nullptr) {
+        const tl_progress_fn fn = opts.progress;
+        void *user = opts.progress_user_data;
+        score.progress = [fn, user](uint64_t done, uint64_t total) { return fn(user, done, total) == 0; };
+    }
+    return score;
+}
+
 }  // namespace
 
 extern "C" {
@@ -166,6 +215,106 @@ TL_API tl_status tl_score_result_init(tl_score_result *result, uint32_t struct_s
     return init_struct(result, struct_size, "result", [](tl_score_result &) {});
 }
 
+TL_API tl_status tl_compare_options_init(tl_compare_options *options, uint32_t struct_size) {
+    return init_struct(options, struct_size, "options", [](tl_compare_options &o) {
+        o.backend = TL_BACKEND_AUTO;
+        o.use_graphs = 1;
+    });
+}
+
+TL_API tl_status tl_compare_result_init(tl_compare_result *result, uint32_t struct_size) {
+    return init_struct(result, struct_size, "result", [](tl_compare_result &) {});
+}
+
+TL_API tl_status tl_score_compare(const tl_model *reference, const tl_model *test, const int32_t *tokens,
+                                  size_t n_tokens, const tl_compare_options *options, tl_compare_result *out_result) {
+    return guarded([&] {
+        const auto start = std::chrono::steady_clock::now();
+        require_not_null(reference, "reference");
+        require_not_null(test, "test");
+        require_not_null(tokens, "tokens");
+        require_output_struct(out_result, "out_result");
+        const tl_compare_options opts = read_input_struct(options, "options", tl_compare_options_init, true);
+        require(opts.n_threads >= 0 && opts.n_threads <= 1024,
+                "options->n_threads must be in [0, 1024], got " + std::to_string(opts.n_threads));
+        require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU || opts.backend == TL_BACKEND_CUDA,
+                "options->backend must be TL_BACKEND_AUTO, TL_BACKEND_CPU or TL_BACKEND_CUDA, got " +
+                    std::to_string(opts.backend));
+        require(opts.use_graphs == 0 || opts.use_graphs == 1,
+                "options->use_graphs must be 0 or 1, got " + std::to_string(opts.use_graphs));
+        require_backend(opts.backend);
+        require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
+                                   std::to_string(n_tokens));
+        tl::check_same_vocabulary(*reference->model, *test->model);
+        const size_t positions = n_tokens - 1;
+        const bool any_output = opts.token_kl != nullptr || opts.token_nll_reference != nullptr ||
+                                opts.token_nll_test != nullptr || opts.token_top1_match != nullptr;
+        if (any_output && opts.token_len < positions) {
+            tl::fail(TL_ERR_BUFFER_TOO_SMALL, "options->token_len is " + std::to_string(opts.token_len) +
+                                                  ", needs n_tokens - 1 = " + std::to_string(positions));
+        }
+        // One value per position is kept whatever the caller asked for: the percentiles need every KL.
+        std::vector<float> kl(positions), nll_ref(positions), nll_test(positions);
+        std::vector<uint8_t> match(positions);
+        const tl::CompareOutputs out{kl.data(), nll_ref.data(), nll_test.data(), match.data()};
+        const tl::ScoreOptions score = core_compare_options(*reference, opts);
+
+        tl_compare_result result;
+        std::memset(&result, 0, sizeof result);
+        result.struct_size = sizeof result;
+        tl::ScoreResult r;
+        bool gpu = opts.backend == TL_BACKEND_CUDA || (opts.backend == TL_BACKEND_AUTO && tl::device_count() > 0);
+        if (gpu) {
+            try {
+                double ref_setup = 0, test_setup = 0;
+                tl::GpuModel &ref_gpu = gpu_model_for(*reference, opts.device, &ref_setup);
+                tl::GpuModel &test_gpu = gpu_model_for(*test, opts.device, &test_setup);
+                result.setup_seconds = ref_setup + test_setup;
+                r = tl::compare_cuda(ref_gpu, test_gpu, tokens, n_tokens, score, test->dispatch.resolve(),
+                                     opts.device, opts.stream, out);
+            } catch (const tl::Error &e) {
+                if (opts.backend != TL_BACKEND_AUTO || e.code() != TL_ERR_UNSUPPORTED) throw;
+                tl::log(TL_LOG_INFO, std::string("[compare] GPU declined, comparing on the CPU: ") + e.what());
+                gpu = false;
+            }
+        }
+        if (!gpu) {
+            r = tl::compare_cpu(*reference->model, *test->model, tokens, n_tokens, score, test->dispatch.resolve(),
+                                out);
+        }
+
+        const tl::CompareStats st = tl::summarize_comparison(kl.data(), nll_ref.data(), nll_test.data(),
+                                                             match.data(), positions);
+        result.tokens_scored = st.n;
+        result.kl_mean = st.kl_mean;
+        result.kl_stderr = st.kl_stderr;
+        result.kl_median = st.kl_median;
+        result.kl_p90 = st.kl_p90;
+        result.kl_p99 = st.kl_p99;
+        result.kl_p999 = st.kl_p999;
+        result.kl_max = st.kl_max;
+        result.kl_min = st.kl_min;
+        result.top1_agreement = st.top1_agreement;
+        result.nll_sum_reference = st.nll_sum_reference;
+        result.nll_sum_test = st.nll_sum_test;
+        const double n = static_cast<double>(st.n);
+        result.perplexity_reference = std::exp(st.nll_sum_reference / n);
+        result.perplexity_test = std::exp(st.nll_sum_test / n);
+        result.delta_perplexity = result.perplexity_test - result.perplexity_reference;
+        result.perplexity_ratio = result.perplexity_test / result.perplexity_reference;
+        result.nll_correlation = st.nll_correlation;
+        result.backend = gpu ? TL_BACKEND_CUDA : TL_BACKEND_CPU;
+        result.n_windows = r.n_windows;
+        result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        // Copied out only on success, as every output of the API.
+        if (opts.token_kl != nullptr) std::copy(kl.begin(), kl.end(), opts.token_kl);
+        if (opts.token_nll_reference != nullptr) std::copy(nll_ref.begin(), nll_ref.end(), opts.token_nll_reference);
+        if (opts.token_nll_test != nullptr) std::copy(nll_test.begin(), nll_test.end(), opts.token_nll_test);
+        if (opts.token_top1_match != nullptr) std::copy(match.begin(), match.end(), opts.token_top1_match);
+        write_output_struct(out_result, result);
+    });
+}
+
 TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n_tokens,
                           const tl_score_options *options, tl_score_result *out_result) {
     return guarded([&] {
@@ -176,6 +325,7 @@ TL_API tl_status tl_score(const tl_model *model, const int32_t *tokens, size_t n
         const tl_score_options opts = read_score_options(options);
         require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
                                    std::to_string(n_tokens));
+        require_top_k_fits(opts, *model);
         require_token_nll_room(opts, n_tokens - 1, "n_tokens - 1");
         const tl::ScoreOptions score = core_score_options(*model, opts);
         const tl_score_result result = run_score(
@@ -197,6 +347,7 @@ TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequen
         if (n_sequences > 0) require_not_null(out_scores, "out_scores");
         if (out_result != nullptr) require_output_struct(out_result, "out_result");
         const tl_score_options opts = read_score_options(options);
+        require_top_k_fits(opts, *model);
         // Decided before anything is allocated: no array of tl_sequence can be this long.
         if (n_sequences > static_cast<size_t>(PTRDIFF_MAX) / sizeof(tl_sequence)) {
             tl::fail(TL_ERR_INVALID_ARGUMENT, "n_sequences = " + std::to_string(n_sequences) +

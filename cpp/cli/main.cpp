@@ -1,4 +1,5 @@
-// The `tinyloop` command-line tool: info, make-model, quantize, import, set-tokenizer, tokenize, score, score-batch.
+// The `tinyloop` command-line tool: info, make-model, quantize, import, set-tokenizer, tokenize, score, score-batch,
+// compare.
 // Scoring and inspection go through the public C API (the same path users take); model creation and
 // quantization use the C++ core directly because the C API has no model writer.
 
@@ -448,6 +449,7 @@ struct ScoreArgs {
     int64_t stride = 0;  // --stride S
     int64_t ctx = 0;     // --ctx N (0: the default)
     int64_t bos = -1;    // --bos ID (-1: none)
+    int top_k = 0;       // --top-k K (0: none)
 };
 
 // llama-perplexity's default context: 512, the context of most published llama-perplexity figures, capped at the
@@ -468,6 +470,9 @@ void check_convention_args(const ScoreArgs &a) {
                              " (--window " + std::to_string(a.window) +
                              "): from a stride of the whole window on, tokens between the windows would go unscored");
         }
+    }
+    if (a.top_k != 0 && a.convention != Convention::Windows) {
+        throw UsageError("--top-k goes with the default windows only, not with --stride or --llama-perplexity");
     }
     if (a.convention == Convention::LlamaPerplexity) {
         if (a.ctx != 0 && a.ctx % 2 != 0) {
@@ -539,16 +544,26 @@ struct Scored {
     tl_score_result r{};
     std::vector<float> nll;  // the scored tokens' NLLs, pass after pass (default windows: all tokens' but the first)
     std::vector<double> running;  // batch conventions: the perplexity over passes 1..k, from the library's sums
+    std::vector<int32_t> top_ids;  // --top-k: each position's k most likely tokens, as tl_score lays them out
+    std::vector<float> top_logprobs;
 };
 
 // The default convention: one tl_score call, windows overlapping by one token.
 Scored score_windows(const tl_model *model, const std::vector<int32_t> &tokens, tl_score_options opts,
-                     tl::cli::RunningPerplexity &running, size_t n_passes) {
+                     tl::cli::RunningPerplexity &running, size_t n_passes, int top_k) {
     Scored s;
     // Always taken (4 bytes a token, as much as the tokens): the perplexity's standard error needs every NLL.
     s.nll.resize(tokens.size() - 1);
     opts.token_nll = s.nll.data();
     opts.token_nll_len = s.nll.size();
+    if (top_k > 0) {
+        s.top_ids.resize(s.nll.size() * static_cast<size_t>(top_k));
+        s.top_logprobs.resize(s.top_ids.size());
+        opts.top_k = top_k;
+        opts.top_ids = s.top_ids.data();
+        opts.top_logprobs = s.top_logprobs.data();
+        opts.top_len = s.top_ids.size();
+    }
     ScoreProgress progress{opts.progress, opts.progress_user_data, &running, 0, tokens.size() - 1};
     running.begin_call(n_passes, s.nll.data(), tl::cli::RunningPerplexity::Layout::Windows);
     opts.progress = score_progress;
@@ -623,6 +638,17 @@ Scored score_passes(const tl_model *model, const std::vector<int32_t> &tokens, c
     return s;
 }
 
+// Position `k`'s top-k entries of tl_score's layout as [[id, logprob], ...].
+nlohmann::ordered_json top_entries(const std::vector<int32_t> &ids, const std::vector<float> &logprobs, size_t k,
+                                   int top_k) {
+    nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+    for (int i = 0; i < top_k; ++i) {
+        const size_t at = k * static_cast<size_t>(top_k) + static_cast<size_t>(i);
+        entries.push_back(nlohmann::ordered_json::array({ids[at], logprobs[at]}));
+    }
+    return entries;
+}
+
 int cmd_score(const ScoreArgs &a) {
     using tl::cli::Convention;
     // Opened before any work, so that a path that cannot be written costs none.
@@ -687,7 +713,7 @@ int cmd_score(const ScoreArgs &a) {
     Scored s;
     if (a.convention == Convention::Windows) {
         opts.window = a.window;
-        s = score_windows(h.model, tokens, opts, running, passes.size());
+        s = score_windows(h.model, tokens, opts, running, passes.size(), a.top_k);
     } else {
         s = score_passes(h.model, chunk_tokens.empty() ? tokens : chunk_tokens, passes, opts, running);
     }
@@ -701,7 +727,13 @@ int cmd_score(const ScoreArgs &a) {
         size_t k = 0;
         for (const tl::cli::Pass &p : passes) {
             for (size_t j = p.first_scored(); j < p.length && k < s.nll.size(); ++j, ++k) {
-                per_token_out << (p.start + j) << '\t' << tokens[p.start + j] << '\t' << s.nll[k] << '\n';
+                per_token_out << (p.start + j) << '\t' << tokens[p.start + j] << '\t' << s.nll[k];
+                // --top-k: then the position's k most likely tokens, id:logprob, most likely first.
+                for (int i = 0; i < a.top_k; ++i) {
+                    const size_t at = k * static_cast<size_t>(a.top_k) + static_cast<size_t>(i);
+                    per_token_out << '\t' << s.top_ids[at] << ':' << s.top_logprobs[at];
+                }
+                per_token_out << '\n';
             }
         }
         per_token_out.flush();
@@ -742,6 +774,12 @@ int cmd_score(const ScoreArgs &a) {
               {"native", r.gemm_native}, {"dense_cublas", r.gemm_dense_cublas}, {"fallbacks", r.gemm_fallbacks}}}};
         // llama-perplexity's [k] values: the perplexity over chunks 1..k.
         if (a.convention == Convention::LlamaPerplexity) j["running_perplexity"] = s.running;
+        if (a.top_k > 0) {  // per scored token (the input's tokens 1..n-1): [[id, logprob], ...], most likely first
+            j["top_k"] = a.top_k;
+            nlohmann::ordered_json top = nlohmann::ordered_json::array();
+            for (size_t k = 0; k < s.nll.size(); ++k) top.push_back(top_entries(s.top_ids, s.top_logprobs, k, a.top_k));
+            j["top_logprobs"] = std::move(top);
+        }
         std::printf("%s\n", j.dump().c_str());
         return 0;
     }
@@ -824,6 +862,109 @@ int cmd_tokenize(const std::string &model_path, const std::string &text) {
     return 0;
 }
 
+// ---- compare: two models on one text ----
+
+// What `compare` was asked.
+struct CompareArgs {
+    std::string reference, test, text, token_file, backend = "auto", per_token;
+    int threads = 0, device = 0, window = 0;
+    bool quiet = false, json = false;
+    uint64_t max_tokens = 0;
+    double progress_interval = 5;
+};
+
+int cmd_compare(const CompareArgs &a) {
+    std::ofstream per_token_out;  // opened before any work, as score's
+    if (!a.per_token.empty()) {
+        per_token_out.open(a.per_token);
+        if (!per_token_out) throw CliError("cannot open '" + a.per_token + "' for writing: " + errno_text(errno));
+    }
+    ModelHandle reference(a.reference), test(a.test);
+    apply_dispatch_environment(reference.model);
+    apply_dispatch_environment(test.model);
+    // The text through the reference's tokenizer (the library checks that both models share the vocabulary).
+    const int32_t tokenizer = tokenizer_kind(reference.model);
+    std::vector<int32_t> tokens;
+    if (!a.token_file.empty()) {
+        tokens = read_token_file(a.token_file, a.max_tokens);
+    } else if (tokenizer == TL_TOKENIZER_BYTES) {
+        tokens = byte_tokens(read_text(a.text, a.max_tokens));
+    } else {
+        tokens = tokenize(reference.model, read_text(a.text, 0));
+        if (a.max_tokens > 0 && tokens.size() > a.max_tokens) tokens.resize(static_cast<size_t>(a.max_tokens));
+    }
+    if (tokens.size() < 2) throw CliError("need at least 2 tokens to compare, got " + std::to_string(tokens.size()));
+
+    ProgressLog progress_log;
+    const tl_score_options run = scoring_options(a.backend, a.threads, a.quiet, a.progress_interval, progress_log);
+    tl_compare_options opts;
+    check(tl_compare_options_init(&opts, sizeof opts), "compare options");
+    opts.backend = run.backend;
+    opts.n_threads = run.n_threads;
+    opts.progress = run.progress;
+    opts.progress_user_data = run.progress_user_data;
+    opts.device = a.device;
+    opts.window = a.window;
+    // Per-position values only when written out: the library keeps its own for the summary.
+    const size_t n = tokens.size() - 1;
+    std::vector<float> kl, nll_ref, nll_test;
+    std::vector<uint8_t> match;
+    if (!a.per_token.empty()) {
+        kl.resize(n), nll_ref.resize(n), nll_test.resize(n), match.resize(n);
+        opts.token_kl = kl.data(), opts.token_nll_reference = nll_ref.data(), opts.token_nll_test = nll_test.data();
+        opts.token_top1_match = match.data(), opts.token_len = n;
+    }
+    tl_compare_result r;
+    check(tl_compare_result_init(&r, sizeof r), "compare result");
+    progress_log.start = progress_log.last = std::chrono::steady_clock::now();
+    check(tl_score_compare(reference.model, test.model, tokens.data(), tokens.size(), &opts, &r), "compare");
+    if (!a.per_token.empty()) {
+        // Each compared token: its position, the token, KL, the reference's and the test's NLL, top-1 agreement.
+        for (size_t i = 0; i < n; ++i) {
+            per_token_out << (i + 1) << '\t' << tokens[i + 1] << '\t' << kl[i] << '\t' << nll_ref[i] << '\t'
+                          << nll_test[i] << '\t' << static_cast<int>(match[i]) << '\n';
+        }
+        per_token_out.flush();
+        if (!per_token_out) throw CliError("cannot write '" + a.per_token + "'");
+    }
+    if (a.json) {
+        const nlohmann::ordered_json j = {
+            {"reference", a.reference}, {"test", a.test},
+            {"text", a.token_file.empty() ? nlohmann::ordered_json(a.text) : nlohmann::ordered_json()},
+            {"token_file", a.token_file.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(a.token_file)},
+            {"tokens", tokens.size()}, {"tokens_scored", r.tokens_scored}, {"windows", r.n_windows},
+            {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"},
+            {"perplexity_reference", r.perplexity_reference}, {"perplexity_test", r.perplexity_test},
+            {"delta_perplexity", r.delta_perplexity}, {"perplexity_ratio", r.perplexity_ratio},
+            {"nll_correlation", r.nll_correlation},
+            {"kl_mean", r.kl_mean}, {"kl_stderr", r.kl_stderr}, {"kl_median", r.kl_median}, {"kl_p90", r.kl_p90},
+            {"kl_p99", r.kl_p99}, {"kl_p999", r.kl_p999}, {"kl_max", r.kl_max}, {"kl_min", r.kl_min},
+            {"top1_agreement", r.top1_agreement}, {"seconds", r.seconds}, {"setup_seconds", r.setup_seconds}};
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+    }
+    // llama-perplexity's KL-divergence report, in its order and wording where it has one.
+    std::printf("tokens        %llu compared (%zu in, %d window%s)\n",
+                static_cast<unsigned long long>(r.tokens_scored), tokens.size(), r.n_windows,
+                r.n_windows == 1 ? "" : "s");
+    std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
+    std::printf("reference     %s: PPL %.4f\n", a.reference.c_str(), r.perplexity_reference);
+    std::printf("test          %s: PPL %.4f\n", a.test.c_str(), r.perplexity_test);
+    std::printf("PPL(test) - PPL(ref)   %+.4f\n", r.delta_perplexity);
+    std::printf("PPL(test) / PPL(ref)   %.5f\n", r.perplexity_ratio);
+    std::printf("Cor(NLL ref, NLL test) %.2f%%\n", 100.0 * r.nll_correlation);
+    std::printf("Mean    KLD: %10.6f ± %10.6f\n", r.kl_mean, r.kl_stderr);
+    std::printf("Maximum KLD: %10.6f\n", r.kl_max);
+    std::printf("99.9%%   KLD: %10.6f\n", r.kl_p999);
+    std::printf("99.0%%   KLD: %10.6f\n", r.kl_p99);
+    std::printf("90.0%%   KLD: %10.6f\n", r.kl_p90);
+    std::printf("Median  KLD: %10.6f\n", r.kl_median);
+    std::printf("Minimum KLD: %10.6f\n", r.kl_min);
+    std::printf("Same top p: %6.3f %%\n", 100.0 * r.top1_agreement);
+    std::printf("time          %.3f s (GPU setup %.3f s)\n", r.seconds, r.setup_seconds);
+    return 0;
+}
+
 // ---- score-batch: requests as JSON lines ----
 
 // Requests are scored in chunks of about this many tokens, each chunk's results written before the next is read:
@@ -850,6 +991,8 @@ struct PendingRequest {
     std::string error;  // empty: scored
     size_t context_truncated = 0;
     tl_sequence_score score{};
+    std::vector<int32_t> top_ids;  // --top-k: the scored positions' k most likely tokens
+    std::vector<float> top_logprobs;
 };
 
 // The sequence a library message names ("sequences[i]..."), or SIZE_MAX.
@@ -883,11 +1026,32 @@ void score_chunk(const tl_model *model, const tl_score_options &base, std::vecto
         }
         if (sequences.empty()) return;
         std::vector<tl_sequence_score> scores(sequences.size());
+        const size_t k = static_cast<size_t>(opts.top_k);
+        std::vector<int32_t> top_ids;
+        std::vector<float> top_logprobs;
+        if (k > 0) {  // every prediction's, context included, laid out as token_nll
+            size_t positions = 0;
+            for (const tl_sequence &q : sequences) positions += q.n_tokens > 0 ? q.n_tokens - 1 : 0;
+            top_ids.resize(positions * k);
+            top_logprobs.resize(top_ids.size());
+            opts.top_ids = top_ids.data();
+            opts.top_logprobs = top_logprobs.data();
+            opts.top_len = top_ids.size();
+        }
         const tl_status status = tl_score_batch(model, sequences.data(), sequences.size(), &opts, scores.data(), nullptr);
         if (status == TL_OK) {
+            size_t offset = 0;  // of the sequence's first prediction
             for (size_t j = 0; j < members.size(); ++j) {
-                chunk[members[j]].score = scores[j];
+                PendingRequest &p = chunk[members[j]];
+                p.score = scores[j];
                 progress.done_before += scores[j].tokens_scored;
+                if (k > 0) {  // the scored positions only: predictions of tokens first_scored .. n - 1
+                    const size_t first = std::max<size_t>(sequences[j].n_context, 1) - 1;
+                    const size_t begin = (offset + first) * k, end = (offset + sequences[j].n_tokens - 1) * k;
+                    p.top_ids.assign(top_ids.begin() + begin, top_ids.begin() + end);
+                    p.top_logprobs.assign(top_logprobs.begin() + begin, top_logprobs.begin() + end);
+                }
+                offset += sequences[j].n_tokens - 1;
             }
             return;
         }
@@ -903,7 +1067,8 @@ void score_chunk(const tl_model *model, const tl_score_options &base, std::vecto
 }
 
 int cmd_score_batch(const std::string &model_path, const std::string &input, const std::string &output,
-                    const std::string &backend, int threads, int device, bool quiet, double progress_interval) {
+                    const std::string &backend, int threads, int device, bool quiet, double progress_interval,
+                    int64_t bos_flag, int top_k) {
     const std::string input_name = input == "-" ? "stdin" : "'" + input + "'";
     std::FILE *in = stdin;
     if (input != "-") {
@@ -929,6 +1094,12 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     properties.struct_size = sizeof properties;
     check(tl_model_info(h.model, &properties), "info");
     const size_t max_seq = static_cast<size_t>(properties.max_seq);
+    if (top_k > properties.vocab) {
+        throw UsageError("--top-k " + std::to_string(top_k) + " is above the model's vocab " +
+                         std::to_string(properties.vocab));
+    }
+    // An empty context's stand-in: --bos, else the model file's beginning-of-text token (a request's "bos" wins).
+    const int64_t bos = bos_flag >= 0 ? bos_flag : properties.bos_token_id;
     // Text fields through the model's tokenizer; a byte-level model's are read one token per byte.
     tl::cli::TextEncoder encode;
     if (tokenizer_kind(h.model) != TL_TOKENIZER_BYTES) {
@@ -938,6 +1109,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     ProgressLog progress_log;
     tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
     opts.device = device;
+    opts.top_k = top_k;
     ChunkProgress progress;
     size_t index = 0, failed = 0;
     std::vector<PendingRequest> chunk;
@@ -955,6 +1127,13 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
                                                 {"mean_nll", mean},         {"perplexity", std::exp(mean)},
                                                 {"greedy", s.greedy != 0}});
                 if (p.context_truncated > 0) j["context_truncated"] = p.context_truncated;
+                if (top_k > 0) {  // per scored token: [[id, logprob], ...], most likely first
+                    nlohmann::ordered_json top = nlohmann::ordered_json::array();
+                    for (size_t k = 0; k < p.top_ids.size() / static_cast<size_t>(top_k); ++k) {
+                        top.push_back(top_entries(p.top_ids, p.top_logprobs, k, top_k));
+                    }
+                    j["top_logprobs"] = std::move(top);
+                }
             } else {
                 ++failed;
                 std::fprintf(stderr, "tinyloop: %s line %zu: %s\n", input_name.c_str(), p.line, p.error.c_str());
@@ -981,7 +1160,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
             PendingRequest p;
             p.line = reader.line_number();
             try {
-                p.request = tl::cli::parse_request(line, encode);
+                p.request = tl::cli::parse_request(line, encode, bos);
                 p.context_truncated = tl::cli::truncate_context(p.request, max_seq);
             } catch (const tl::cli::RequestError &e) {
                 p.error = e.what();
@@ -1152,6 +1331,12 @@ int main(int argc, char **argv) {
                                       "--llama-perplexity: replace the first token of each chunk by this id, as "
                                       "llama-perplexity does for models that use a beginning-of-text token "
                                       "(default: none, the chunk's own token)");
+    int top_k = 0;
+    score->add_option("--top-k", top_k,
+                      "also give each scored token's K most likely tokens and their log-probabilities (1 <= K <= 20; "
+                      "default windows only): in --per-token lines as id:logprob after the NLL, in --json as "
+                      "\"top_logprobs\"")
+        ->check(CLI::Range(1, 20));
     stride_opt->excludes(llama_opt);
     window_opt->excludes(llama_opt);
     ctx_opt->needs(llama_opt);
@@ -1197,7 +1382,10 @@ int main(int argc, char **argv) {
                     "\"tokens_scored\", \"mean_nll\", \"perplexity\", \"greedy\"}; greedy is true when every scored "
                     "token is its position's most likely one. Other keys of a request (\"id\", ...) are repeated after "
                     "\"index\". A context too long for the model's max_seq is cut from the front (the continuation "
-                    "stays whole) and \"context_truncated\" gives the tokens cut; a context must not be empty. A line that is not a valid request, or that the library refuses, gets "
+                    "stays whole) and \"context_truncated\" gives the tokens cut. An empty context (\"context\": [] or "
+                    "\"context_text\": \"\") stands for one beginning-of-text token: the request's \"bos\": ID, "
+                    "else --bos, else the model file's bos_token_id; with none the line is refused. A line that is "
+                    "not a valid request, or that the library refuses, gets "
                     "{\"index\", \"line\", \"error\"} instead, the other lines are still scored, and the exit "
                     "status is 1. Lines are at most 4 MiB; requests are scored in chunks of about 2^20 tokens, each "
                     "chunk's results written before the next is read.\n\n") +
@@ -1206,6 +1394,46 @@ int main(int argc, char **argv) {
     score_batch->add_option("--input", input, "the requests, a JSON-lines file or - for stdin")->capture_default_str();
     score_batch->add_option("--output", output, "where the results go, a file or - for stdout")->capture_default_str();
     add_run_options(score_batch, "after every forward pass");
+    int64_t batch_bos = -1;
+    int batch_top_k = 0;
+    score_batch->add_option("--bos", batch_bos,
+                            "the token that stands for an empty context (\"context\": [] or \"context_text\": "
+                            "\"\") where a request names none (\"bos\": ID); default: the model file's "
+                            "bos_token_id")
+        ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
+    score_batch->add_option("--top-k", batch_top_k,
+                            "also give each scored token's K most likely tokens and their log-probabilities "
+                            "(1 <= K <= 20): \"top_logprobs\": [[[id, logprob], ...], ...] per scored token")
+        ->check(CLI::Range(1, 20));
+
+    CompareArgs compare_args;
+    auto *compare = app.add_subcommand(
+        "compare", "compare a test model with a reference on one text: KL divergence, top-1 agreement, perplexities");
+    compare->footer(std::string("Both models score the same windows of the text (the shorter max_seq of the two by "
+                                "default); at each position the test's predicted distribution is compared with the "
+                                "reference's: KL(P_ref || P_test) (mean ± standard error, median, 90th, 99th, 99.9th "
+                                "percentile, maximum, minimum), how often both predict the same most likely token, "
+                                "each model's perplexity, their difference and ratio, and the correlation of the "
+                                "two models' per-token NLLs (llama-perplexity's KL-divergence report). The models "
+                                "must share a vocabulary; --text goes through the reference's tokenizer.\n\n") +
+                    kExitStatus);
+    compare->add_option("reference", compare_args.reference, "the reference .tinyloop file (a dense model, say)")
+        ->required();
+    compare->add_option("test", compare_args.test, "the .tinyloop file compared with it (its INT4 quantization)")
+        ->required();
+    auto *compare_text = compare->add_option("--text", compare_args.text, "a text file; - for stdin");
+    auto *compare_tokens =
+        compare->add_option("--tokens", compare_args.token_file, "a file of whitespace-separated token ids");
+    compare_text->excludes(compare_tokens);
+    compare->add_option("--window", compare_args.window, "window length, 0 = the shorter max_seq")
+        ->check(non_negative)->capture_default_str();
+    int64_t compare_max_tokens = 0;
+    compare->add_option("--max-tokens", compare_max_tokens, "compare at most this many tokens, 0 = all")
+        ->check(non_negative);
+    compare->add_option("--per-token", compare_args.per_token,
+                        "write position, token, KL, reference NLL, test NLL and top-1 agreement (0/1) per line");
+    compare->add_flag("--json", compare_args.json, "print one JSON object instead of the report");
+    add_run_options(compare, "after every window");
 
     // `tinyloop help [SUBCOMMAND]` is `tinyloop [SUBCOMMAND] --help`.
     std::vector<std::string> args(argv + 1, argv + argc);
@@ -1297,12 +1525,22 @@ int main(int argc, char **argv) {
             a.convention = llama ? tl::cli::Convention::LlamaPerplexity
                            : *stride_opt ? tl::cli::Convention::Stride
                                          : tl::cli::Convention::Windows;
-            a.stride = stride, a.ctx = llama_ctx, a.bos = bos;
+            a.stride = stride, a.ctx = llama_ctx, a.bos = bos, a.top_k = top_k;
             check_convention_args(a);
             return cmd_score(a);
         }
         if (*score_batch) {
-            return cmd_score_batch(model_path, input, output, backend, threads, device, quiet, progress_interval);
+            return cmd_score_batch(model_path, input, output, backend, threads, device, quiet, progress_interval,
+                                   batch_bos, batch_top_k);
+        }
+        if (*compare) {
+            if (compare_args.text.empty() && compare_args.token_file.empty()) {
+                throw UsageError("compare needs --text FILE or --tokens FILE");
+            }
+            compare_args.backend = backend, compare_args.threads = threads, compare_args.device = device;
+            compare_args.quiet = quiet, compare_args.progress_interval = progress_interval;
+            compare_args.max_tokens = static_cast<uint64_t>(compare_max_tokens);
+            return cmd_compare(compare_args);
         }
     } catch (const tl::Error &e) {
         std::fprintf(stderr, "tinyloop: %s: %s\n", tl_status_string(e.code()), e.what());

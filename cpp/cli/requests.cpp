@@ -59,17 +59,33 @@ void append_text_tokens(const json &request, const char *key, std::vector<int32_
     tokens.insert(tokens.end(), ids.begin(), ids.end());
 }
 
-void require_context(const std::vector<int32_t> &tokens, const char *key) {
-    if (tokens.empty()) {
+// An empty context becomes the beginning-of-text token `bos` (the request's "bos", else the tool's): the first
+// continuation token needs a token before it to be scored from. Without one the request is refused, saying how to
+// give one (leaving that token out would score a different continuation than the one asked for).
+void require_context(std::vector<int32_t> &tokens, const char *key, int64_t bos) {
+    if (!tokens.empty()) return;
+    if (bos < 0) {
         throw RequestError(std::string("\"") + key +
-                           "\" is empty: the first continuation token would have no token before it to be scored "
-                           "from; give at least one context token (a beginning-of-text token, for one)");
+                           "\" is empty and the model file names no beginning-of-text token to stand for it: the "
+                           "first continuation token needs a token before it to be scored from; give one with "
+                           "\"bos\": ID in the request or score-batch --bos ID, or give a context token");
     }
+    tokens.push_back(static_cast<int32_t>(bos));
+}
+
+// The request's "bos" (a token id), or `fallback` without one.
+int64_t request_bos(const json &request, int64_t fallback) {
+    if (!request.contains("bos")) return fallback;
+    const json &v = request["bos"];
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > INT32_MAX) {
+        throw RequestError("\"bos\" must be a token id (a non-negative int32), not " + describe(v));
+    }
+    return static_cast<int64_t>(v.get<uint64_t>());
 }
 
 }  // namespace
 
-BatchRequest parse_request(const std::string &line, const TextEncoder &encode) {
+BatchRequest parse_request(const std::string &line, const TextEncoder &encode, int64_t bos) {
     json request;
     try {
         request = parse_json(line, JsonLimits{kMaxRequestLineBytes}, "the request");
@@ -78,7 +94,7 @@ BatchRequest parse_request(const std::string &line, const TextEncoder &encode) {
     }
     if (!request.is_object()) throw RequestError(std::string("expected a JSON object, got ") + request.type_name());
     static const std::initializer_list<std::string> kRequestKeys = {"tokens", "n_context", "context",
-                                                                    "continuation", "text", "context_text"};
+                                                                    "continuation", "text", "context_text", "bos"};
     BatchRequest r;
     // Keys of another form are a mistake; any other key is the caller's, returned with the result.
     const auto only = [&](const char *form, std::initializer_list<std::string> keys) {
@@ -105,20 +121,20 @@ BatchRequest parse_request(const std::string &line, const TextEncoder &encode) {
             r.n_context = k.get<size_t>();
         }
     } else if (request.contains("context") || request.contains("continuation")) {
-        only("context", {"context", "continuation"});
+        only("context", {"context", "continuation", "bos"});
         if (!request.contains("context") || !request.contains("continuation")) {
             throw RequestError("\"context\" and \"continuation\" go together");
         }
         r.tokens = json_tokens(request, "context");
-        require_context(r.tokens, "context");
+        require_context(r.tokens, "context", request_bos(request, bos));
         r.n_context = r.tokens.size();
         const std::vector<int32_t> continuation = json_tokens(request, "continuation");
         r.tokens.insert(r.tokens.end(), continuation.begin(), continuation.end());
     } else if (request.contains("text")) {
-        only("text", {"text", "context_text"});
+        only("text", {"text", "context_text", "bos"});
         if (request.contains("context_text")) {
             append_text_tokens(request, "context_text", r.tokens, encode);
-            require_context(r.tokens, "context_text");
+            require_context(r.tokens, "context_text", request_bos(request, bos));
         }
         r.n_context = r.tokens.size();
         append_text_tokens(request, "text", r.tokens, encode);

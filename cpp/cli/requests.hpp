@@ -33,7 +33,8 @@ struct BatchRequest {
 
 // The keys of an output line; a request may not carry them for echoing.
 constexpr const char *kOutputKeys[] = {"index",      "line",       "error",      "nll_sum",          "tokens_scored",
-                                       "mean_nll",   "perplexity", "greedy",     "context_truncated"};
+                                       "mean_nll",   "perplexity", "greedy",     "context_truncated",
+                                       "top_logprobs"};
 
 // Cuts tokens from the front of the context until the request fits `max_seq`, keeping the continuation whole and at
 // least one context token (a harness's left truncation). Returns how many were cut; a request that still does not
@@ -47,9 +48,12 @@ using TextEncoder = std::function<std::vector<int32_t>(const std::string &)>;
 // {"context": [ids], "continuation": [ids]} or {"text": "...", "context_text": "..." (optional)}, whose strings are
 // tokenized each on its own by `encode` (empty: one token per byte, their UTF-8 bytes). Throws
 // RequestError. Keys of no form are echoed (BatchRequest::echo), unless an output line has them too; keys of two
-// forms in one request are refused. An explicitly empty context is refused: the first continuation token would have nothing before it
-// to be scored from, and silently leaving it out would score a different continuation than the one asked for.
-BatchRequest parse_request(const std::string &line, const TextEncoder &encode = TextEncoder());
+// forms in one request are refused. An explicitly empty context ("context": [] or "context_text": "") becomes one
+// beginning-of-text token: the request's "bos": ID, else `bos` (the tool's --bos, else the model file's
+// bos_token_id; -1: none); with neither it is refused, the message saying how to give one: the first continuation
+// token would have nothing before it to be scored from, and silently leaving it out would score a different
+// continuation than the one asked for.
+BatchRequest parse_request(const std::string &line, const TextEncoder &encode = TextEncoder(), int64_t bos = -1);
 
 // Reads lines of at most `max_bytes` bytes (the newline excluded) from a stream, holding no more than one line.
 class LineReader {

@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 
 #include "quant/cross_iter.hpp"
+#include "score/compare.hpp"
 #include "score/rope.hpp"
 #include "util/error.hpp"
 #include "quant/quant.hpp"
@@ -139,10 +141,12 @@ using LinearInputHook = std::function<void(const Linear &, const float *, int32_
 // The pool and each worker's scratch, for one call.
 struct Context {
     explicit Context(int32_t n_threads, const LinearInputHook *linear_input = nullptr)
-        : pool(n_threads), tiles(pool.size()), work(pool.size()), linear_input(linear_input) {}
+        : pool(n_threads), tiles(pool.size()), work(pool.size()), work_test(pool.size()),
+          linear_input(linear_input) {}
     ThreadPool pool;
     std::vector<TileScratch> tiles;
-    std::vector<std::vector<float>> work;  // attention scores, head logits
+    std::vector<std::vector<float>> work;       // attention scores, head logits
+    std::vector<std::vector<float>> work_test;  // a comparison's second logits chunk
     std::vector<float> kv_panels;          // attention keys and values of every head, packed
     const LinearInputHook *linear_input;   // ScoreOptions::linear_input, or null
 };
@@ -340,23 +344,34 @@ void block_forward(Context &ctx, const ModelConfig &c, const Block &b, Activatio
     });
 }
 
+constexpr size_t kLogitBudget = size_t(1) << 20;  // floats of logits per worker and model
+
+// Head positions per chunk: one chunk's logits, [chunk][vocab], stay within kLogitBudget.
+int32_t head_chunk(int32_t vocab) { return static_cast<int32_t>(std::clamp<size_t>(kLogitBudget / vocab, 1, 64)); }
+
+// The logits of positions [t0, t0 + rows) of h through `head`, into `logits` [rows][head.n].
+void head_logits(Context &ctx, const Linear &head, const float *h, int32_t t0, int32_t rows, int32_t worker,
+                 std::vector<float> &logits) {
+    const int32_t V = head.n;
+    logits.resize(static_cast<size_t>(rows) * V);
+    for (int32_t n0 = 0; n0 < V; n0 += kTileCols) {
+        linear_tile(head, h + static_cast<size_t>(t0) * head.k, rows, n0, std::min(V, n0 + kTileCols), logits.data(),
+                    V, ctx.tiles[worker]);
+    }
+}
+
 // nll[t] = -log softmax(h[t] head)[tokens[t + 1]] for t < T - 1, and greedy[t] = 1 when that token's logit is the
-// row's largest (a tie counts), else 0. Positions are processed in chunks, each chunk's logits in its worker's
+// row's largest (a tie counts), else 0; with top_k > 0, the row's k most likely tokens and their log-probabilities at
+// top_ids / top_logprobs [t * top_k ..]. Positions are processed in chunks, each chunk's logits in its worker's
 // scratch, so the [T, vocab] logits never exist at once.
 void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *tokens, int32_t T, double *nll,
-              uint8_t *greedy) {
-    constexpr size_t kLogitBudget = size_t(1) << 20;  // floats of logits per worker
-    const int32_t V = head.n, D = head.k, M = T - 1;
-    const int32_t chunk = static_cast<int32_t>(std::clamp<size_t>(kLogitBudget / V, 1, 64));
+              uint8_t *greedy, int32_t top_k, int32_t *top_ids, float *top_logprobs) {
+    const int32_t V = head.n, M = T - 1, chunk = head_chunk(V);
     report_input(ctx, head, h, M);
     ctx.pool.parallel_for((M + chunk - 1) / chunk, [&](size_t i, int32_t worker) {
         const int32_t t0 = static_cast<int32_t>(i) * chunk, rows = std::min(chunk, M - t0);
         std::vector<float> &logits = ctx.work[worker];
-        logits.resize(static_cast<size_t>(rows) * V);
-        for (int32_t n0 = 0; n0 < V; n0 += kTileCols) {
-            linear_tile(head, h + static_cast<size_t>(t0) * D, rows, n0, std::min(V, n0 + kTileCols),
-                        logits.data(), V, ctx.tiles[worker]);
-        }
+        head_logits(ctx, head, h, t0, rows, worker, logits);
         for (int32_t r = 0; r < rows; ++r) {
             const float *l = logits.data() + static_cast<size_t>(r) * V;
             const float mx = *std::max_element(l, l + V), target = l[tokens[t0 + r + 1]];
@@ -364,13 +379,40 @@ void head_nll(Context &ctx, const Linear &head, const float *h, const int32_t *t
             for (int32_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(l[v]) - mx);
             nll[t0 + r] = mx + std::log(sum) - target;
             greedy[t0 + r] = target == mx;
+            if (top_k > 0) {
+                const size_t at = static_cast<size_t>(t0 + r) * top_k;
+                top_k_row(l, V, top_k, mx + std::log(sum), top_ids + at, top_logprobs + at);
+            }
         }
     });
 }
 
+// A comparison's head: both models' logits for the same chunk of positions, side by side in each worker's scratch,
+// reduced row by row (compare_row) into out's arrays at [t] for t < T - 1. Never more than a chunk per model.
+void head_compare(Context &ctx, const Linear &ref_head, const float *ref_h, const Linear &test_head,
+                  const float *test_h, const int32_t *tokens, int32_t T, const CompareOutputs &out) {
+    const int32_t V = ref_head.n, M = T - 1, chunk = head_chunk(V);
+    ctx.pool.parallel_for((M + chunk - 1) / chunk, [&](size_t i, int32_t worker) {
+        const int32_t t0 = static_cast<int32_t>(i) * chunk, rows = std::min(chunk, M - t0);
+        head_logits(ctx, ref_head, ref_h, t0, rows, worker, ctx.work[worker]);
+        head_logits(ctx, test_head, test_h, t0, rows, worker, ctx.work_test[worker]);
+        for (int32_t r = 0; r < rows; ++r) {
+            const size_t row = static_cast<size_t>(r) * V;
+            const CompareRow c =
+                compare_row(ctx.work[worker].data() + row, ctx.work_test[worker].data() + row, V, tokens[t0 + r + 1]);
+            const size_t t = static_cast<size_t>(t0 + r);
+            out.kl[t] = static_cast<float>(c.kl);
+            out.nll_reference[t] = static_cast<float>(c.nll_reference);
+            out.nll_test[t] = static_cast<float>(c.nll_test);
+            out.top1_match[t] = c.top1_match ? 1 : 0;
+        }
+    });
+}
+
+// The forward pass of one window up to the final norm: a.xn holds the head's input for every position.
 // `loop_blocks`: the looped block per iteration under cross-iteration rounding, else empty (model.loop each time).
-void score_window(Context &ctx, const Model &model, const std::vector<Block> &loop_blocks, const int32_t *tokens,
-                  int32_t T, Activations &a, double *nll, uint8_t *greedy) {
+void forward_hidden(Context &ctx, const Model &model, const std::vector<Block> &loop_blocks, const int32_t *tokens,
+                    int32_t T, Activations &a) {
     const ModelConfig &c = model.config;
     const size_t D = static_cast<size_t>(c.d_model);
     for (int32_t t = 0; t < T; ++t)
@@ -383,46 +425,72 @@ void score_window(Context &ctx, const Model &model, const std::vector<Block> &lo
     for_row_chunks(ctx, T, [&](int32_t t0, int32_t t1) {
         rmsnorm(a.x.data() + t0 * D, model.final_norm.data(), a.xn.data() + t0 * D, t1 - t0, c.d_model, c.norm_eps);
     });
-    head_nll(ctx, model.head, a.xn.data(), tokens, T, nll, greedy);
 }
 
 // `rows`, once the memory a call scoring windows of up to `rows` tokens needs is within the options' budget.
 int32_t within_budget(const Model &model, int32_t rows, const Context &ctx, const ScoreOptions &options) {
-    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round),
+    const uint64_t top_k_bytes = static_cast<uint64_t>(rows) * options.top_k * (sizeof(int32_t) + sizeof(float));
+    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round) +
+                            top_k_bytes,
                         options.max_memory_bytes, host_memory_bytes(), "host memory");
     return rows;
 }
 
-// What one scoring call sets up once for windows of up to `rows` tokens (checked against the memory budget before
-// anything is allocated): the worker pool, the activations, the looped block per iteration under cross-iteration
-// rounding, and the per-position results of the last window.
-class WindowScorer {
-public:
-    WindowScorer(const Model &model, int32_t rows, const ScoreOptions &options)
-        : model_(model), ctx_(options.n_threads, &options.linear_input),
-          activations_(model.config, within_budget(model, rows, ctx_, options)),
-          nll_(static_cast<size_t>(rows) - 1), greedy_(nll_.size()) {
-        if (options.cross_iter_round) {
+// One model's part of a scoring call, for windows of up to `rows` tokens: its activations and, under
+// cross-iteration rounding, its looped block per iteration.
+struct ModelRunner {
+    ModelRunner(const Model &model, int32_t rows, bool cross_iter_round)
+        : model(model), activations(model.config, rows) {
+        if (cross_iter_round) {
             for (int32_t l = 0; l < model.config.loops; ++l) {
-                loop_blocks_.push_back(cross_iter_block(model.loop, l, model.config.loops));
+                loop_blocks.push_back(cross_iter_block(model.loop, l, model.config.loops));
             }
         }
     }
+    // The window's forward pass up to the head's input, activations.xn.
+    void forward(Context &ctx, const int32_t *tokens, int32_t T) {
+        forward_hidden(ctx, model, loop_blocks, tokens, T, activations);
+    }
+
+    const Model &model;
+    Activations activations;
+    std::vector<Block> loop_blocks;
+};
+
+// What one scoring call sets up once for windows of up to `rows` tokens (checked against the memory budget before
+// anything is allocated): the worker pool, the model's runner, and the per-position results of the last window.
+class WindowScorer {
+public:
+    WindowScorer(const Model &model, int32_t rows, const ScoreOptions &options)
+        : ctx_(options.n_threads, &options.linear_input),
+          runner_(model, within_budget(model, rows, ctx_, options), options.cross_iter_round),
+          nll_(static_cast<size_t>(rows) - 1), greedy_(nll_.size()), top_k_(options.top_k),
+          top_ids_(nll_.size() * static_cast<size_t>(top_k_)), top_logprobs_(top_ids_.size()) {}
 
     // Scores tokens[0, T) as one window, positions from 0: nll(t) and greedy(t) for the prediction of token t + 1.
     void score(const int32_t *tokens, int32_t T) {
-        score_window(ctx_, model_, loop_blocks_, tokens, T, activations_, nll_.data(), greedy_.data());
+        runner_.forward(ctx_, tokens, T);
+        head_nll(ctx_, runner_.model.head, runner_.activations.xn.data(), tokens, T, nll_.data(), greedy_.data(),
+                 top_k_, top_ids_.data(), top_logprobs_.data());
     }
     double nll(int32_t t) const { return nll_[t]; }
     bool greedy(int32_t t) const { return greedy_[t] != 0; }
+    // Copies positions [0, count) of the last window's top-k results to options' arrays from position `at` on.
+    void copy_top_k(const ScoreOptions &options, size_t at, int32_t count) const {
+        if (top_k_ == 0) return;
+        const size_t k = static_cast<size_t>(top_k_), n = static_cast<size_t>(count) * k;
+        std::copy(top_ids_.begin(), top_ids_.begin() + n, options.top_ids + at * k);
+        std::copy(top_logprobs_.begin(), top_logprobs_.begin() + n, options.top_logprobs + at * k);
+    }
 
 private:
-    const Model &model_;
     Context ctx_;
-    Activations activations_;
-    std::vector<Block> loop_blocks_;
+    ModelRunner runner_;
     std::vector<double> nll_;
     std::vector<uint8_t> greedy_;
+    int32_t top_k_;
+    std::vector<int32_t> top_ids_;
+    std::vector<float> top_logprobs_;
 };
 
 // Calls the progress callback, if any; TL_ERR_CANCELLED when it asks to stop.
@@ -472,6 +540,7 @@ ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens
             result.nll_sum += scorer.nll(p);
             if (options.token_nll) options.token_nll[start + p] = static_cast<float>(scorer.nll(p));
         }
+        scorer.copy_top_k(options, start, len - 1);
         result.tokens_scored += static_cast<uint64_t>(len - 1);
         report_progress(options, result.tokens_scored, n_tokens - 1);
     }
@@ -507,11 +576,52 @@ ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_
         if (options.token_nll) {
             for (int32_t p = 0; p + 1 < len; ++p) options.token_nll[offset + p] = static_cast<float>(scorer.nll(p));
         }
+        scorer.copy_top_k(options, offset, len - 1);
         offset += q.n_tokens - 1;
         scores[s] = score;
         result.nll_sum += score.nll_sum;
         result.tokens_scored += score.tokens_scored;
         report_progress(options, result.tokens_scored, total);
+    }
+    return result;
+}
+
+ScoreResult compare_cpu(const Model &reference, const Model &test, const int32_t *tokens, size_t n_tokens,
+                        const ScoreOptions &options, const DispatchSettings &test_dispatch,
+                        const CompareOutputs &out) {
+    check_model(reference, check_cpu_storage);
+    check_model(test, check_cpu_storage);
+    check_same_vocabulary(reference, test);
+    const ScorePlan plan = plan_compare(reference.config, test.config, tokens, n_tokens, options.window);
+    const int32_t L = plan.window, rows = static_cast<int32_t>(std::min<size_t>(L, n_tokens));
+    const size_t stride = static_cast<size_t>(L) - 1;
+    Context ctx(options.n_threads);
+    const bool same = &reference == &test;  // one forward pass serves both sides
+    const int32_t workers = static_cast<int32_t>(ctx.pool.size());
+    const uint64_t bytes = cpu_score_bytes(reference, rows, workers, options.cross_iter_round) +
+                           (same ? 0 : cpu_score_bytes(test, rows, workers, test_dispatch[DispatchSetting::CrossIterRound] != 0));
+    check_memory_budget(bytes, options.max_memory_bytes, host_memory_bytes(), "host memory");
+    const bool test_cross_iter_round = test_dispatch[DispatchSetting::CrossIterRound] != 0;
+    ModelRunner ref_runner(reference, rows, options.cross_iter_round);
+    std::unique_ptr<ModelRunner> test_runner;
+    if (!same || test_cross_iter_round != options.cross_iter_round) {
+        test_runner = std::make_unique<ModelRunner>(test, rows, test_cross_iter_round);
+    }
+    ScoreResult result;
+    result.n_windows = static_cast<int32_t>(plan.n_windows);
+    for (size_t w = 0; w < plan.n_windows; ++w) {
+        const size_t start = w * stride;
+        const int32_t len = static_cast<int32_t>(std::min<size_t>(L, n_tokens - start));
+        ref_runner.forward(ctx, tokens + start, len);
+        if (test_runner) test_runner->forward(ctx, tokens + start, len);
+        const ModelRunner &t = test_runner ? *test_runner : ref_runner;
+        const CompareOutputs at{out.kl + start, out.nll_reference + start, out.nll_test + start,
+                                out.top1_match + start};
+        head_compare(ctx, reference.head, ref_runner.activations.xn.data(), test.head, t.activations.xn.data(),
+                     tokens + start, len, at);
+        for (int32_t p = 0; p + 1 < len; ++p) result.nll_sum += out.nll_reference[start + p];
+        result.tokens_scored += static_cast<uint64_t>(len - 1);
+        report_progress(options, result.tokens_scored, n_tokens - 1);
     }
     return result;
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "format/model.hpp"
+#include "score/compare.hpp"
 #include "score/score_plan.hpp"
 
 namespace tl {
@@ -24,6 +25,17 @@ ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens
 // layout; progress after each sequence.
 ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_t n_sequences,
                             const ScoreOptions &options, SequenceScore *scores);
+
+// Compares two models on one text (plan_compare's windows, both models on the same tokens): each predicted position's
+// KL(P_reference || P_test), both NLLs and whether the argmaxes agree, into out's arrays of n_tokens - 1. Both
+// models' logits exist a chunk of positions at a time (head_chunk: ~2^20 floats per worker and model), never for the
+// whole text. Checks both models and that they share a vocabulary; `reference` and `test` may be the same model.
+// options: n_threads, window, progress, max_memory_bytes (both models' working memory), cross_iter_round (the
+// reference's; the test's is test_dispatch's CrossIterRound); result: tokens_scored, n_windows and the reference's
+// nll_sum.
+ScoreResult compare_cpu(const Model &reference, const Model &test, const int32_t *tokens, size_t n_tokens,
+                        const ScoreOptions &options, const DispatchSettings &test_dispatch,
+                        const CompareOutputs &out);
 
 // ---- Forward pieces, exposed for the unit tests. Row-major; T = sequence length. ----
 

@@ -823,6 +823,7 @@ std::string config_to_json(const ModelConfig &config) {
     for (const IntField &f : kIntFields) j[f.name] = config.*f.member;
     for (const FloatField &f : kFloatFields) j[f.name] = shortest_decimal(config.*f.member);
     if (config.kv_heads() != config.n_heads) j["n_kv_heads"] = config.kv_heads();
+    if (config.bos_token_id >= 0) j["bos_token_id"] = config.bos_token_id;  // optional: absent reads as none
     if (config.rope_scaling.type != RopeScalingType::None) {
         j["rope_scaling"] = rope_scaling_to_json(config.rope_scaling);
     }
@@ -867,6 +868,15 @@ ModelConfig config_from_json(const std::string &text) {
             fail(TL_ERR_FORMAT, "config: n_kv_heads = " + std::to_string(config.n_kv_heads) + " must be positive");
         }
     }
+    const auto bos = j.find("bos_token_id");  // optional: older files and files without one lack it
+    if (bos != j.end()) {
+        if (!bos->is_number_integer() || bos->get<int64_t>() < 0 || bos->get<int64_t>() > INT32_MAX ||
+            (bos->is_number_unsigned() && bos->get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))) {
+            fail(TL_ERR_FORMAT, "config: field 'bos_token_id' must be a non-negative 32-bit integer, got " +
+                                    describe_json(*bos));
+        }
+        config.bos_token_id = static_cast<int32_t>(bos->get<int64_t>());
+    }
     const auto scaling = j.find("rope_scaling");  // optional (format_version 2)
     if (scaling != j.end()) config.rope_scaling = rope_scaling_from_json(*scaling);
     return config;
@@ -894,6 +904,10 @@ void validate_config(const ModelConfig &c) {
     check_range("pre", c.pre, 0, 256);
     check_range("loops", c.loops, 1, 1024);
     check_range("max_seq", c.max_seq, 2, int64_t{1} << 20);
+    if (c.bos_token_id < -1 || c.bos_token_id >= c.vocab) {
+        fail(TL_ERR_FORMAT, "config: bos_token_id = " + std::to_string(c.bos_token_id) +
+                                " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
+    }
     if (c.bits != 4) fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(c.bits) + " is unsupported (only 4)");
     if (c.group_size < 0) fail(TL_ERR_FORMAT, "config: group_size = " + std::to_string(c.group_size) + " is negative");
     if (c.group_size > 0) {

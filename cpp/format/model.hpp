@@ -59,6 +59,9 @@ struct ModelConfig {
     float rope_theta = 10000.0f;
     float norm_eps = 1e-5f;
     RopeScaling rope_scaling;  // type None: plain RoPE
+    // The beginning-of-text token the checkpoint names (config.json's bos_token_id), or -1: none. Scoring never adds
+    // it; the tool and the bindings put it before an empty context (score-batch, lm-eval).
+    int32_t bos_token_id = -1;
 
     int32_t attn_dim() const { return n_heads * head_dim; }
     int32_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }

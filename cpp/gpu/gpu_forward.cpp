@@ -32,12 +32,18 @@ ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOp
                              SequenceScore *, GpuScoreStats *) {
     fail_without_cuda();
 }
+ScoreResult compare_cuda(GpuModel &, GpuModel &, const int32_t *, size_t, const ScoreOptions &,
+                         const DispatchSettings &, int32_t, void *, const CompareOutputs &, GpuScoreStats *) {
+    fail_without_cuda();
+}
 
 #else
 
 // ---- CUDA -------------------------------------------------------------------------------------------------------
 
 using namespace detail;
+
+static_assert(kMaxTopK == gpu::kMaxTopK, "the C API's top-k limit is the kernel's");
 
 namespace {
 
@@ -122,6 +128,7 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
     check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.get<float>(), xn, T, D, c.norm_eps, stream),
              "residual + final_norm");
 
+    if (!shape.head) return;  // a comparison runs the heads of both models itself (compare_cuda)
     // Every row, in chunks whose logits fit the buffer; a sequence's last row has target -1 and is not read back.
     for (int32_t t0 = 0; t0 < T; t0 += a.chunk) {
         const int32_t rows = std::min(a.chunk, T - t0);
@@ -130,6 +137,12 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         check_rc(gpu::head_nll(logits, s.head.n, rows, c.vocab, a.targets() + t0, a.nll.get<float>() + t0, stream,
                                a.greedy.get<uint8_t>() + t0),
                  "head log-softmax");
+        if (shape.top_k > 0) {  // from the same logits chunk: top-k costs no second head GEMM
+            const size_t at = static_cast<size_t>(t0) * shape.top_k;
+            check_rc(gpu::head_top_k(logits, s.head.n, rows, c.vocab, shape.top_k, a.top_ids.get<int32_t>() + at,
+                                     a.top_logprobs.get<float>() + at, stream),
+                     "head top-k");
+        }
     }
 }
 
@@ -138,13 +151,54 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
 namespace {
 
 // One sequence of a call: tokens[0, len), scored from index first_scored on; token j's NLL (j >= 1) goes to
-// token_nll[j - 1] when token_nll is set; its result to scores[index] when scores is set.
+// token_nll[j - 1] when token_nll is set, its top-k tokens (top_k > 0) to top_ids / top_logprobs [(j - 1) * top_k ..];
+// its result to scores[index] when scores is set.
 struct Segment {
     const int32_t *tokens;
     int32_t len;
     int32_t first_scored;
     float *token_nll;
+    int32_t *top_ids = nullptr;
+    float *top_logprobs = nullptr;
 };
+
+// Packs consecutive segments from `first` into one pass of at most `capacity` rows (at least one segment), writing
+// each model's metadata (tokens, targets, positions, offsets) in the layout of its own buffers' rows R. Returns the
+// end of the pass's segments; `shape` gets its rows, segments and longest one.
+size_t pack_pass(const std::vector<Segment> &segments, size_t first, int32_t capacity,
+                 std::initializer_list<GpuModel::State *> models, PassShape &shape) {
+    size_t end = first;
+    while (end < segments.size() && shape.segments < gpu::kMaxSegments &&
+           (end == first || shape.rows + segments[end].len <= capacity)) {
+        const Segment &g = segments[end++];
+        for (GpuModel::State *s : models) {
+            const int32_t R = s->act.rows;
+            int32_t *tokens = s->host_meta.data(), *targets = tokens + R, *positions = tokens + 2 * R;
+            tokens[3 * R + shape.segments] = shape.rows;
+            for (int32_t j = 0; j < g.len; ++j) {
+                tokens[shape.rows + j] = g.tokens[j];
+                targets[shape.rows + j] = j + 1 < g.len ? g.tokens[j + 1] : -1;
+                positions[shape.rows + j] = j;
+            }
+        }
+        ++shape.segments;
+        shape.rows += g.len;
+        shape.max_len = std::max(shape.max_len, g.len);
+    }
+    for (GpuModel::State *s : models) {
+        const int32_t R = s->act.rows;
+        s->host_meta[3 * static_cast<size_t>(R) + shape.segments] = shape.rows;
+    }
+    return end;
+}
+
+// Copies a packed pass's metadata to the model's device buffer, up to the offsets' end (not the unused tail).
+void upload_meta(GpuModel::State &s, const PassShape &shape, cudaStream_t stream) {
+    const size_t R = static_cast<size_t>(s.act.rows);
+    check_cuda(cudaMemcpyAsync(s.act.meta.get(), s.host_meta.data(), (3 * R + shape.segments + 1) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync (tokens)");
+}
 
 // Scores `segments` in passes of up to a pass's rows (pass_rows), packing consecutive segments into each: uploads
 // a pass's metadata, runs it (run_pass), reads its NLLs back and adds them up per segment. Holds `lock` except
@@ -168,29 +222,11 @@ ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segme
     for (size_t first = 0; first < segments.size();) {
         // The pass: as many consecutive segments as fit `capacity` rows (at least one). The buffers may be larger,
         // from an earlier call; their layout follows their own size R.
-        const int32_t R = s.act.rows;
-        int32_t *tokens = s.host_meta.data(), *targets = tokens + R, *positions = tokens + 2 * R;
-        int32_t *offsets = tokens + 3 * R;
+        const int32_t *offsets = s.host_meta.data() + 3 * static_cast<size_t>(s.act.rows);
         PassShape shape;
-        size_t end = first;
-        while (end < segments.size() && shape.segments < gpu::kMaxSegments &&
-               (end == first || shape.rows + segments[end].len <= capacity)) {
-            const Segment &g = segments[end++];
-            offsets[shape.segments++] = shape.rows;
-            for (int32_t j = 0; j < g.len; ++j) {
-                tokens[shape.rows + j] = g.tokens[j];
-                targets[shape.rows + j] = j + 1 < g.len ? g.tokens[j + 1] : -1;
-                positions[shape.rows + j] = j;
-            }
-            shape.rows += g.len;
-            shape.max_len = std::max(shape.max_len, g.len);
-        }
-        offsets[shape.segments] = shape.rows;
-        // Copied up to the offsets' end: every field of the pass's layout, not the unused tail.
-        check_cuda(cudaMemcpyAsync(s.act.meta.get(), tokens, (3 * static_cast<size_t>(R) + shape.segments + 1) *
-                                                                sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream),
-                   "cudaMemcpyAsync (tokens)");
+        shape.top_k = options.top_k;
+        const size_t end = pack_pass(segments, first, capacity, {&s}, shape);
+        upload_meta(s, shape, stream);
         const uint64_t captures = s.captures, replays = s.replays;
         const double capture_seconds = s.capture_seconds;
         const Tally ran = run_pass(s, shape, stream, options.use_graphs);
@@ -200,6 +236,15 @@ ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segme
         check_cuda(cudaMemcpyAsync(s.host_greedy.data(), s.act.greedy.get(), shape.rows, cudaMemcpyDeviceToHost,
                                    stream),
                    "cudaMemcpyAsync (greedy)");
+        const size_t top_entries = static_cast<size_t>(shape.rows) * options.top_k;
+        if (top_entries > 0) {
+            check_cuda(cudaMemcpyAsync(s.host_top_ids.data(), s.act.top_ids.get(), top_entries * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, stream),
+                       "cudaMemcpyAsync (top-k ids)");
+            check_cuda(cudaMemcpyAsync(s.host_top_logprobs.data(), s.act.top_logprobs.get(),
+                                       top_entries * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                       "cudaMemcpyAsync (top-k log-probabilities)");
+        }
         check_cuda(cudaStreamSynchronize(stream), "the forward pass of " + std::to_string(shape.rows) + " tokens");
         s.ran += ran;
         s.windows += end - first;
@@ -220,6 +265,11 @@ ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segme
                 score.greedy = score.greedy && s.host_greedy[row0 + j - 1] != 0;
             }
             score.tokens_scored = static_cast<uint64_t>(g.len - g.first_scored);
+            if (g.top_ids != nullptr) {
+                const size_t k = static_cast<size_t>(options.top_k), n = (static_cast<size_t>(g.len) - 1) * k;
+                std::copy_n(s.host_top_ids.begin() + row0 * k, n, g.top_ids);
+                std::copy_n(s.host_top_logprobs.begin() + row0 * k, n, g.top_logprobs);
+            }
             result.nll_sum += score.nll_sum;
             result.tokens_scored += score.tokens_scored;
             if (scores != nullptr) scores[i] = score;
@@ -271,6 +321,10 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
         const size_t start = w * stride;
         windows[w] = Segment{tokens + start, static_cast<int32_t>(std::min<size_t>(plan.window, n_tokens - start)), 1,
                              options.token_nll != nullptr ? options.token_nll + start : nullptr};
+        if (options.top_k > 0) {
+            windows[w].top_ids = options.top_ids + start * options.top_k;
+            windows[w].top_logprobs = options.top_logprobs + start * options.top_k;
+        }
     }
     // Held while this call uses the model's buffers, and released around the progress callback (after a pass's work
     // is done and its NLLs are copied out), so the callback may call into the library, this model included.
@@ -296,6 +350,10 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
         const Sequence &q = sequences[i];
         segments[i] = Segment{q.tokens, static_cast<int32_t>(q.n_tokens), static_cast<int32_t>(q.first_scored()),
                               options.token_nll != nullptr ? options.token_nll + nll_offset : nullptr};
+        if (options.top_k > 0) {
+            segments[i].top_ids = options.top_ids + nll_offset * options.top_k;
+            segments[i].top_logprobs = options.top_logprobs + nll_offset * options.top_k;
+        }
         nll_offset += q.n_tokens - 1;
     }
     std::unique_lock<std::mutex> lock(s.mutex);  // as in score_cuda
@@ -304,6 +362,150 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);
     result.n_windows = static_cast<int32_t>(n_sequences);
+    if (call_stats != nullptr) *call_stats = stats;
+    return result;
+}
+
+ScoreResult compare_cuda(GpuModel &reference, GpuModel &test, const int32_t *tokens, size_t n_tokens,
+                         const ScoreOptions &options, const DispatchSettings &test_dispatch, int32_t device,
+                         void *stream_ptr, const CompareOutputs &out, GpuScoreStats *call_stats) {
+    GpuModel::State &r = *reference.state_, &t = *test.state_;
+    const bool same = &r == &t;  // one forward pass and one head serve both sides
+    const cudaStream_t stream = check_call(r, options, device, stream_ptr);
+    check_call(t, options, device, stream_ptr);
+    if (r.config.vocab != t.config.vocab) {
+        fail(TL_ERR_INVALID_ARGUMENT, "the reference's vocabulary has " + std::to_string(r.config.vocab) +
+                                          " tokens and the test's " + std::to_string(t.config.vocab));
+    }
+    if (options.top_k != 0) fail(TL_ERR_INVALID_ARGUMENT, "a comparison computes no top-k tokens");
+    const ScorePlan plan = plan_compare(r.config, t.config, tokens, n_tokens, options.window);
+    const size_t stride = static_cast<size_t>(plan.window) - 1;
+    std::vector<Segment> windows(plan.n_windows);
+    int32_t longest = 0;
+    for (size_t w = 0; w < plan.n_windows; ++w) {
+        const size_t start = w * stride;
+        windows[w] = Segment{tokens + start, static_cast<int32_t>(std::min<size_t>(plan.window, n_tokens - start)), 1,
+                             nullptr};
+        longest = std::max(longest, windows[w].len);
+    }
+    const size_t total_tokens = n_tokens + plan.n_windows - 1;  // the windows overlap by one token
+    // Both models' locks at once (std::lock: no deadlock with a call comparing them the other way round), released
+    // together around the progress callback, as score_cuda releases its one.
+    std::unique_lock<std::mutex> lock_r(r.mutex, std::defer_lock), lock_t(t.mutex, std::defer_lock);
+    auto lock_both = [&] {
+        if (same) {
+            lock_r.lock();
+        } else {
+            std::lock(lock_r, lock_t);
+        }
+        r.dispatch = options.dispatch;
+        if (!same) t.dispatch = test_dispatch;
+    };
+    auto unlock_both = [&] {
+        lock_r.unlock();
+        if (!same) lock_t.unlock();
+    };
+    lock_both();
+    DeviceScope scope(r.device);
+    const uint64_t budget = same ? options.max_memory_bytes : options.max_memory_bytes / 2;
+    int32_t capacity = pass_rows(r, options.pass_tokens, longest, total_tokens, budget);
+    if (!same) capacity = std::min(capacity, pass_rows(t, options.pass_tokens, longest, total_tokens, budget));
+    auto ensure = [&] {
+        ensure_buffers(r, capacity, budget, stream);
+        if (!same) ensure_buffers(t, capacity, budget, stream);
+    };
+    ensure();
+
+    GpuScoreStats stats;
+    ScoreResult result;
+    result.n_windows = static_cast<int32_t>(plan.n_windows);
+    const uint64_t to_score = n_tokens - 1;
+    std::vector<GpuModel::State *> models{&r};
+    if (!same) models.push_back(&t);
+    for (size_t first = 0; first < windows.size();) {
+        PassShape shape;
+        shape.head = false;
+        const size_t end = same ? pack_pass(windows, first, capacity, {&r}, shape)
+                                : pack_pass(windows, first, capacity, {&r, &t}, shape);
+        const int32_t *offsets = r.host_meta.data() + 3 * static_cast<size_t>(r.act.rows);
+        for (GpuModel::State *s : models) {
+            upload_meta(*s, shape, stream);
+            const uint64_t captures = s->captures, replays = s->replays;
+            const double capture_seconds = s->capture_seconds;
+            const Tally ran = run_pass(*s, shape, stream, options.use_graphs);
+            s->ran += ran;
+            s->windows += end - first;
+            add_tally(stats, ran);
+            stats.graph_captures += s->captures - captures;
+            stats.graph_replays += s->replays - replays;
+            stats.capture_seconds += s->capture_seconds - capture_seconds;
+        }
+        // Both heads a chunk at a time, each into its own model's logits buffer, then one kernel over the two.
+        const Tally ref_before = r.counted(), test_before = t.counted();
+        const int32_t chunk = std::min(r.act.chunk, t.act.chunk);
+        const size_t R = static_cast<size_t>(r.act.rows);
+        float *kl = r.act.compare.get<float>(), *nll_test = kl + R;
+        for (int32_t t0 = 0; t0 < shape.rows; t0 += chunk) {
+            const int32_t rows = std::min(chunk, shape.rows - t0);
+            uint16_t *ref_logits = r.act.logits.get<uint16_t>(), *test_logits = t.act.logits.get<uint16_t>();
+            gemm(r, r.head, r.act.xn.get<uint16_t>() + static_cast<size_t>(t0) * r.config.d_model, ref_logits, rows,
+                 stream);
+            if (!same) {
+                gemm(t, t.head, t.act.xn.get<uint16_t>() + static_cast<size_t>(t0) * t.config.d_model, test_logits,
+                     rows, stream);
+            }
+            check_rc(gpu::compare_logits(ref_logits, r.head.n, test_logits, t.head.n, rows, r.config.vocab,
+                                         r.act.targets() + t0, kl + t0, r.act.nll.get<float>() + t0, nll_test + t0,
+                                         r.act.greedy.get<uint8_t>() + t0, stream),
+                     "logits comparison");
+        }
+        const Tally ref_heads = r.counted() - ref_before;
+        r.ran += ref_heads;
+        add_tally(stats, ref_heads);
+        if (!same) {
+            const Tally test_heads = t.counted() - test_before;
+            t.ran += test_heads;
+            add_tally(stats, test_heads);
+        }
+        stats.windows += end - first;
+        check_cuda(cudaMemcpyAsync(r.host_nll.data(), r.act.nll.get(), shape.rows * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (NLL)");
+        check_cuda(cudaMemcpyAsync(r.host_greedy.data(), r.act.greedy.get(), shape.rows, cudaMemcpyDeviceToHost,
+                                   stream),
+                   "cudaMemcpyAsync (top-1 agreement)");
+        check_cuda(cudaMemcpyAsync(r.host_compare.data(), kl, shape.rows * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream),
+                   "cudaMemcpyAsync (KL)");
+        check_cuda(cudaMemcpyAsync(r.host_compare.data() + R, nll_test, shape.rows * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (test NLL)");
+        check_cuda(cudaStreamSynchronize(stream), "the comparison of " + std::to_string(shape.rows) + " tokens");
+        for (size_t i = first; i < end; ++i) {
+            const size_t row0 = static_cast<size_t>(offsets[i - first]), start = i * stride;
+            for (int32_t j = 1; j < windows[i].len; ++j) {  // token j of the window, predicted by row j - 1
+                const size_t row = row0 + j - 1, at = start + j - 1;
+                out.kl[at] = r.host_compare[row];
+                out.nll_reference[at] = r.host_nll[row];
+                out.nll_test[at] = r.host_compare[R + row];
+                out.top1_match[at] = r.host_greedy[row];
+                result.nll_sum += r.host_nll[row];
+            }
+            result.tokens_scored += static_cast<uint64_t>(windows[i].len - 1);
+        }
+        first = end;
+        if (options.progress) {
+            unlock_both();
+            const bool go_on = options.progress(result.tokens_scored, to_score);
+            lock_both();
+            if (!go_on) {
+                fail(TL_ERR_CANCELLED, "comparison cancelled by the progress callback after " +
+                                           std::to_string(result.tokens_scored) + " of " + std::to_string(to_score) +
+                                           " tokens");
+            }
+            ensure();  // a call made meanwhile may have dropped graphs or grown the buffers
+        }
+    }
     if (call_stats != nullptr) *call_stats = stats;
     return result;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "gpu/gpu_model.hpp"
+#include "score/compare.hpp"
 #include "score/score_plan.hpp"
 
 namespace tl {
@@ -37,5 +38,16 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
 ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t n_sequences,
                              const ScoreOptions &options, int32_t device, void *stream, SequenceScore *scores,
                              GpuScoreStats *call_stats = nullptr);
+
+// The GPU twin of compare_cpu (cpu_forward.hpp): both models, on the same device, run the same windows packed into the
+// same passes; each pass runs both forward passes up to the head's input, then, a logits chunk at a time, both heads
+// into their own model's logits buffer and one kernel (gpu::compare_logits) that reduces the two chunks row by row
+// into out's arrays. `reference` and `test` may be the same GpuModel (one forward pass and one head then serve
+// both). Both models' buffers are held for the whole call (their locks taken together, released around progress).
+// options.dispatch is the reference's dispatcher settings, test_dispatch the test's; options.max_memory_bytes bounds
+// both models' buffers together (half each). Returns tokens_scored, n_windows and the reference's nll_sum.
+ScoreResult compare_cuda(GpuModel &reference, GpuModel &test, const int32_t *tokens, size_t n_tokens,
+                         const ScoreOptions &options, const DispatchSettings &test_dispatch, int32_t device,
+                         void *stream, const CompareOutputs &out, GpuScoreStats *call_stats = nullptr);
 
 }  // namespace tl

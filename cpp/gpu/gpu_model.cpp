@@ -222,9 +222,10 @@ struct ActivationSizes {
     int32_t chunk = 0;
     size_t up_offset = 0;  // halves
     size_t x = 0, xn = 0, qkv = 0, att = 0, proj = 0, gu = 0, hidden = 0, logits = 0, meta = 0, nll = 0, greedy = 0,
-           rope = 0;
+           rope = 0, top_ids = 0, top_logprobs = 0, compare = 0;
     size_t total() const {
-        return x + xn + qkv + att + proj + gu + hidden + logits + meta + nll + greedy + 2 * rope;
+        return x + xn + qkv + att + proj + gu + hidden + logits + meta + nll + greedy + 2 * rope + top_ids +
+               top_logprobs + compare;
     }
 };
 
@@ -249,6 +250,11 @@ ActivationSizes activation_sizes(const GpuModel::State &s, int32_t rows) {
     z.meta = (4 * R + 1) * sizeof(int32_t);  // tokens, targets, positions, and up to R + 1 segment offsets
     z.nll = R * sizeof(float);
     z.greedy = R;
+    // Always allocated (8 · 20 + 8 bytes a row, ~1 MiB at 8192 rows): passes with and without top-k or a comparison
+    // then share one set of buffers and their graphs stay valid.
+    z.top_ids = R * gpu::kMaxTopK * sizeof(int32_t);
+    z.top_logprobs = R * gpu::kMaxTopK * sizeof(float);
+    z.compare = 2 * R * sizeof(float);
     z.rope = R * (c.head_dim / 2) * sizeof(float);
     return z;
 }
@@ -347,6 +353,9 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         a.meta = DeviceBuffer(s.device, z.meta);
         a.nll = DeviceBuffer(s.device, z.nll);
         a.greedy = DeviceBuffer(s.device, z.greedy);
+        a.top_ids = DeviceBuffer(s.device, z.top_ids);
+        a.top_logprobs = DeviceBuffer(s.device, z.top_logprobs);
+        a.compare = DeviceBuffer(s.device, z.compare);
         std::vector<float> cos_table, sin_table;
         rope_tables(c, rows, 0, cos_table, sin_table);  // the config's frequencies and scale, as the CPU's
         a.rope_cos = upload_floats(s.device, cos_table);
@@ -356,6 +365,9 @@ void ensure_buffers(GpuModel::State &s, int32_t rows, uint64_t budget, cudaStrea
         s.host_meta.assign(z.meta / sizeof(int32_t), 0);
         s.host_nll.resize(static_cast<size_t>(rows));
         s.host_greedy.resize(static_cast<size_t>(rows));
+        s.host_top_ids.resize(static_cast<size_t>(rows) * gpu::kMaxTopK);
+        s.host_top_logprobs.resize(s.host_top_ids.size());
+        s.host_compare.resize(2 * static_cast<size_t>(rows));
     }
     // Sized at every call: the dequantize + cuBLAS path's share depends on the call's dispatcher settings.
     if (needed > s.workspace.bytes()) {

@@ -22,6 +22,7 @@
 
 #include "format/model.hpp"
 #include "gpu/gemm_dispatch.hpp"
+#include "score/compare.hpp"
 #include "score/rope.hpp"  // rope_tables: the RoPE tables the device model uploads (the tests build them too)
 #include "score/score_plan.hpp"
 
@@ -69,6 +70,9 @@ private:
                                   GpuScoreStats *);
     friend ScoreResult score_batch_cuda(GpuModel &, const Sequence *, size_t, const ScoreOptions &, int32_t, void *,
                                         SequenceScore *, GpuScoreStats *);
+    friend ScoreResult compare_cuda(GpuModel &, GpuModel &, const int32_t *, size_t, const ScoreOptions &,
+                                    const DispatchSettings &, int32_t, void *, const CompareOutputs &,
+                                    GpuScoreStats *);
 };
 
 }  // namespace tl

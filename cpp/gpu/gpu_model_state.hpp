@@ -88,7 +88,10 @@ struct Activations {
     DeviceBuffer logits;              // FP16 [chunk][head rows]
     DeviceBuffer meta;                // INT32: the pass's tokens, targets, positions [rows] each, then segment offsets
     DeviceBuffer nll;                 // FP32 [rows]
-    DeviceBuffer greedy;              // UINT8 [rows]
+    DeviceBuffer greedy;              // UINT8 [rows]; a comparison's top-1 agreement
+    DeviceBuffer top_ids;             // INT32 [rows][top_k], top_k <= kMaxTopK: a pass's top-k tokens
+    DeviceBuffer top_logprobs;        // FP32 [rows][top_k]
+    DeviceBuffer compare;             // FP32 [2][rows]: a comparison's KL, then the test model's NLL
     DeviceBuffer rope_cos, rope_sin;  // FP32 [rows][head_dim/2]
     uint64_t bytes = 0;
 
@@ -98,11 +101,15 @@ struct Activations {
     int32_t *offsets() const { return tokens() + 3 * rows; }    // [segments + 1]
 };
 
-// The shape of one pass: T rows holding `segments` sequences of at most max_len tokens. A graph is captured per shape.
+// The shape of one pass: T rows holding `segments` sequences of at most max_len tokens, what its head computes
+// (head: the NLLs, and top_k > 0 the top-k tokens too; no head: the pass stops at the head's input, act.xn, for a
+// comparison to run both models' heads). A graph is captured per shape.
 struct PassShape {
     int32_t rows = 0, segments = 0, max_len = 0;
+    int32_t top_k = 0;
+    bool head = true;
     bool operator<(const PassShape &o) const {
-        return std::tie(rows, segments, max_len) < std::tie(o.rows, o.segments, o.max_len);
+        return std::tie(rows, segments, max_len, top_k, head) < std::tie(o.rows, o.segments, o.max_len, o.top_k, o.head);
     }
 };
 
@@ -147,6 +154,9 @@ struct GpuModel::State {
     std::vector<int32_t> host_meta;  // the layout of act.meta
     std::vector<float> host_nll;
     std::vector<uint8_t> host_greedy;
+    std::vector<int32_t> host_top_ids;      // [rows][kMaxTopK] at most
+    std::vector<float> host_top_logprobs;
+    std::vector<float> host_compare;        // [2][rows], as act.compare
     std::map<detail::PassShape, std::unique_ptr<detail::Graph>> graphs;
     std::set<detail::PassShape> uncapturable;  // pass shapes whose capture failed: they run eagerly
 

@@ -197,7 +197,7 @@ constexpr const char *kConfigFields[] = {
     "num_hidden_layers", "num_pre_layers", "num_loops", "max_position_embeddings", "rope_theta", "rope_scaling",
     "rms_norm_eps", "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias", "quantization_config",
     "model_type", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-    "partial_rotary_factor", "pretraining_tp", "rope_parameters"};
+    "partial_rotary_factor", "pretraining_tp", "rope_parameters", "bos_token_id"};
 
 // config.json fields that do not change the scores, with the reason each may be ignored.
 constexpr const char kGenerationDefault[] = "a default of text generation (sampling, search, lengths), which scoring "
@@ -210,7 +210,6 @@ constexpr IgnoredField kIgnoredConfigFields[] = {
     {"transformers_version", "the version of the library that wrote the file"},
     {"torch_dtype", "the dtype the weights were saved in; each tensor's own dtype is read from its file"},
     {"dtype", "transformers 5's name for torch_dtype"},
-    {"bos_token_id", kTokenId},
     {"eos_token_id", kTokenId},
     {"pad_token_id", kTokenId},
     {"sep_token_id", kTokenId},
@@ -628,6 +627,12 @@ HfConfig read_config(const std::string &dir, const CheckpointImportOptions &opti
     m.max_seq = options.max_seq > 0 ? options.max_seq : static_cast<int32_t>(positions);
     m.rope_theta = static_cast<float>(f.number("rope_theta", kDefaultRopeTheta));
     m.norm_eps = static_cast<float>(f.number("rms_norm_eps", kDefaultRmsNormEps));
+    // Kept in the model file for empty contexts (score-batch, lm-eval). A null, a list (several ids) or an id outside
+    // the vocabulary names none usable: such files imported before bos_token_id was read, and still do.
+    if (const auto *bos = f.find("bos_token_id"); bos != nullptr && bos->is_number_integer()) {
+        const int64_t id = bos->get<int64_t>();
+        if (id >= 0 && id < m.vocab) m.bos_token_id = static_cast<int32_t>(id);
+    }
     m.group_size = 0;
     m.bits = 4;
     c.tied = f.boolean("tie_word_embeddings", false);

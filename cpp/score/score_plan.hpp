@@ -18,6 +18,12 @@ struct ScoreOptions {
     // Called with (tokens done, total); returning false cancels (TL_ERR_CANCELLED).
     std::function<bool(uint64_t, uint64_t)> progress;
     float *token_nll = nullptr;  // optional [n_tokens - 1]
+    // Optional top-k log-probabilities (1 <= top_k <= kMaxTopK, score/compare.hpp; 0 = none): position i's k most
+    // likely tokens, most likely first, at top_ids[i * top_k ..] and their log-probabilities at top_logprobs[i *
+    // top_k ..], laid out per position as token_nll (both arrays must be set when top_k > 0).
+    int32_t top_k = 0;
+    int32_t *top_ids = nullptr;
+    float *top_logprobs = nullptr;
     // Cross-iteration rounding: the looped block's linears that carry frac4 or sign_bit channels use different codes
     // on each loop iteration (cross_iter.hpp, docs/quality.md). The C API sets it from dispatch's CrossIterRound.
     bool cross_iter_round = false;

@@ -91,4 +91,20 @@ int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_
 int head_nll(const uint16_t *logits, int ld, int rows, int vocab, const int32_t *targets, float *nll,
              cudaStream_t stream, uint8_t *greedy = nullptr);
 
+// Compares two models' logits chunks row by row (row r of each predicts the same token): kl[r] = KL(P_ref || P_test)
+// = sum_v p_ref(v) (l_ref(v) - l_test(v)) - lse_ref + lse_test (exactly 0 for identical rows), nll_reference[r] and
+// nll_test[r] the NLLs of targets[r] (NaN for a target outside [0, vocab), as head_nll), top1_match[r] = 1 when the
+// rows' first argmaxes are the same column. reference FP16 [rows][ld_reference], test FP16 [rows][ld_test], both
+// ld >= vocab (padding columns ignored); FP32 math, one block per row.
+int compare_logits(const uint16_t *reference, int ld_reference, const uint16_t *test, int ld_test, int rows, int vocab,
+                   const int32_t *targets, float *kl, float *nll_reference, float *nll_test, uint8_t *top1_match,
+                   cudaStream_t stream);
+
+// The k most likely columns of each logits row (largest first, ties to the lower column) into ids[r * k + j] and
+// their log-probabilities l - logsumexp(l) into logprobs[r * k + j]. logits FP16 [rows][ld], ld >= vocab;
+// 1 <= k <= min(kMaxTopK, vocab), else kRcBadArgument.
+constexpr int kMaxTopK = 20;
+int head_top_k(const uint16_t *logits, int ld, int rows, int vocab, int k, int32_t *ids, float *logprobs,
+               cudaStream_t stream);
+
 }  // namespace tl::gpu

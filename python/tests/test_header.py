@@ -79,8 +79,9 @@ DECLARED = [name for name in dir(capi) if name.startswith("tl_") and isinstance(
 
 def test_the_header_was_parsed():
     assert {"tl_score_options", "tl_score_result", "tl_sequence", "tl_model_properties"} <= set(STRUCTS)
-    assert set(DECLARED) == {"tl_device_properties", "tl_load_options", "tl_model_properties", "tl_score_options",
-                             "tl_score_result", "tl_sequence", "tl_sequence_score"}
+    assert set(DECLARED) == {"tl_compare_options", "tl_compare_result", "tl_device_properties", "tl_load_options",
+                             "tl_model_properties", "tl_score_options", "tl_score_result", "tl_sequence",
+                             "tl_sequence_score"}
 
 
 @pytest.mark.parametrize("name", DECLARED)

@@ -15,17 +15,17 @@ import json
 from . import _capi, text
 from ._capi import ABI_VERSION, LibraryError, LibraryVersionError
 from ._errors import Error, Status
-from ._model import BatchResult, Model, ScoreResult, SequenceScore, device_count, device_info
+from ._model import BatchResult, CompareResult, Model, ScoreResult, SequenceScore, device_count, device_info
 
 __version__ = "0.1.0"
 
 # Tracebacks and reprs name the public module, not the private one that defines the class.
-for _public in (BatchResult, Error, LibraryError, LibraryVersionError, Model, ScoreResult, SequenceScore, Status):
+for _public in (BatchResult, CompareResult, Error, LibraryError, LibraryVersionError, Model, ScoreResult, SequenceScore, Status):
     _public.__module__ = __name__
 del _public
 
 __all__ = [
-    "ABI_VERSION", "BatchResult", "Error", "LibraryError", "LibraryVersionError", "Model", "ScoreResult",
+    "ABI_VERSION", "BatchResult", "CompareResult", "Error", "LibraryError", "LibraryVersionError", "Model", "ScoreResult",
     "SequenceScore", "Status", "build_info", "device_count", "device_info", "library_path", "library_version",
     "text",
 ]

@@ -78,6 +78,7 @@ class tl_model_properties(ctypes.Structure):
         ("tensor_bytes", ctypes.c_uint64),
         ("quant_weight_bytes", ctypes.c_uint64),
         ("parameter_count", ctypes.c_uint64),
+        ("bos_token_id", ctypes.c_int32),
     ]
 
 
@@ -108,6 +109,10 @@ class tl_score_options(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("use_graphs", ctypes.c_int32),
         ("max_memory_bytes", ctypes.c_uint64),
+        ("top_k", ctypes.c_int32),
+        ("top_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("top_logprobs", ctypes.POINTER(ctypes.c_float)),
+        ("top_len", ctypes.c_size_t),
     ]
 
 
@@ -148,6 +153,53 @@ class tl_sequence_score(ctypes.Structure):
     ]
 
 
+class tl_compare_options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("backend", ctypes.c_int32),
+        ("n_threads", ctypes.c_int32),
+        ("window", ctypes.c_int32),
+        ("progress", tl_progress_fn),
+        ("progress_user_data", ctypes.c_void_p),
+        ("device", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+        ("use_graphs", ctypes.c_int32),
+        ("max_memory_bytes", ctypes.c_uint64),
+        ("token_kl", ctypes.POINTER(ctypes.c_float)),
+        ("token_nll_reference", ctypes.POINTER(ctypes.c_float)),
+        ("token_nll_test", ctypes.POINTER(ctypes.c_float)),
+        ("token_top1_match", ctypes.POINTER(ctypes.c_uint8)),
+        ("token_len", ctypes.c_size_t),
+    ]
+
+
+class tl_compare_result(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("tokens_scored", ctypes.c_uint64),
+        ("kl_mean", ctypes.c_double),
+        ("kl_stderr", ctypes.c_double),
+        ("kl_median", ctypes.c_double),
+        ("kl_p90", ctypes.c_double),
+        ("kl_p99", ctypes.c_double),
+        ("kl_p999", ctypes.c_double),
+        ("kl_max", ctypes.c_double),
+        ("kl_min", ctypes.c_double),
+        ("top1_agreement", ctypes.c_double),
+        ("nll_sum_reference", ctypes.c_double),
+        ("nll_sum_test", ctypes.c_double),
+        ("perplexity_reference", ctypes.c_double),
+        ("perplexity_test", ctypes.c_double),
+        ("delta_perplexity", ctypes.c_double),
+        ("perplexity_ratio", ctypes.c_double),
+        ("nll_correlation", ctypes.c_double),
+        ("backend", ctypes.c_int32),
+        ("n_windows", ctypes.c_int32),
+        ("seconds", ctypes.c_double),
+        ("setup_seconds", ctypes.c_double),
+    ]
+
+
 # The opaque tl_model * is a plain pointer here.
 _model_p = ctypes.c_void_p
 _status = ctypes.c_int32
@@ -172,6 +224,10 @@ FUNCTIONS = {
     "tl_score_batch": (_status, [_model_p, ctypes.POINTER(tl_sequence), ctypes.c_size_t,
                                  ctypes.POINTER(tl_score_options), ctypes.POINTER(tl_sequence_score),
                                  ctypes.POINTER(tl_score_result)]),
+    "tl_compare_options_init": (_status, [ctypes.POINTER(tl_compare_options), ctypes.c_uint32]),
+    "tl_compare_result_init": (_status, [ctypes.POINTER(tl_compare_result), ctypes.c_uint32]),
+    "tl_score_compare": (_status, [_model_p, _model_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t,
+                                   ctypes.POINTER(tl_compare_options), ctypes.POINTER(tl_compare_result)]),
     "tl_model_tokenizer": (_status, [_model_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)]),
     "tl_tokenize": (_status, [_model_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32),
                               ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),

@@ -55,6 +55,39 @@ class SequenceScore:
         return -self.nll_sum
 
 
+@dataclasses.dataclass(frozen=True)
+class CompareResult:
+    """What Model.compare reports (tl_compare_result): the test model against the reference over the same positions.
+    KL is KL(P_reference || P_test) in nats per position; percentiles are exact order statistics."""
+
+    tokens_scored: int
+    kl_mean: float
+    kl_stderr: float
+    kl_median: float
+    kl_p90: float
+    kl_p99: float
+    kl_p999: float
+    kl_max: float
+    kl_min: float
+    top1_agreement: float
+    nll_sum_reference: float
+    nll_sum_test: float
+    perplexity_reference: float
+    perplexity_test: float
+    delta_perplexity: float
+    perplexity_ratio: float
+    nll_correlation: float
+    backend: str
+    n_windows: int
+    seconds: float
+    setup_seconds: float
+    # Per position (float32 / uint8 arrays of tokens_scored), when per_token=True was asked.
+    token_kl: typing.Optional[np.ndarray] = None
+    token_nll_reference: typing.Optional[np.ndarray] = None
+    token_nll_test: typing.Optional[np.ndarray] = None
+    token_top1_match: typing.Optional[np.ndarray] = None
+
+
 class BatchResult(list):
     """Model.score_batch's answer: a list of SequenceScore, in request order, with the totals over all of them as
     attributes (nll_sum, tokens_scored, perplexity, backend, seconds, setup_seconds, graph_capture_seconds,
@@ -167,6 +200,8 @@ class Model:
             value = getattr(properties, name)
             # A float field as its shortest decimal (norm_eps 1e-05, not the double 9.999999747378752e-06).
             self._info[name] = float(str(np.float32(value))) if c_type is ctypes.c_float else value
+        if not _filled(properties, "bos_token_id"):  # an older library: it names no BOS
+            self._info["bos_token_id"] = -1
         self._info["path"] = self.path
         kind, n_ids = ctypes.c_int32(), ctypes.c_int32()
         try:
@@ -372,12 +407,87 @@ class Model:
                 return tokens, int(second)
             context = self.tokens(first, what + " context")
             continuation = self.tokens(second, what + " continuation")
+            if context.size == 0 and self.bos_token_id >= 0:  # the model file's beginning-of-text token stands in
+                context = np.array([self.bos_token_id], dtype=np.int32)
             if context.size == 0:
                 raise ValueError(
-                    f"{what}: the context is empty, so the continuation's first token has nothing to be predicted "
-                    "from; start the context with a BOS token (or pass (tokens, n_context) to skip that token)")
+                    f"{what}: the context is empty and the model file names no BOS token, so the continuation's first "
+                    "token has nothing to be predicted from; start the context with a BOS token (or pass (tokens, "
+                    "n_context) to skip that token)")
             return np.concatenate([context, continuation]), context.size
         return self.tokens(request, what), 0
+
+    def top_logprobs(self, data, k, *, window=0, progress=None):
+        """The k most likely tokens at each predicted position and their log-probabilities (tl_score's top_k):
+        (ids, logprobs), int32 and float32 arrays of shape (n_tokens - 1, k), row i for the prediction of token i + 1,
+        most likely first. data and window as for score; 1 <= k <= 20. The library reduces the logits a chunk of
+        positions at a time: nothing of size positions x vocab is made."""
+        handle = self._live_handle()
+        k = int(k)
+        if not 1 <= k <= 20:
+            raise ValueError(f"k must be in [1, 20], got {k}")
+        tokens = self.tokens(data)
+        positions = max(tokens.size - 1, 1)
+        ids = np.zeros((positions, k), dtype=np.int32)
+        logprobs = np.zeros((positions, k), dtype=np.float32)
+        callback = _Progress(progress)
+        options = self._options(window, None, callback)
+        options.top_k = k
+        options.top_ids = ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        options.top_logprobs = logprobs.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        options.top_len = ids.size
+        result = self._result_struct()
+        status = self._lib.tl_score(handle, tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), tokens.size,
+                                    ctypes.byref(options), ctypes.byref(result))
+        callback.reraise()
+        check(self._lib, "tl_score", status)
+        return ids, logprobs
+
+    def compare(self, other, data, *, window=0, per_token=False, progress=None):
+        """Compares `other` (the test model) with this one (the reference) on the same tokens (tl_score_compare): KL
+        divergence KL(P_self || P_other) per position, top-1 agreement and both perplexities, as a CompareResult.
+        Both models run on this model's device settings; they must share a vocabulary. data and window as for score
+        (text goes through this model's tokenizer); per_token also returns the per-position arrays."""
+        handle = self._live_handle()
+        other_handle = other._live_handle()
+        tokens = self.tokens(data)
+        n = max(tokens.size - 1, 1)
+        callback = _Progress(progress)
+        options = _capi.tl_compare_options()
+        check(self._lib, "tl_compare_options_init",
+              self._lib.tl_compare_options_init(ctypes.byref(options), ctypes.sizeof(options)))
+        options.backend = self._backend
+        options.device = self._device
+        options.n_threads = self._threads
+        options.window = int(window)
+        options.use_graphs = int(self._use_graphs)
+        options.max_memory_bytes = self._max_memory_bytes
+        options.progress = callback.function
+        arrays = {}
+        if per_token:
+            arrays = {"token_kl": np.zeros(n, np.float32), "token_nll_reference": np.zeros(n, np.float32),
+                      "token_nll_test": np.zeros(n, np.float32), "token_top1_match": np.zeros(n, np.uint8)}
+            for name, array in arrays.items():
+                c_type = ctypes.c_uint8 if array.dtype == np.uint8 else ctypes.c_float
+                setattr(options, name, array.ctypes.data_as(ctypes.POINTER(c_type)))
+            options.token_len = n
+        result = _capi.tl_compare_result()
+        check(self._lib, "tl_compare_result_init",
+              self._lib.tl_compare_result_init(ctypes.byref(result), ctypes.sizeof(result)))
+        status = self._lib.tl_score_compare(handle, other_handle, tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                            tokens.size, ctypes.byref(options), ctypes.byref(result))
+        callback.reraise()
+        check(self._lib, "tl_score_compare", status)
+        fields = {name: getattr(result, name) for name, _ in result._fields_[1:]}
+        fields["tokens_scored"] = int(result.tokens_scored)
+        fields["backend"] = _BACKEND_NAMES.get(result.backend, str(result.backend))
+        fields["n_windows"] = int(result.n_windows)
+        return CompareResult(**fields, **arrays)
+
+    @property
+    def bos_token_id(self):
+        """The beginning-of-text token the model file names, or -1 (none)."""
+        return self._info["bos_token_id"]
 
     def score_batch(self, requests, *, per_token=False, progress=None):
         """Scores independent sequences in one call (tl_score_batch); returns a BatchResult, a list of SequenceScore.
@@ -385,8 +495,8 @@ class Model:
         Each request is one of: token ids (the whole sequence is scored, its first token only as context);
         (tokens, n_context) (the first n_context tokens are context only); (context, continuation), each token ids
         or text (the continuation is scored given the context; text is tokenized, context and continuation each on
-        its own; an empty context is refused, since the first token
-        has nothing to be predicted from). Each sequence must fit max_seq. per_token: each SequenceScore also gets
+        its own; an empty context becomes the model file's BOS token, bos_token_id, and without one is refused, since the
+        first token has nothing to be predicted from). Each sequence must fit max_seq. per_token: each SequenceScore also gets
         the NLLs of all its predicted tokens, context tokens included. progress: as for score, in scored tokens."""
         handle = self._live_handle()
         parsed = [self._request(request, i) for i, request in enumerate(requests)]

@@ -11,10 +11,11 @@ model_args="path=...,bos_token_id=10").
 Text becomes tokens through the model's tokenizer (Model.tokenize: a stored tokenizer.json or tokenizer.model, else
 one token per UTF-8 byte), a request's context and continuation each on its own, with no BOS token added. A byte-level
 model has no BOS token, and a token with nothing before it cannot be scored: a request with an empty context
-(loglikelihood), or the first token of a text (loglikelihood_rolling), needs a token to condition on. Pass
-bos_token_id (any id of the model's vocabulary; for the byte-level demo model, 10, a newline, starts a line as a new
-document does) and it is put before an empty context and before every rolling text; without it such requests raise
-ValueError.
+(loglikelihood), or the first token of a text (loglikelihood_rolling), needs a token to condition on. The model
+file's bos_token_id (Model.bos_token_id: what `tinyloop import` kept from the checkpoint's config.json) is that token
+by default; pass bos_token_id (any id of the model's vocabulary; for the byte-level demo model, 10, a newline, starts
+a line as a new document does) to use another or where the file names none. It is put before an empty context and
+before every rolling text; with neither, such requests raise ValueError.
 """
 
 try:
@@ -65,6 +66,8 @@ class TinyLoopLM(LM):
         if isinstance(device, str) and device.isdigit():
             device = int(device)
         self.model = Model(path, device=device, threads=int(threads), max_memory_bytes=int(max_memory_bytes))
+        if bos_token_id is None and self.model.bos_token_id >= 0:
+            bos_token_id = self.model.bos_token_id  # the model file's own (tinyloop import keeps config.json's)
         if bos_token_id is not None:
             bos_token_id = int(bos_token_id)
             if not 0 <= bos_token_id < self.model.vocab:

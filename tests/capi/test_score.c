@@ -434,3 +434,100 @@ Test(score, one_model_from_four_threads_gives_identical_results) {
         }
     }
 }
+
+Test(score, top_k_gives_sorted_log_probabilities_consistent_with_the_nll) {
+    enum { N = 40, K = 4 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float nll[N - 1];
+    int32_t ids[(N - 1) * K];
+    float logprobs[(N - 1) * K];
+    tl_score_options options = cpu_options(nll, N - 1);
+    options.top_k = K;
+    options.top_ids = ids;
+    options.top_logprobs = logprobs;
+    options.top_len = (N - 1) * K;
+    tl_score_result result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    for (size_t i = 0; i + 1 < N; ++i) {
+        for (size_t j = 0; j < K; ++j) {
+            cr_assert(ids[i * K + j] >= 0 && ids[i * K + j] < FIXTURE_VOCAB);
+            cr_assert(logprobs[i * K + j] <= 0.0f);
+            if (j > 0) cr_assert(logprobs[i * K + j] <= logprobs[i * K + j - 1]);
+            /* The token that came next, when it is among the top K, has its NLL as minus its log-probability. */
+            if (ids[i * K + j] == tokens[i + 1]) cr_assert_float_eq(-logprobs[i * K + j], nll[i], 1e-4);
+        }
+    }
+    options.top_k = 21;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "top_k");
+    options.top_k = K;
+    options.top_len = (N - 1) * K - 1;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_BUFFER_TOO_SMALL, "top_len");
+    options.top_len = (N - 1) * K;
+    options.top_ids = NULL;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "top_ids");
+}
+
+Test(score, older_options_sizes_are_accepted) {
+    enum { N = 20 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_score_options options = cpu_options(NULL, 0);
+    tl_score_result result = fresh_result();
+    /* The first version ends before max_memory_bytes, the second before top_k. */
+    options.struct_size = (uint32_t)offsetof(tl_score_options, max_memory_bytes);
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    options.struct_size = (uint32_t)offsetof(tl_score_options, top_k);
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    options.struct_size = (uint32_t)offsetof(tl_score_options, top_ids);
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "struct_size");
+}
+
+Test(score, compare_with_itself_has_no_divergence) {
+    enum { N = 60 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float kl[N - 1], nll_ref[N - 1], nll_test[N - 1];
+    uint8_t match[N - 1];
+    tl_compare_options options;
+    ASSERT_OK(tl_compare_options_init(&options, sizeof options));
+    cr_assert_eq(options.backend, TL_BACKEND_AUTO);
+    cr_assert_eq(options.use_graphs, 1);
+    options.backend = TL_BACKEND_CPU;
+    options.window = 25;
+    options.token_kl = kl;
+    options.token_nll_reference = nll_ref;
+    options.token_nll_test = nll_test;
+    options.token_top1_match = match;
+    options.token_len = N - 1;
+    tl_compare_result result;
+    ASSERT_OK(tl_compare_result_init(&result, sizeof result));
+    ASSERT_OK(tl_score_compare(model, model, tokens, N, &options, &result));
+    cr_assert_eq(result.tokens_scored, N - 1);
+    cr_assert_eq(result.n_windows, 3);
+    cr_assert_eq(result.backend, TL_BACKEND_CPU);
+    cr_assert(fabs(result.kl_mean) < 1e-6 && fabs(result.kl_max) < 1e-6, "KL %g, max %g", result.kl_mean,
+              result.kl_max);
+    cr_assert_eq(result.top1_agreement, 1.0);
+    cr_assert_eq(result.perplexity_ratio, 1.0);
+    cr_assert_eq(result.delta_perplexity, 0.0);
+    /* The reference's NLLs are tl_score's with the same window. */
+    float nll[N - 1];
+    tl_score_options score_options = cpu_options(nll, N - 1);
+    score_options.window = 25;
+    tl_score_result score_result = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &score_options, &score_result));
+    for (size_t i = 0; i + 1 < N; ++i) {
+        cr_assert_eq(kl[i], 0.0f);
+        cr_assert_eq(match[i], 1);
+        cr_assert_eq(nll_ref[i], nll_test[i]);
+        cr_assert_float_eq(nll_ref[i], nll[i], 1e-4);
+    }
+    cr_assert_float_eq(result.perplexity_reference, score_result.perplexity, 1e-6 * score_result.perplexity);
+
+    options.token_len = N - 2;
+    ASSERT_FAILS_NAMING(tl_score_compare(model, model, tokens, N, &options, &result), TL_ERR_BUFFER_TOO_SMALL,
+                        "token_len");
+    ASSERT_FAILS_NAMING(tl_score_compare(model, NULL, tokens, N, NULL, &result), TL_ERR_INVALID_ARGUMENT, "test");
+    ASSERT_FAILS_NAMING(tl_score_compare(model, model, tokens, 1, NULL, &result), TL_ERR_INVALID_ARGUMENT, "n_tokens");
+}

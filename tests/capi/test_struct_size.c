@@ -114,8 +114,38 @@ static void assert_checks_output_size(tl_status (*call)(uint32_t), uint32_t full
 }
 
 Test(struct_size, tl_load_options) { assert_checks_struct_size(load_with, sizeof(tl_load_options), "tl_model_load"); }
+/* tl_model_properties gained bos_token_id after its first version: any size from the first one on. */
 Test(struct_size, tl_model_properties) {
-    assert_checks_output_size(model_info_with, sizeof(tl_model_properties), "tl_model_info");
+    assert_checks_output_size(model_info_with, (uint32_t)offsetof(tl_model_properties, bos_token_id), "tl_model_info");
+    cr_assert_eq(model_info_with(sizeof(tl_model_properties)), TL_OK, "%s", tl_last_error_message());
+}
+
+static tl_status compare_options_with(uint32_t size) {
+    struct { tl_compare_options s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    tl_compare_options_init(&buffer.s, sizeof buffer.s);
+    buffer.s.struct_size = size;
+    buffer.s.backend = TL_BACKEND_CPU;
+    tl_compare_result result;
+    tl_compare_result_init(&result, sizeof result);
+    return tl_score_compare(model, model, kTokens, 5, &buffer.s, &result);
+}
+
+static tl_status compare_result_with(uint32_t size) {
+    tl_compare_options options;
+    tl_compare_options_init(&options, sizeof options);
+    options.backend = TL_BACKEND_CPU;
+    struct { tl_compare_result s; unsigned char spare[SPARE_BYTES]; } buffer;
+    memset(&buffer, 0, sizeof buffer);
+    buffer.s.struct_size = size;
+    return tl_score_compare(model, model, kTokens, 5, &options, &buffer.s);
+}
+
+Test(struct_size, tl_compare_options) {
+    assert_checks_struct_size(compare_options_with, sizeof(tl_compare_options), "tl_score_compare (options)");
+}
+Test(struct_size, tl_compare_result) {
+    assert_checks_output_size(compare_result_with, sizeof(tl_compare_result), "tl_score_compare (result)");
 }
 Test(struct_size, tl_weight_desc) { assert_checks_struct_size(create_with, sizeof(tl_weight_desc), "tl_weight_create"); }
 Test(struct_size, tl_quantize_options) {

@@ -196,6 +196,56 @@ elseif(CASE STREQUAL "score_batch_echo_truncate")
   set(expect_rc 0)
   set(expect_output "{\"index\":0,\"id\":\"q-7\",\"nll_sum\":")
   set(expect_also "{\"index\":1,\"doc_id\":3,\"nll_sum\":[^\n]*\"tokens_scored\":2,[^\n]*\"context_truncated\":75}")
+elseif(CASE STREQUAL "compare_self")
+  # A model against itself: no divergence, the same top token everywhere, equal perplexities.
+  set(args compare ${MODEL} ${MODEL} --text ${TEXT} --backend cpu --max-tokens 300 --window 100 -q)
+  set(expect_rc 0)
+  set(expect_output "299 compared \\(300 in, 4 windows\\)")
+  set(expect_also "Mean    KLD:   0\\.000000 ±   0\\.000000" "Maximum KLD:   0\\.000000" "Same top p: 100\\.000 %"
+                  "PPL\\(test\\) / PPL\\(ref\\)   1\\.00000")
+elseif(CASE STREQUAL "compare_json_per_token")
+  # Another model of the same vocabulary: --json's fields and one --per-token line per compared token.
+  execute_process(COMMAND ${TOOL} make-model --preset tiny --seed 7 --out ${WORK}/other.tinyloop RESULT_VARIABLE rc
+                  OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "make-model failed (${rc})")
+  endif()
+  set(args compare ${MODEL} ${WORK}/other.tinyloop --text ${TEXT} --backend cpu --max-tokens 200 -q --json
+      --per-token ${WORK}/compare.tsv)
+  set(expect_rc 0)
+  set(expect_output "\"tokens_scored\":199,")
+  set(expect_also "\"kl_mean\":[0-9]" "\"kl_p999\":" "\"top1_agreement\":" "\"nll_correlation\":"
+                  "\"perplexity_ratio\":")
+elseif(CASE STREQUAL "compare_vocab_mismatch")
+  execute_process(COMMAND ${TOOL} make-model --preset tiny --vocab 300 --out ${WORK}/wide.tinyloop RESULT_VARIABLE rc
+                  OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "make-model failed (${rc})")
+  endif()
+  set(args compare ${MODEL} ${WORK}/wide.tinyloop --text ${TEXT} --backend cpu -q)
+  set(expect_output "reference's vocabulary has 256 tokens and the test's 300: models compared on one text must share")
+elseif(CASE STREQUAL "score_top_k")
+  # --top-k in --json: one [[id, logprob] x K] per scored token, and in --per-token as id:logprob columns.
+  set(args score ${MODEL} --text ${TEXT} --backend cpu --max-tokens 50 -q --json --top-k 3
+      --per-token ${WORK}/nll.tsv)
+  set(expect_rc 0)
+  set(expect_output "\"top_k\":3,\"top_logprobs\":\\[\\[\\[[0-9]+,-?[0-9.e-]+\\],\\[[0-9]+,")
+elseif(CASE STREQUAL "score_top_k_too_large")
+  set(args score ${MODEL} --text ${TEXT} --backend cpu --top-k 21)
+  set(expect_rc 2)
+  set(expect_output "--top-k: Value 21 not in range 1 to 20")
+elseif(CASE STREQUAL "score_batch_bos")
+  # An empty context stands for the request's "bos" (or --bos): the same score as that token given as the context.
+  file(WRITE ${WORK}/requests.jsonl "{\"context\": [], \"continuation\": [72, 105], \"bos\": 10}\n{\"context\": [10], \"continuation\": [72, 105]}\n{\"context_text\": \"\", \"text\": \"Hi\"}\n{\"context\": [], \"continuation\": [72]}\n")
+  set(args score-batch ${MODEL} --input ${WORK}/requests.jsonl --backend cpu -q --bos 10 --top-k 2)
+  set(expect_rc 0)
+  set(expect_output "{\"index\":0,\"nll_sum\":[^\n]*\n{\"index\":1,\"nll_sum\":[^\n]*\n{\"index\":2,\"nll_sum\":[^\n]*\n{\"index\":3,\"nll_sum\":")
+  set(expect_also "\"top_logprobs\":\\[\\[\\[[0-9]+,[^]]*\\],\\[[0-9]+,[^]]*\\]\\],\\[\\[")
+elseif(CASE STREQUAL "score_batch_no_bos")
+  # The model file names no BOS and neither the request nor the tool gives one: the line says how to.
+  file(WRITE ${WORK}/requests.jsonl "{\"context\": [], \"continuation\": [72, 105]}\n")
+  set(args score-batch ${MODEL} --input ${WORK}/requests.jsonl --backend cpu -q)
+  set(expect_output "give one with \\\\\"bos\\\\\": ID in the request or score-batch --bos ID")
 else()
   message(FATAL_ERROR "unknown CASE '${CASE}'")
 endif()
@@ -229,6 +279,17 @@ foreach(re "${expect_output}" ${expect_also})
 endforeach()
 
 # Checks beyond the output's text.
+if(CASE STREQUAL "score_batch_bos")
+  # The three forms of "Hi" after the BOS 10 score alike.
+  string(REGEX MATCHALL "\"nll_sum\":[0-9.e+-]+" sums "${out}")
+  list(GET sums 0 first)
+  foreach(i 1 2)
+    list(GET sums ${i} other)
+    if(NOT other STREQUAL first)
+      message(FATAL_ERROR "request ${i}: ${other}, request 0: ${first}\n${out}")
+    endif()
+  endforeach()
+endif()
 if(CASE MATCHES "^progress_log")
   # Each line ends with the running perplexity over the windows done; the last one's is the report's.
   string(REGEX MATCHALL

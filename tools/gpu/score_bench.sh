@@ -25,6 +25,10 @@
 #   crosscheck  `tinyloop score --backend cuda --per-token` on 1024 tokens under each dispatcher setting (defaults,
 #               native, fused, correction, FP16 body) and `--backend cpu`, all checked by one run of the FP32
 #               reference, tools/torch_reference.py --compare;
+#   compare     (only when asked: STEPS=compare) `tinyloop compare` of the per-row model against the group-128 one
+#               on 8192 random tokens in 512-token windows, against two `tinyloop score` runs (one per model) on the
+#               same tokens and windows, each timed from its --json (seconds less the one-time GPU setup), two rounds;
+#               compare_bench.log holds the runs' JSON and the summary the times;
 # and the summary. Every step's time limit is cut to what is left of $BUDGET seconds, so the run ends within it (the
 # device machine allows 600 s a command); a step that runs out is reported and the rest go on. When the compiled peer
 # needs more time than one command has, run the steps in separate commands with the same OUT and WORK on the same
@@ -116,6 +120,31 @@ if wanted peer; then
   rc=$?
   eager=$(grep -c '^SPEED,eager' "$SPEED") compiled=$(grep -c '^SPEED,compiled' "$SPEED")
   summary+=("torch peer: rc=$rc ($eager eager and $compiled compiled variants timed of 5 and 4)")
+fi
+
+COMPARE=$OUT/compare_bench.log
+if wanted compare; then
+  step "compare vs two scores"
+  : >"$COMPARE"
+  "$PY" -c "import random; random.seed($SEED); print(' '.join(str(random.randrange(50257)) for _ in range(8192)))" \
+    >"$WORK/tokens-8192.txt"
+  # seconds without the one-time device copy and packing, from a run's --json.
+  timed() { "$PY" -c "import json, sys; j = json.loads(sys.stdin.read()); print('%.3f' % (j['seconds'] - j['setup_seconds']))"; }
+  for round in 1 2; do
+    line="compare round $round:"
+    out=$(bounded 120 "$BIN/tinyloop" compare "$WORK/2b-row.tinyloop" "$WORK/2b-g128.tinyloop" \
+      --tokens "$WORK/tokens-8192.txt" --window 512 --backend cuda --json -q 2>>"$COMPARE")
+    echo "$out" >>"$COMPARE"
+    line+=" compare $(echo "$out" | timed 2>/dev/null || echo failed) s,"
+    for name in row g128; do
+      out=$(bounded 120 "$BIN/tinyloop" score "$WORK/2b-$name.tinyloop" --tokens "$WORK/tokens-8192.txt" \
+        --window 512 --backend cuda --json -q 2>>"$COMPARE")
+      echo "$out" >>"$COMPARE"
+      line+=" score 2b-$name $(echo "$out" | timed 2>/dev/null || echo failed) s"
+    done
+    echo "$line" >>"$COMPARE"
+    summary+=("$line")
+  done
 fi
 
 CROSS=$OUT/crosscheck.log

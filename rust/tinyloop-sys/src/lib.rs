@@ -302,6 +302,8 @@ c_structs! {
         pub tensor_bytes: u64,
         pub quant_weight_bytes: u64,
         pub parameter_count: u64,
+        /// The beginning-of-text token the model file names, or -1 (added after the first version).
+        pub bos_token_id: i32,
     }
 
     /// INT4 data from host memory for `tl_weight_create` (arrays are copied).
@@ -408,6 +410,12 @@ c_structs! {
         pub use_graphs: i32,
         /// Working-memory budget in bytes (host on the CPU, device on CUDA); 0 = the machine's.
         pub max_memory_bytes: u64,
+        /// Top-k log-probabilities per predicted position (0 = none, at most 20): `top_k` ids and log-probabilities
+        /// per position into `top_ids` / `top_logprobs`, which hold `top_len` entries each.
+        pub top_k: i32,
+        pub top_ids: *mut i32,
+        pub top_logprobs: *mut f32,
+        pub top_len: usize,
     }
 
     /// What `tl_score` reports.
@@ -451,6 +459,54 @@ c_structs! {
         pub tokens_scored: u64,
         /// 1 when every scored token's logit is its position's largest (a tie counts), else 0.
         pub greedy: i32,
+    }
+
+    /// Options of `tl_score_compare` (`tl_compare_options_init` fills the defaults).
+    pub struct tl_compare_options {
+        pub struct_size: u32,
+        pub backend: i32,
+        pub n_threads: i32,
+        /// Window length; 0 = the shorter max_seq of the two models.
+        pub window: i32,
+        pub progress: tl_progress_fn,
+        pub progress_user_data: *mut c_void,
+        pub device: i32,
+        pub stream: *mut c_void,
+        pub use_graphs: i32,
+        pub max_memory_bytes: u64,
+        /// Optional per-position outputs of `token_len` entries each: KL, both NLLs, top-1 agreement (0/1).
+        pub token_kl: *mut f32,
+        pub token_nll_reference: *mut f32,
+        pub token_nll_test: *mut f32,
+        pub token_top1_match: *mut u8,
+        pub token_len: usize,
+    }
+
+    /// What `tl_score_compare` reports: KL(P_reference || P_test) per position summarized, top-1 agreement, both
+    /// perplexities.
+    pub struct tl_compare_result {
+        pub struct_size: u32,
+        pub tokens_scored: u64,
+        pub kl_mean: f64,
+        pub kl_stderr: f64,
+        pub kl_median: f64,
+        pub kl_p90: f64,
+        pub kl_p99: f64,
+        pub kl_p999: f64,
+        pub kl_max: f64,
+        pub kl_min: f64,
+        pub top1_agreement: f64,
+        pub nll_sum_reference: f64,
+        pub nll_sum_test: f64,
+        pub perplexity_reference: f64,
+        pub perplexity_test: f64,
+        pub delta_perplexity: f64,
+        pub perplexity_ratio: f64,
+        pub nll_correlation: f64,
+        pub backend: i32,
+        pub n_windows: i32,
+        pub seconds: f64,
+        pub setup_seconds: f64,
     }
 
     /// What `tl_device_info` reports.
@@ -651,6 +707,20 @@ c_functions! {
         options: *const tl_score_options,
         out_scores: *mut tl_sequence_score,
         out_result: *mut tl_score_result,
+    ) -> tl_status;
+
+    /// Fills compare options with the defaults up to `struct_size` (the caller's `size_of`) bytes.
+    pub fn tl_compare_options_init(options: *mut tl_compare_options, struct_size: u32) -> tl_status;
+    /// Zeroes a compare result up to `struct_size` bytes.
+    pub fn tl_compare_result_init(result: *mut tl_compare_result, struct_size: u32) -> tl_status;
+    /// Compares `test` with `reference` on the same windows of `tokens`; the models must share a vocabulary.
+    pub fn tl_score_compare(
+        reference: *const tl_model,
+        test: *const tl_model,
+        tokens: *const i32,
+        n_tokens: usize,
+        options: *const tl_compare_options,
+        out_result: *mut tl_compare_result,
     ) -> tl_status;
 
     /// The model's tokenizer: a `TL_TOKENIZER_*` kind and, when `out_n_ids` is not NULL, its largest id + 1.

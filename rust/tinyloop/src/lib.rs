@@ -65,6 +65,7 @@ use std::fmt;
 
 use tinyloop_sys as sys;
 
+mod compare;
 mod device;
 mod error;
 mod gemm;
@@ -74,6 +75,7 @@ mod score;
 mod text;
 mod weight;
 
+pub use compare::{CompareOptions, ComparePositions, CompareResult};
 pub use device::{Device, DeviceBuffer, DeviceCopy, DeviceInfo, Stream};
 pub use error::{Error, Result};
 pub use gemm::{

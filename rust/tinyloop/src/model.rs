@@ -96,6 +96,8 @@ pub struct ModelInfo {
     pub quant_weight_bytes: u64,
     /// Number of model parameters (a quantized weight counts K * N).
     pub parameter_count: u64,
+    /// The beginning-of-text token the model file names (`tinyloop import` keeps the checkpoint's), if any.
+    pub bos_token_id: Option<u32>,
 }
 
 impl ModelInfo {
@@ -130,6 +132,12 @@ impl ModelInfo {
             tensor_bytes: p.tensor_bytes,
             quant_weight_bytes: p.quant_weight_bytes,
             parameter_count: p.parameter_count,
+            // An older library does not fill the field (struct_size tells): it names no BOS.
+            bos_token_id: if p.struct_size as usize >= std::mem::size_of::<sys::tl_model_properties>() {
+                u32::try_from(p.bos_token_id).ok()
+            } else {
+                None
+            },
         })
     }
 }

@@ -106,6 +106,13 @@ pub struct ScoreResult {
     pub dense_cublas_gemms: u64,
 }
 
+/// Top-k buffers of one call: `run_score` sizes them to the predicted positions times `k`.
+struct TopK {
+    k: usize,
+    ids: Vec<i32>,
+    logprobs: Vec<f32>,
+}
+
 mod sealed {
     /// What makes [`super::TokenId`] a closed set: the ids as the C API's `int32_t`, or the index of the first one
     /// above `i32::MAX`.
@@ -142,7 +149,7 @@ impl TokenId for i32 {}
 impl TokenId for u32 {}
 
 /// `tokens` as the C API's ids, or [`Error::InvalidArgument`] naming the first id above `i32::MAX` as `what[i]`.
-fn c_ids<'t, T: TokenId>(tokens: &'t [T], what: &str) -> Result<&'t [i32]> {
+pub(crate) fn c_ids<'t, T: TokenId>(tokens: &'t [T], what: &str) -> Result<&'t [i32]> {
     T::as_c_ids(tokens).map_err(|index| {
         Error::InvalidArgument(format!("{what}[{index}] = {} is above i32::MAX: no token id", tokens[index]))
     })
@@ -321,11 +328,32 @@ impl Model {
         callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
     ) -> Result<ScoreResult> {
         let predicted = tokens.len().saturating_sub(1);
-        self.run_score("tl_score", options, stream, callback, predicted, |c_options, result| {
+        self.run_score("tl_score", options, stream, callback, predicted, None, |c_options, result| {
             // SAFETY: the model is live; `tokens` holds tokens.len() values; the options' pointers are valid for
             // the call (run_score).
             unsafe { sys::tl_score(self.raw().as_ptr(), tokens.as_ptr(), tokens.len(), c_options, result) }
         })
+    }
+
+    /// The `k` most likely tokens at each predicted position and their natural-log probabilities (`tl_score`'s
+    /// top-k): two vectors of `(tokens.len() - 1) * k` entries, position `i` (the prediction of token `i + 1`) at
+    /// `i * k ..`, most likely first (ties: the lower id first). `1 <= k <= 20` ([`Error::InvalidArgument`] above,
+    /// from the library). The logits are reduced a chunk of positions at a time, never held for the whole sequence.
+    pub fn top_logprobs<T: TokenId>(
+        &self,
+        tokens: &[T],
+        k: usize,
+        options: &ScoreOptions,
+    ) -> Result<(Vec<i32>, Vec<f32>)> {
+        let tokens = c_ids(tokens, "tokens")?;
+        let predicted = tokens.len().saturating_sub(1);
+        let mut top = TopK { k, ids: Vec::new(), logprobs: Vec::new() };
+        self.run_score("tl_score", options, None, None, predicted, Some(&mut top), |c_options, result| {
+            // SAFETY: the model is live; `tokens` holds tokens.len() values; the options' pointers, the top-k
+            // buffers included, are valid for the call (run_score).
+            unsafe { sys::tl_score(self.raw().as_ptr(), tokens.as_ptr(), tokens.len(), c_options, result) }
+        })?;
+        Ok((top.ids, top.logprobs))
     }
 
     /// `c_sequences` point into slices the caller borrows for the call (c_sequences()).
@@ -338,7 +366,7 @@ impl Model {
         let predicted = c_sequences.iter().map(|s| s.n_tokens.saturating_sub(1)).sum();
         let mut c_scores =
             vec![sys::tl_sequence_score { nll_sum: 0.0, tokens_scored: 0, greedy: 0 }; c_sequences.len()];
-        let total = self.run_score("tl_score_batch", options, None, callback, predicted, |c_options, result| {
+        let total = self.run_score("tl_score_batch", options, None, callback, predicted, None, |c_options, result| {
             // SAFETY: the model is live; each tl_sequence points into a slice borrowed for the call with its
             // length; `c_scores` holds one entry per sequence; the options' pointers are valid for the call.
             unsafe {
@@ -369,9 +397,14 @@ impl Model {
         stream: Option<&Stream>,
         callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
         predicted: usize,
+        mut top: Option<&mut TopK>,
         call: impl FnOnce(&sys::tl_score_options, &mut sys::tl_score_result) -> sys::tl_status,
     ) -> Result<ScoreResult> {
         let mut token_nll = options.token_nll.then(|| vec![0.0f32; predicted]);
+        if let Some(top) = top.as_deref_mut() {
+            top.ids = vec![0; predicted * top.k];
+            top.logprobs = vec![0.0; predicted * top.k];
+        }
         let mut progress = callback.map(|callback| Progress { callback, panic: None });
         let c_options = sys::tl_score_options {
             struct_size: std::mem::size_of::<sys::tl_score_options>() as u32,
@@ -386,6 +419,10 @@ impl Model {
             stream: stream.map_or(std::ptr::null_mut(), Stream::raw),
             use_graphs: options.use_graphs.into(),
             max_memory_bytes: options.max_memory_bytes,
+            top_k: top.as_ref().map_or(Ok(0), |top| to_c_int(top.k, "k"))?,
+            top_ids: top.as_mut().map_or(std::ptr::null_mut(), |top| top.ids.as_mut_ptr()),
+            top_logprobs: top.as_mut().map_or(std::ptr::null_mut(), |top| top.logprobs.as_mut_ptr()),
+            top_len: top.as_ref().map_or(0, |top| top.ids.len()),
         };
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };
