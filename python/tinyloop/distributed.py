@@ -481,22 +481,29 @@ def local_cluster(n_workers=None, *, gpus=None, threads_per_worker=1, **options)
     (1: one batch at a time). Close it (or use `with`)."""
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
-    options.setdefault("dashboard_address", None)
+    # No dashboard unless asked for (it needs bokeh); the scheduler's HTTP server (health, metrics) then takes any
+    # free port rather than 8787, which another cluster may hold.
+    dashboard = options.pop("dashboard_address", None)
+    scheduler_options = {"dashboard": dashboard is not None, "dashboard_address": dashboard or ":0",
+                         **options.pop("scheduler_kwargs", {})}
     options.setdefault("silence_logs", logging.ERROR)
     if gpus is None:
         return LocalCluster(n_workers=n_workers or os.cpu_count(), threads_per_worker=threads_per_worker,
-                            processes=True, **options)
+                            processes=True, dashboard_address=dashboard, scheduler_kwargs=scheduler_options,
+                            **options)
     if gpus is True:
         gpus = visible_gpus()
     gpus = [str(g) for g in gpus]
     if not gpus:
         raise RuntimeError("no GPU to start workers on (CUDA_VISIBLE_DEVICES, or the library sees no device)")
     host = options.pop("host", "127.0.0.1")  # as LocalCluster: this machine only
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": options.pop("dashboard_address"), "host": host}}
+    scheduler = {"cls": Scheduler, "options": {**scheduler_options, "host": host}}
     silence = options.pop("silence_logs")
-    workers = {f"gpu-{g}": {"cls": Nanny, "options": {"nthreads": threads_per_worker, "env": {"CUDA_VISIBLE_DEVICES": g},
-                                                      "host": host, "silence_logs": silence, **options}}
-               for g in gpus}
+    workers = {}
+    for g in gpus:
+        worker = {"nthreads": threads_per_worker, "env": {"CUDA_VISIBLE_DEVICES": g}, "host": host,
+                  "silence_logs": silence, **options}
+        workers[f"gpu-{g}"] = {"cls": Nanny, "options": worker}
     return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence)
 
 
