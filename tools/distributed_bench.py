@@ -101,6 +101,7 @@ def main():
     assert [r["nll_sum"] for r in results] == nlls  # the same bits (CPU; GPU batches may differ in the last bits)
     report["overhead"] = {"direct_s": round(direct_seconds, 3), "one_worker_s": round(dist_seconds, 3),
                           "ratio": round(dist_seconds / direct_seconds, 3), "tokens_scored": tokens}
+    report["load_average_before_scaling"] = round(os.getloadavg()[0], 2)
 
     # Scaling.
     report["scaling"] = []
@@ -110,6 +111,7 @@ def main():
             batch = tld.score_batch(client, args.model, requests, **options)
             batch_seconds = time.monotonic() - start
             row = {"workers": n, "requests_s": round(batch_seconds, 3),
+                   "requests_per_s": round(len(requests) / batch_seconds, 1),
                    "requests_tok_s": round(batch.tokens_scored / batch_seconds, 1)}
             if text:
                 corpus = tld.score_corpus(client, args.model, [text], **options)
@@ -118,6 +120,7 @@ def main():
             return row
 
         report["scaling"].append(on_cluster(n, gpus, measure))
+    report["load_average_after"] = round(os.getloadavg()[0], 2)
     base = report["scaling"][0]
     for row in report["scaling"]:
         scale = row["workers"] / base["workers"]
@@ -133,10 +136,12 @@ def main():
     o = report["overhead"]
     print(f"overhead, {len(requests)} requests ({o['tokens_scored']} tokens scored): direct Model.score_batch "
           f"{o['direct_s']:.2f} s, one worker {o['one_worker_s']:.2f} s: ratio {o['ratio']:.3f}")
-    print("| workers | requests: s | tok/s | efficiency | text: s | tok/s | efficiency |")
+    print(f"load average (1 min) before the scaling runs {report['load_average_before_scaling']}, after "
+          f"{report['load_average_after']}")
+    print("| workers | requests: s | requests/s | efficiency | text: s | tok/s | efficiency |")
     print("|---|---|---|---|---|---|---|")
     for row in report["scaling"]:
-        print(f"| {row['workers']} | {row['requests_s']:.2f} | {row['requests_tok_s']:.1f} | "
+        print(f"| {row['workers']} | {row['requests_s']:.2f} | {row['requests_per_s']:.1f} | "
               f"{row['requests_efficiency']:.2f} | {row.get('text_s', float('nan')):.2f} | "
               f"{row.get('text_tok_s', float('nan')):.1f} | {row.get('text_efficiency', float('nan')):.2f} |")
 

@@ -17,6 +17,7 @@ has the whole story. Dask (Debian's python3-distributed) is needed only here: `i
 """
 
 import argparse
+import collections.abc
 import dataclasses
 import json
 import logging
@@ -96,10 +97,8 @@ def _worker_model(spec):
 def _load(spec):
     """Loads the model (if not yet) and says what the worker has: the model's properties and where it runs."""
     model = _worker_model(spec)
-    info = model.info
-    return {"max_seq": model.max_seq, "vocab": model.vocab, "tokenizer": model.tokenizer,
-            "d_model": info.get("d_model"), "device": repr(model).rsplit("device=", 1)[-1].rstrip(">"),
-            "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {"max_seq": model.max_seq, "vocab": model.vocab, "tokenizer": model.tokenizer, "pid": os.getpid(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def _score_task(spec, payloads, per_token):
@@ -192,6 +191,12 @@ def _pipeline(client, function, spec, jobs, extra, *, retries, max_in_flight, on
             future.release()
 
 
+def _balanced(batch_tokens, total, n_workers):
+    """The batch size for `total` tokens known up front: at most batch_tokens, and small enough to give each worker
+    about 4 batches, so that the last batches do not leave workers idle while one finishes a large one."""
+    return max(1, min(batch_tokens, -(-total // (4 * max(n_workers, 1)))))
+
+
 def _max_in_flight(client, max_in_flight):
     return max_in_flight if max_in_flight else max(8, 4 * _n_workers(client))
 
@@ -232,7 +237,12 @@ class BatchRun:
         self.model_info = None
 
     def _jobs(self):
-        for batch in _requests.batches(self._parsed(), self.batch_tokens, lambda item: item[1].size):
+        parsed = self._parsed()
+        batch_tokens = self.batch_tokens
+        if isinstance(self._requests, collections.abc.Sized):  # all known up front: balance them over the workers
+            parsed = list(parsed)
+            batch_tokens = _balanced(batch_tokens, sum(r.size for _, r in parsed), _n_workers(self.client))
+        for batch in _requests.batches(parsed, batch_tokens, lambda item: item[1].size):
             self.n_batches += 1
             valid = [(i, r) for i, r in batch if r.error is None]
             self._progress.read(sum(r.scored_estimate for _, r in valid))
@@ -308,10 +318,11 @@ def score_batch(client, model_path, requests, **options):
     model's tokenizer.
 
     Options: device (each worker's: None/"auto", "cpu", "cuda" = the first GPU the worker sees, "cuda:N"), threads
-    (CPU threads per worker, 0 = all cores), batch_tokens (tokens per task, DEFAULT_BATCH_TOKENS), retries (a task
-    that raises is tried again this many times), max_in_flight (tasks submitted at once; default 4 per worker, at
-    least 8), progress (a callable (done, total) in scored tokens, called as batches finish), preload (load the model
-    on every worker first), max_memory_bytes, use_graphs (Model's)."""
+    (CPU threads per worker, 0 = all cores), batch_tokens (the most tokens per task, DEFAULT_BATCH_TOKENS; requests
+    given as a list, whose total is known, go in smaller batches when that gives each worker fewer than about 4),
+    retries (a task that raises is tried again this many times), max_in_flight (tasks submitted at once; default 4
+    per worker, at least 8), progress (a callable (done, total) in scored tokens, called as batches finish), preload
+    (load the model on every worker first), max_memory_bytes, use_graphs (Model's)."""
     run = iter_score_batch(client, model_path, requests, **options)
     lines = list(run)
     return BatchResults(lines, run)
@@ -437,8 +448,9 @@ def score_corpus(client, model_path, documents, *, window=0, per_token=False, de
 
     tracker = _Progress(progress)
     tracker.total = sum(n - 1 for _, _, n in windows)
+    window_batch = _balanced(batch_tokens, sum(n for _, _, n in windows), _n_workers(client))
     jobs = ((batch, [(tokens[i][start:start + n], 0, None, None) for i, start, n in batch])
-            for batch in _requests.batches(windows, batch_tokens, lambda w: w[2]))
+            for batch in _requests.batches(windows, window_batch, lambda w: w[2]))
     corpus = Sums()
     per_document = [Sums() for _ in documents]
     nll_parts = [[] for _ in documents] if per_token else None
@@ -599,7 +611,8 @@ def _cmd_score_batch(args, client):
             if "error" in line:
                 where = f" line {line['line']}" if "line" in line else ""
                 print(f"tinyloop-dask: {source}{where}: {line['error']}", file=sys.stderr)
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            # Compact, as `tinyloop score-batch` writes its lines.
+            out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
         out.flush()
     finally:
         if stream is not sys.stdin.buffer:
