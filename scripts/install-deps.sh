@@ -34,6 +34,8 @@ packages=(
   python3-wheel        # setuptools 66's bdist_wheel, which pip's build of the package calls
   python3-pip          # installs the package into scripts/test.sh's venv
   python3-venv         # python3 -m venv (ensurepip) for that venv
+  python3-dask         # tinyloop.distributed (optional for the package): Dask
+  python3-distributed  # tinyloop.distributed: Dask's cluster (scheduler, workers, LocalCluster); its tests
   clang                # the fuzz step of scripts/test.sh: libFuzzer is clang-only
   libclang-rt-14-dev   # libFuzzer + clang's sanitizer runtimes for clang 14 (merely Recommended by clang-14's packages)
 )
