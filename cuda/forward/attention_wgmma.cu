@@ -53,7 +53,7 @@ static_assert(kQueryTile == kKeyTile, "the diagonal tile is the last one the blo
 // K/V stages in the ring: a tile is in use from its Q K^T to its P V one phase later, while the next one loads.
 constexpr int kStages = 3;
 
-// Shared memory: Q [panel][kQueryTile][128 B], then two stages of K and V [panel][kKeyTile][128 B] each; a panel
+// Shared memory: Q [panel][kQueryTile][128 B], then kStages stages of K and V [panel][kKeyTile][128 B] each; a panel
 // holds 64 head dims. Every panel starts on a 1024-byte boundary (the swizzle repeats every 8 rows).
 template <int HD>
 struct WgLayout {
