@@ -20,7 +20,7 @@ from ._errors import Error
 MAX_LINE_BYTES = 4 << 20
 
 # The keys of the request forms, and those of an output line (which a request may not carry for echoing).
-REQUEST_KEYS = ("tokens", "n_context", "context", "continuation", "text", "context_text")
+REQUEST_KEYS = ("tokens", "n_context", "context", "continuation", "text", "context_text", "bos")
 OUTPUT_KEYS = ("index", "line", "error", "nll_sum", "tokens_scored", "mean_nll", "perplexity", "greedy",
                "context_truncated")
 
@@ -104,8 +104,21 @@ def _text(request, key):
 
 
 def _empty_context(key):
-    return RequestError(f'"{key}" is empty: the first continuation token would have no token before it to be '
-                        "scored from; give at least one context token (a beginning-of-text token, for one)")
+    # score-batch's message (cpp/cli/requests.cpp). The client does not open the model file, so a file's own
+    # beginning-of-text token does not stand in here: a request names one with "bos".
+    return RequestError(f'"{key}" is empty and the model file names no beginning-of-text token to stand for it: the '
+                        'first continuation token needs a token before it to be scored from; give one with "bos": ID '
+                        "in the request or score-batch --bos ID, or give a context token")
+
+
+def _request_bos(request):
+    """The request's "bos" token id, or None."""
+    if "bos" not in request:
+        return None
+    v = request["bos"]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= _INT32_MAX:
+        raise RequestError(f'"bos" must be a token id (a non-negative int32), not {_describe(v)}')
+    return int(v)
 
 
 def parse_request(request, line=None):
@@ -158,19 +171,25 @@ def _parse_dict(request, line):
                 raise RequestError(f'"n_context" must be a non-negative integer, not {_describe(k)}')
             r.n_context = int(k)
     elif "context" in request or "continuation" in request:
-        only("context", ("context", "continuation"))
+        only("context", ("context", "continuation", "bos"))
         if "context" not in request or "continuation" not in request:
             raise RequestError('"context" and "continuation" go together')
         context = _token_ids(request, "context")
         if context.size == 0:
-            raise _empty_context("context")
+            bos = _request_bos(request)
+            if bos is None:
+                raise _empty_context("context")
+            context = np.array([bos], dtype=np.int32)
         r.tokens = np.concatenate([context, _token_ids(request, "continuation")])
         r.n_context = int(context.size)
     elif "text" in request:
-        only("text", ("text", "context_text"))
+        only("text", ("text", "context_text", "bos"))
         if "context_text" in request:
             r.context_text = _text(request, "context_text")
             if not r.context_text:  # a tokenizer gives no token for an empty text either
+                if _request_bos(request) is not None:
+                    raise RequestError('"bos" with an empty "context_text" is not taken here: give the context as '
+                                       'token ids, "context": [ID], with "continuation"')
                 raise _empty_context("context_text")
         r.text = _text(request, "text")
     else:
