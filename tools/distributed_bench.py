@@ -72,6 +72,8 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--gpus", action="store_true", help="one worker per visible GPU, device cuda")
     parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--no-all-cores", dest="all_cores", action="store_false",
+                        help="skip the single process with every core's threads")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import tinyloop.distributed as tld
@@ -93,14 +95,30 @@ def main():
     direct_seconds, tokens, nlls = direct(args.model, requests, device, args.threads)
 
     def one_worker(client):
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.process_time()
         results = tld.score_batch(client, args.model, requests, **options)
-        return time.monotonic() - start, results
+        return time.monotonic() - start, time.process_time() - cpu, results
 
-    dist_seconds, results = on_cluster(1, gpus, one_worker)
+    # The client's CPU time: this process's (with the scheduler, which a LocalCluster runs in it).
+    dist_seconds, client_cpu, results = on_cluster(1, gpus, one_worker)
     assert [r["nll_sum"] for r in results] == nlls  # the same bits (CPU; GPU batches may differ in the last bits)
     report["overhead"] = {"direct_s": round(direct_seconds, 3), "one_worker_s": round(dist_seconds, 3),
-                          "ratio": round(dist_seconds / direct_seconds, 3), "tokens_scored": tokens}
+                          "ratio": round(dist_seconds / direct_seconds, 3), "tokens_scored": tokens,
+                          "client_and_scheduler_cpu_s": round(client_cpu, 3)}
+    # For comparison: one process with all the cores' threads, no Dask (CPU only).
+    if not args.gpus and args.all_cores:
+        import tinyloop
+
+        cores = os.cpu_count()
+        seconds, _, _ = direct(args.model, requests, device, cores)
+        row = {"threads": cores, "requests_s": round(seconds, 3), "requests_per_s": round(len(requests) / seconds, 1)}
+        if text:
+            with tinyloop.Model(args.model, device, threads=cores) as model:
+                start = time.monotonic()
+                result = model.score(text)
+                seconds = time.monotonic() - start
+                row.update(text_s=round(seconds, 3), text_tok_s=round(result.tokens_scored / seconds, 1))
+        report["one_process_all_cores"] = row
     report["load_average_before_scaling"] = round(os.getloadavg()[0], 2)
 
     # Scaling.
@@ -135,7 +153,13 @@ def main():
           "tokens")
     o = report["overhead"]
     print(f"overhead, {len(requests)} requests ({o['tokens_scored']} tokens scored): direct Model.score_batch "
-          f"{o['direct_s']:.2f} s, one worker {o['one_worker_s']:.2f} s: ratio {o['ratio']:.3f}")
+          f"{o['direct_s']:.2f} s, one worker {o['one_worker_s']:.2f} s: ratio {o['ratio']:.3f} (client and scheduler: "
+          f"{o['client_and_scheduler_cpu_s']:.2f} s of CPU)")
+    if "one_process_all_cores" in report:
+        row = report["one_process_all_cores"]
+        print(f"one process, no Dask, {row['threads']} threads: requests {row['requests_s']:.2f} s "
+              f"({row['requests_per_s']:.1f}/s)" + (f", text {row['text_s']:.2f} s ({row['text_tok_s']:.1f} tok/s)"
+                                                   if "text_s" in row else ""))
     print(f"load average (1 min) before the scaling runs {report['load_average_before_scaling']}, after "
           f"{report['load_average_after']}")
     print("| workers | requests: s | requests/s | efficiency | text: s | tok/s | efficiency |")
