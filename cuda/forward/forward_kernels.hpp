@@ -66,8 +66,8 @@ constexpr int kMaxSegments = 65535;  // the grid's z dimension
 //    aligned.
 //  - TensorCore (attention_mma.cu): mma.sync, 64 queries x 64 keys per step, the same rounding and requirements.
 //  - Simt (attention.cu): FP32 FMA throughout, 32 x 32 tiles; any head_dim, qkv and out 4-byte aligned.
-// Auto picks the first that applies of Wgmma, TensorCore, Simt (the dispatcher setting Attention asks for one, for
-// A/B runs). Asking for Wgmma or TensorCore where it does not apply returns kRcUnsupported.
+// Auto picks the first that applies of Wgmma (for sequences longer than 64 rows), TensorCore, Simt (the dispatcher
+// setting Attention asks for one, for A/B runs). Asking for Wgmma or TensorCore where it does not apply returns kRcUnsupported.
 constexpr int kAttentionMaxHeadDim = 256;
 enum class AttentionKernel : int { Auto = 0, Simt = 1, TensorCore = 2, Wgmma = 3 };
 // Whether the library holds the sm_90a attention kernel (it runs on compute capability 9.0 alone).

@@ -535,13 +535,25 @@ TEST(Kernels, AttentionSegments) {
     }
 }
 
-// Information for the notes, not a check: each kernel's time at one shape (median of 5 timings of 5 launches) and
-// the TFLOPS it implies for the causal product's 4 T (T + 1) / 2 H hd useful FLOPs. Inputs are a constant pattern
-// (the time does not depend on the values).
-void time_attention(int T, int H, int hd) {
+// Information for the notes, not a check: each kernel's time on one shape (median of 5 timings of 5 launches) and
+// the TFLOPS it implies for the causal products' useful FLOPs, 4 L (L + 1) / 2 H hd per sequence of L rows. `lengths`:
+// the packed sequences (one: a plain call). Inputs are a constant pattern (the time does not depend on the values).
+void time_attention(const std::vector<int> &lengths, int H, int hd, const std::string &label) {
+    std::vector<int32_t> offsets = {0};
+    double flops = 0.0;
+    for (int len : lengths) {
+        offsets.push_back(offsets.back() + len);
+        flops += 4.0 * len * (len + 1.0) / 2.0 * H * hd;
+    }
+    const int T = offsets.back();
     DeviceArray<uint16_t> qkv(static_cast<size_t>(T) * 3 * H * hd), out(static_cast<size_t>(T) * H * hd);
-    ASSERT_TRUE(qkv.ok() && out.ok());
+    DeviceArray<int32_t> d_offsets(offsets.size());
+    ASSERT_TRUE(qkv.ok() && out.ok() && upload_guarded(d_offsets, offsets));
     CUDA_OK(qkv.poison(0x2E));  // FP16 0x2E2E ~ 0.1
+    tl::gpu::Segments segments;
+    if (lengths.size() > 1) {
+        segments = {d_offsets.get(), static_cast<int>(lengths.size()), *std::max_element(lengths.begin(), lengths.end())};
+    }
     cudaEvent_t start, stop;
     CUDA_OK(cudaEventCreate(&start));
     CUDA_OK(cudaEventCreate(&stop));
@@ -549,21 +561,21 @@ void time_attention(int T, int H, int hd) {
         {tl::gpu::AttentionKernel::TensorCore, "tensor cores (mma.sync)"}, {tl::gpu::AttentionKernel::Simt, "SIMT"}};
     if (tensor_core_attention_kernels().size() > 1) kernels.insert(kernels.begin(), {tl::gpu::AttentionKernel::Wgmma, "wgmma"});
     for (auto [kernel, name] : kernels) {
-        ASSERT_TRUE(launched(tl::gpu::causal_attention(qkv.get(), out.get(), T, H, hd, nullptr, kernel)));  // warm-up
+        auto call = [&] {
+            return tl::gpu::causal_attention(qkv.get(), out.get(), T, H, hd, nullptr, kernel, segments);
+        };
+        ASSERT_TRUE(launched(call()));  // warm-up
         std::vector<float> ms(5);
         for (float &m : ms) {
             CUDA_OK(cudaEventRecord(start));
-            for (int i = 0; i < 5; ++i) {
-                ASSERT_EQ(0, tl::gpu::causal_attention(qkv.get(), out.get(), T, H, hd, nullptr, kernel));
-            }
+            for (int i = 0; i < 5; ++i) ASSERT_EQ(0, call());
             CUDA_OK(cudaEventRecord(stop));
             CUDA_OK(cudaEventSynchronize(stop));
             CUDA_OK(cudaEventElapsedTime(&m, start, stop));
             m /= 5;
         }
         std::sort(ms.begin(), ms.end());
-        const double flops = 4.0 * T * (T + 1.0) / 2.0 * H * hd;
-        std::printf("attention T=%d H=%d hd=%d, %s: %.3f ms per call, %.1f TFLOPS\n", T, H, hd, name, ms[2],
+        std::printf("attention %s H=%d hd=%d, %s: %.3f ms per call, %.1f TFLOPS\n", label.c_str(), H, hd, name, ms[2],
                     flops / (ms[2] * 1e-3) / 1e12);
     }
     CUDA_OK(cudaEventDestroy(start));
@@ -585,10 +597,16 @@ TEST(Kernels, AttentionLong) {
     worst = check_attention(4096, 2, 128, sample_rows(4096), tl::gpu::AttentionKernel::Simt);
     std::printf("SIMT attention, long: largest error / bound %.3f\n", worst);
     if (HasFatalFailure()) return;
-    time_attention(4096, 16, 128);  // the 2B preset at max_seq
-    time_attention(2048, 16, 128);
-    time_attention(1024, 16, 128);
-    time_attention(4096, 4, 64);    // the demo preset's heads
+    time_attention({4096}, 16, 128, "T=4096");  // the 2B preset at max_seq
+    time_attention({2048}, 16, 128, "T=2048");
+    time_attention({1024}, 16, 128, "T=1024");
+    time_attention({4096}, 4, 64, "T=4096");  // the demo preset's heads
+    // Packed sequences as scoring makes them: 16-token windows, 512-token windows, documents of 100-2000 tokens.
+    time_attention(std::vector<int>(64, 16), 16, 128, "64 x 16 rows");
+    time_attention(std::vector<int>(8, 512), 16, 128, "8 x 512 rows");
+    std::vector<int> docs;
+    for (int i = 0; i < 24; ++i) docs.push_back(100 + (i * 1237) % 1901);  // 100 .. 2000, spread
+    time_attention(docs, 16, 128, "24 documents of 100-2000 rows");
 }
 
 TEST(Kernels, AttentionRefusals) {
