@@ -639,7 +639,19 @@ typedef struct tl_score_options {
     int32_t *top_ids;
     float *top_logprobs;
     size_t top_len;
+    /** tl_score_batch only (added in the struct's fourth version): the beginning-of-text token that stands for an
+     *  empty context, as evaluation harnesses expect. With TL_BOS_NONE (-1, the default) a sequence is scored as
+     *  given (n_context 0 means 1). Otherwise a sequence given with n_context = 0 is scored as if this token came
+     *  before its first: every one of its tokens is scored (n_tokens 1 is accepted), and it counts as n_tokens + 1
+     *  tokens (for max_seq and the token_nll / top-k layout, whose entries for it are then its n_tokens tokens).
+     *  TL_BOS_FROM_MODEL (-2): the model file's bos_token_id (tl_model_properties); a file that names none is
+     *  TL_ERR_INVALID_ARGUMENT, saying to give the token id here. A value >= 0: that token id (< vocab). */
+    int32_t empty_context_bos;
 } tl_score_options;
+
+/** tl_score_options.empty_context_bos: no beginning-of-text token (the default), or the model file's. */
+static const int32_t TL_BOS_NONE = -1;
+static const int32_t TL_BOS_FROM_MODEL = -2;
 
 /** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
 TL_API tl_status tl_score_options_init(tl_score_options *options, uint32_t struct_size);

@@ -6,6 +6,7 @@
 #include "tinyloop.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -88,23 +89,32 @@ template <> inline constexpr uint32_t kFirstVersionSize<tl_weight_properties> = 
 template <> inline constexpr uint32_t kFirstVersionSize<tl_device_properties> = sizeof(tl_device_properties);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_dispatch_counts> = sizeof(tl_dispatch_counts);
 
-// The size of a struct's middle version, for structs with three (0: none): tl_score_options before top_k.
+// The sizes of a struct's versions between its first and its current one (0: none): tl_score_options before top_k
+// and before empty_context_bos.
 template <class T>
-inline constexpr uint32_t kMiddleVersionSize = 0;
-template <> inline constexpr uint32_t kMiddleVersionSize<tl_score_options> = offsetof(tl_score_options, top_k);
+inline constexpr std::array<uint32_t, 2> kMiddleVersionSizes = {0, 0};
+template <>
+inline constexpr std::array<uint32_t, 2> kMiddleVersionSizes<tl_score_options> = {
+    offsetof(tl_score_options, top_k), offsetof(tl_score_options, empty_context_bos)};
 
 // The struct sizes an input struct may have: one per version.
 template <class T>
 bool is_version_size(uint32_t size) {
     static_assert(kFirstVersionSize<T> > 0, "list the struct's first-version size in kFirstVersionSize");
-    return size == kFirstVersionSize<T> || (kMiddleVersionSize<T> != 0 && size == kMiddleVersionSize<T>) ||
-           size == sizeof(T);
+    if (size == kFirstVersionSize<T> || size == sizeof(T)) return true;
+    for (uint32_t middle : kMiddleVersionSizes<T>) {
+        if (middle != 0 && size == middle) return true;
+    }
+    return false;
 }
 template <class T>
 std::string version_sizes() {
     if (kFirstVersionSize<T> == sizeof(T)) return std::to_string(sizeof(T));
-    const std::string middle = kMiddleVersionSize<T> != 0 ? ", " + std::to_string(kMiddleVersionSize<T>) : "";
-    return std::to_string(kFirstVersionSize<T>) + middle + " or " + std::to_string(sizeof(T));
+    std::string sizes = std::to_string(kFirstVersionSize<T>);
+    for (uint32_t middle : kMiddleVersionSizes<T>) {
+        if (middle != 0) sizes += ", " + std::to_string(middle);
+    }
+    return sizes + " or " + std::to_string(sizeof(T));
 }
 
 // An input struct from the caller, of one of the struct's versions, laid over the defaults its *_init function

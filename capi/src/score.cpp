@@ -82,8 +82,24 @@ tl_score_options read_score_options(const tl_score_options *options) {
         require(opts.top_logprobs != nullptr, "options->top_logprobs is NULL while options->top_k is " +
                                                   std::to_string(opts.top_k));
     }
+    require(opts.empty_context_bos >= TL_BOS_FROM_MODEL,
+            "options->empty_context_bos must be TL_BOS_NONE (-1), TL_BOS_FROM_MODEL (-2) or a token id, got " +
+                std::to_string(opts.empty_context_bos));
     require_backend(opts.backend);
     return opts;
+}
+
+// The token that stands for an empty context in tl_score_batch (options->empty_context_bos), or -1: none.
+int32_t empty_context_bos(const tl_score_options &opts, const tl_model &model) {
+    if (opts.empty_context_bos == TL_BOS_NONE) return -1;
+    const tl::ModelConfig &c = model.model->config;
+    const int32_t bos = opts.empty_context_bos == TL_BOS_FROM_MODEL ? c.bos_token_id : opts.empty_context_bos;
+    require(bos >= 0,
+            "options->empty_context_bos is TL_BOS_FROM_MODEL but the model file names no beginning-of-text token "
+            "(bos_token_id): give the token id in options->empty_context_bos instead");
+    require(bos < c.vocab, "options->empty_context_bos = " + std::to_string(bos) + " is outside the model's vocab " +
+                               std::to_string(c.vocab));
+    return bos;
 }
 
 // Fails with TL_ERR_BUFFER_TOO_SMALL when the options' token_nll (if any) holds fewer than `needed` floats, or their
@@ -208,6 +224,7 @@ TL_API tl_status tl_score_options_init(tl_score_options *options, uint32_t struc
     return init_struct(options, struct_size, "options", [](tl_score_options &o) {
         o.backend = TL_BACKEND_AUTO;
         o.use_graphs = 1;
+        o.empty_context_bos = TL_BOS_NONE;
     });
 }
 
@@ -358,6 +375,32 @@ TL_API tl_status tl_score_batch(const tl_model *model, const tl_sequence *sequen
             batch[i].tokens = sequences[i].tokens;
             batch[i].n_tokens = sequences[i].n_tokens;
             batch[i].n_context = sequences[i].n_context;
+        }
+        // Sequences given an empty context, with the beginning-of-text token in front: copies owned here.
+        const int32_t bos = empty_context_bos(opts, *model);
+        std::vector<std::vector<int32_t>> with_bos;
+        if (bos >= 0) {
+            const size_t max_seq = static_cast<size_t>(model->model->config.max_seq);
+            with_bos.reserve(static_cast<size_t>(
+                std::count_if(batch.begin(), batch.end(), [](const tl::Sequence &s) { return s.n_context == 0; })));
+            for (size_t i = 0; i < batch.size(); ++i) {
+                tl::Sequence &s = batch[i];
+                if (s.n_context != 0) continue;
+                const std::string name = "sequences[" + std::to_string(i) + "]";
+                require(s.n_tokens >= 1, name + ".n_tokens is 0: nothing to score after the beginning-of-text token");
+                require(s.tokens != nullptr, name + ".tokens is NULL");
+                // Decided before copying: the copy is one token longer.
+                require(s.n_tokens < max_seq, name + ".n_tokens = " + std::to_string(s.n_tokens) +
+                                                  " with the beginning-of-text token before it is past max_seq = " +
+                                                  std::to_string(max_seq));
+                std::vector<int32_t> &tokens = with_bos.emplace_back();
+                tokens.reserve(s.n_tokens + 1);
+                tokens.push_back(bos);
+                tokens.insert(tokens.end(), s.tokens, s.tokens + s.n_tokens);
+                s.tokens = tokens.data();
+                s.n_tokens = tokens.size();
+                s.n_context = 1;
+            }
         }
         const size_t predicted =
             tl::check_sequences(model->model->config, sequences != nullptr ? batch.data() : nullptr, n_sequences,

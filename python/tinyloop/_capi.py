@@ -113,6 +113,7 @@ class tl_score_options(ctypes.Structure):
         ("top_ids", ctypes.POINTER(ctypes.c_int32)),
         ("top_logprobs", ctypes.POINTER(ctypes.c_float)),
         ("top_len", ctypes.c_size_t),
+        ("empty_context_bos", ctypes.c_int32),
     ]
 
 

@@ -474,10 +474,12 @@ Test(score, older_options_sizes_are_accepted) {
     random_tokens(tokens, N, FIXTURE_VOCAB);
     tl_score_options options = cpu_options(NULL, 0);
     tl_score_result result = fresh_result();
-    /* The first version ends before max_memory_bytes, the second before top_k. */
+    /* The first version ends before max_memory_bytes, the second before top_k, the third before empty_context_bos. */
     options.struct_size = (uint32_t)offsetof(tl_score_options, max_memory_bytes);
     ASSERT_OK(tl_score(model, tokens, N, &options, &result));
     options.struct_size = (uint32_t)offsetof(tl_score_options, top_k);
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    options.struct_size = (uint32_t)offsetof(tl_score_options, empty_context_bos);
     ASSERT_OK(tl_score(model, tokens, N, &options, &result));
     options.struct_size = (uint32_t)offsetof(tl_score_options, top_ids);
     ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "struct_size");

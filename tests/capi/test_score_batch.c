@@ -467,3 +467,52 @@ Test(score_batch, cuda_backend_runs_or_reports_no_device) {
         assert_close(on_gpu[i].nll_sum, on_cpu[i].nll_sum, 2e-2, "GPU vs CPU nll_sum");
     }
 }
+
+/* options->empty_context_bos: a sequence given with n_context 0 is scored as the token, then the sequence (every one
+ * of its tokens scored); sequences with a context are left as they are; the fixture names no BOS of its own. */
+Test(score_batch, an_empty_context_takes_the_given_beginning_of_text_token) {
+    enum { N = 9, BOS = 5 };
+    int32_t tokens[N], with_bos[N + 1];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    with_bos[0] = BOS;
+    for (size_t i = 0; i < N; ++i) with_bos[i + 1] = tokens[i];
+    const tl_sequence given[3] = {sequence(tokens, N, 0), sequence(tokens, 1, 0), sequence(tokens, N, 4)};
+    const tl_sequence spelled[3] = {sequence(with_bos, N + 1, 1), sequence(with_bos, 2, 1), sequence(tokens, N, 4)};
+    float nll_given[N + 1 + N - 1], nll_spelled[N + 1 + N - 1];
+    tl_sequence_score got[3], want[3];
+    tl_score_options options = cpu_options(nll_given, N + 1 + N - 1);
+    options.empty_context_bos = BOS;
+    ASSERT_OK(tl_score_batch(model, given, 3, &options, got, NULL));
+    options = cpu_options(nll_spelled, N + 1 + N - 1);
+    ASSERT_OK(tl_score_batch(model, spelled, 3, &options, want, NULL));
+    for (size_t i = 0; i < 3; ++i) {
+        cr_assert_eq(got[i].nll_sum, want[i].nll_sum, "sequence %zu", i);
+        cr_assert_eq(got[i].tokens_scored, want[i].tokens_scored, "sequence %zu", i);
+    }
+    cr_assert_eq(got[0].tokens_scored, N);
+    cr_assert_eq(got[1].tokens_scored, 1);
+    for (size_t i = 0; i < N + 1 + N - 1; ++i) cr_assert_eq(nll_given[i], nll_spelled[i], "token_nll[%zu]", i);
+
+    tl_sequence_score scores[1];
+    options = cpu_options(NULL, 0);
+    options.empty_context_bos = TL_BOS_FROM_MODEL;
+    ASSERT_FAILS_NAMING(tl_score_batch(model, given, 1, &options, scores, NULL), TL_ERR_INVALID_ARGUMENT,
+                        "names no beginning-of-text token");
+    options.empty_context_bos = FIXTURE_VOCAB;
+    ASSERT_FAILS_NAMING(tl_score_batch(model, given, 1, &options, scores, NULL), TL_ERR_INVALID_ARGUMENT, "vocab");
+    options.empty_context_bos = -3;
+    ASSERT_FAILS_NAMING(tl_score_batch(model, given, 1, &options, scores, NULL), TL_ERR_INVALID_ARGUMENT,
+                        "empty_context_bos");
+    options.empty_context_bos = BOS;
+    const tl_sequence empty = sequence(tokens, 0, 0);
+    ASSERT_FAILS_NAMING(tl_score_batch(model, &empty, 1, &options, scores, NULL), TL_ERR_INVALID_ARGUMENT,
+                        "sequences[0].n_tokens is 0");
+    /* max_seq tokens fit without the BOS, not with it. */
+    int32_t *full = malloc(FIXTURE_MAX_SEQ * sizeof(int32_t));
+    cr_assert_not_null(full);
+    random_tokens(full, FIXTURE_MAX_SEQ, FIXTURE_VOCAB);
+    const tl_sequence too_long = sequence(full, FIXTURE_MAX_SEQ, 0);
+    ASSERT_FAILS_NAMING(tl_score_batch(model, &too_long, 1, &options, scores, NULL), TL_ERR_INVALID_ARGUMENT,
+                        "past max_seq");
+    free(full);
+}

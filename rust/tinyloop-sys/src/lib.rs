@@ -229,8 +229,14 @@ c_constants! {
     pub const TL_DISPATCH_MARLIN_MODE: i32 = 3;
     /// Dispatcher setting: M from which dequantize + cuBLAS is used (0 = never).
     pub const TL_DISPATCH_CUBLAS_MIN_M: i32 = 4;
-    /// Dispatcher setting: GPU scoring's attention, 0 = tensor cores where they run, 1 = the FP32 SIMT kernel.
+    /// Dispatcher setting: GPU scoring's attention, 0 = the fastest tensor-core kernel, 1 = the FP32 SIMT kernel,
+    /// 2 = the `mma.sync` kernel.
     pub const TL_DISPATCH_ATTENTION: i32 = 5;
+
+    /// `tl_score_options.empty_context_bos`: no beginning-of-text token for an empty context (the default).
+    pub const TL_BOS_NONE: i32 = -1;
+    /// `tl_score_options.empty_context_bos`: the model file's `bos_token_id`.
+    pub const TL_BOS_FROM_MODEL: i32 = -2;
 
     /// Element type of x and y for `tl_quant_gemm_dtype`: IEEE half precision.
     pub const TL_DTYPE_FP16: i32 = 0;
@@ -416,6 +422,9 @@ c_structs! {
         pub top_ids: *mut i32,
         pub top_logprobs: *mut f32,
         pub top_len: usize,
+        /// `tl_score_batch`: the token standing for an empty context (`n_context` 0), `TL_BOS_NONE` (the default),
+        /// `TL_BOS_FROM_MODEL` (the model file's `bos_token_id`) or a token id.
+        pub empty_context_bos: i32,
     }
 
     /// What `tl_score` reports.
