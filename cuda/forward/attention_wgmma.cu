@@ -16,8 +16,8 @@
 //    nothing is transposed in memory.
 // Scheduling ("ping-pong"): a warpgroup's phase j issues tile j - 1's P V and tile j's Q K^T together, then runs tile
 // j's softmax. The two warpgroups take turns at issuing, so that one's softmax overlaps the other's products. Measured
-// on an H100 at T = 4096, 16 heads, head_dim 128: 383 TFLOPS, against 321 for the same kernel with a block barrier
-// per tile (both warpgroups' softmax at once) and 215 for the mma.sync kernel.
+// on an H100 at T = 4096, 16 heads, head_dim 128: 405 TFLOPS, against 321 for the same kernel with a block barrier
+// per tile (both warpgroups' softmax at once) and 212 for the mma.sync kernel (docs/benchmarks.md).
 // The output is divided by the row sum and stored FP16, head-major, as the other kernels store it.
 // Grouped-query attention and packed sequences (Segments) as in attention_mma.cu.
 //
@@ -79,6 +79,15 @@ __device__ __forceinline__ void named_barrier_sync(int id) {
 }
 __device__ __forceinline__ void named_barrier_arrive(int id) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
+// 2^x on the special-function unit alone (denormal results flushed to zero: probabilities below 2^-126 vanish in
+// the FP16 P anyway, and the row sum they would join is at least 1). exp2f's denormal handling costs several more
+// instructions per score, and the softmax is what each warpgroup runs while the other's products use the tensor cores.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
@@ -243,25 +252,28 @@ __global__ void __launch_bounds__(kThreads, 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[r], mx * scale_log2);  // scale_log2 > 0: max and scaling commute
-            alpha[r] = exp2f(m[r] - m_new);
+            alpha[r] = exp2_ftz(m[r] - m_new);
             m[r] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nb = 0; nb < kKeyBlocks; ++nb) {
 #pragma unroll
                 for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                    s[4 * nb + e] = exp2f(fmaf(s[4 * nb + e], scale_log2, -m_new));  // masked: exp2(-inf) = 0
+                    s[4 * nb + e] = exp2_ftz(fmaf(s[4 * nb + e], scale_log2, -m_new));  // masked: exp2(-inf) = 0
                     sum += s[4 * nb + e];
                 }
             }
             l[r] = fmaf(l[r], alpha[r], sum);
         }
+        // Once the rows' maxima have settled (most tiles of a long row), no row of the warp moves: skip the rescale.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int nb = 0; nb < kOutBlocks; ++nb) {
-            o[4 * nb + 0] *= alpha[0];
-            o[4 * nb + 1] *= alpha[0];
-            o[4 * nb + 2] *= alpha[1];
-            o[4 * nb + 3] *= alpha[1];
+            for (int nb = 0; nb < kOutBlocks; ++nb) {
+                o[4 * nb + 0] *= alpha[0];
+                o[4 * nb + 1] *= alpha[0];
+                o[4 * nb + 2] *= alpha[1];
+                o[4 * nb + 3] *= alpha[1];
+            }
         }
         // P's A fragment for 16 keys is the S accumulator of n8 blocks 2 ks and 2 ks + 1.
 #pragma unroll
