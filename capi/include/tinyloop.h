@@ -203,7 +203,22 @@ typedef struct tl_model_properties {
     /** The beginning-of-text token the model file names (from the checkpoint's config.json, tokenizer_config.json
      *  or tokenizer.json at import), or -1 when it names none (added after the struct's first version). */
     int32_t bos_token_id;
+    /** Key/value heads (grouped-query attention: query head h reads K/V head h / (n_heads / n_kv_heads)); n_heads
+     *  for plain multi-head attention. (This and the fields below were added in the struct's third version.) */
+    int32_t n_kv_heads;
+    /** RoPE's frequency scaling (TL_ROPE_SCALING_*, docs/format.md), its factor (1 for none) and the original
+     *  context length it scales from (0 where the type has none). */
+    int32_t rope_scaling;
+    float rope_scaling_factor;
+    int32_t rope_original_max_positions;
 } tl_model_properties;
+
+/** tl_model_properties.rope_scaling: plain RoPE, or transformers' rope_scaling types. */
+static const int32_t TL_ROPE_SCALING_NONE = 0;
+static const int32_t TL_ROPE_SCALING_LINEAR = 1;
+static const int32_t TL_ROPE_SCALING_DYNAMIC = 2;
+static const int32_t TL_ROPE_SCALING_LLAMA3 = 3;
+static const int32_t TL_ROPE_SCALING_YARN = 4;
 
 /** Reads a model's configuration and counts into `*out` (whose struct_size the caller sets). */
 TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out);

@@ -92,6 +92,10 @@ TL_API tl_status tl_model_info(const tl_model *model, tl_model_properties *out) 
         }
         p.parameter_count = params;
         p.bos_token_id = c.bos_token_id;
+        p.n_kv_heads = c.kv_heads();
+        p.rope_scaling = static_cast<int32_t>(c.rope_scaling.type);  // TL_ROPE_SCALING_* are RopeScalingType's values
+        p.rope_scaling_factor = static_cast<float>(c.rope_scaling.factor);
+        p.rope_original_max_positions = c.rope_scaling.original_max_positions;
         write_output_struct(out, p);
     });
 }

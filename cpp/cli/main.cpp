@@ -352,35 +352,25 @@ std::vector<int32_t> tokenize(const tl_model *model, const std::string &text) {
 
 // ---- Commands ----
 
-// The file's config as the core reads it: the fields the C API's properties do not carry (n_kv_heads, rope_scaling).
-// (The C API loaded the file a moment ago: only a file changed since then fails here, with the core's message.)
-tl::ModelConfig file_config(const std::string &path) {
-    const tl::SafetensorsFile file = tl::read_safetensors(path);
-    const auto config = file.metadata.find("config");
-    if (config == file.metadata.end()) throw CliError("info: " + path + ": no config in its metadata");
-    return tl::config_from_json(config->second);
-}
-
 int cmd_info(const std::string &path, bool json) {
     ModelHandle h(path);
     tl_model_properties p;
     p.struct_size = sizeof p;
     check(tl_model_info(h.model, &p), "info");
-    const tl::ModelConfig config = file_config(path);
-    const tl::RopeScaling &rope = config.rope_scaling;
-    const bool scaled = rope.type != tl::RopeScalingType::None;
+    const auto rope_type = static_cast<tl::RopeScalingType>(p.rope_scaling);
+    const bool scaled = rope_type != tl::RopeScalingType::None;
     const char *head = p.head_kind == 1 ? "quantized" : p.head_kind == 0 ? "dense" : "tied to the embedding";
     int32_t tokenizer = TL_TOKENIZER_BYTES, tokenizer_ids = 0;
     check(tl_model_tokenizer(h.model, &tokenizer, &tokenizer_ids), "tokenizer");
     if (json) {
         const nlohmann::ordered_json j = {
             {"model", path}, {"format_version", p.format_version}, {"d_model", p.d_model}, {"n_heads", p.n_heads},
-            {"n_kv_heads", config.kv_heads()}, {"head_dim", p.head_dim}, {"ffn", p.ffn}, {"vocab", p.vocab},
+            {"n_kv_heads", p.n_kv_heads}, {"head_dim", p.head_dim}, {"ffn", p.ffn}, {"vocab", p.vocab},
             {"n_pre", p.n_pre}, {"n_loops", p.n_loops},
             {"max_seq", p.max_seq}, {"quantized", p.n_quant_weights > 0}, {"bits", p.bits},
             {"group_size", p.group_size}, {"rope_theta", short_decimal(p.rope_theta)},
             {"norm_eps", short_decimal(p.norm_eps)},
-            {"rope_scaling", scaled ? nlohmann::ordered_json(tl::rope_scaling_name(rope.type)) : nullptr},
+            {"rope_scaling", scaled ? nlohmann::ordered_json(tl::rope_scaling_name(rope_type)) : nullptr},
             {"head", p.head_kind == 2 ? "tied" : head},
             {"n_quant_weights", p.n_quant_weights}, {"n_dense_linears", p.n_dense_linears},
             {"has_frac4", p.has_frac4 != 0}, {"has_sign_bit", p.has_sign_bit != 0},
@@ -394,7 +384,7 @@ int cmd_info(const std::string &path, bool json) {
     std::printf("format_version   %d\n", p.format_version);
     std::printf("d_model          %d\n", p.d_model);
     std::printf("heads            %d x %d", p.n_heads, p.head_dim);
-    if (config.kv_heads() != p.n_heads) std::printf(", %d key/value heads (grouped-query attention)", config.kv_heads());
+    if (p.n_kv_heads != p.n_heads) std::printf(", %d key/value heads (grouped-query attention)", p.n_kv_heads);
     std::printf("\n");
     std::printf("ffn              %d\n", p.ffn);
     std::printf("vocab            %d\n", p.vocab);
@@ -407,7 +397,7 @@ int cmd_info(const std::string &path, bool json) {
                     p.group_size == 0 ? "per row" : ("group " + std::to_string(p.group_size)).c_str());
     }
     std::printf("rope_theta       %g\n", p.rope_theta);
-    if (scaled) std::printf("rope_scaling     %s, factor %g\n", tl::rope_scaling_name(rope.type), rope.factor);
+    if (scaled) std::printf("rope_scaling     %s, factor %g\n", tl::rope_scaling_name(rope_type), p.rope_scaling_factor);
     std::printf("norm_eps         %g\n", p.norm_eps);
     std::printf("head             %s\n", head);
     std::printf("linears          %u quantized, %u dense\n", p.n_quant_weights, p.n_dense_linears);

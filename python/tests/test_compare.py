@@ -77,3 +77,9 @@ def test_top_logprobs_are_sorted_and_agree_with_the_nll(tiny):
 
 def test_bos_token_id_in_info(tiny):
     assert tiny.info["bos_token_id"] == -1 and tiny.bos_token_id == -1
+
+
+def test_attention_and_rope_in_info(tiny):
+    assert tiny.info["n_kv_heads"] == tiny.info["n_heads"]
+    assert tiny.info["rope_scaling"] == "none"
+    assert tiny.info["rope_scaling_factor"] == 1.0 and tiny.info["rope_original_max_positions"] == 0

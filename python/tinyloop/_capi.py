@@ -79,7 +79,13 @@ class tl_model_properties(ctypes.Structure):
         ("quant_weight_bytes", ctypes.c_uint64),
         ("parameter_count", ctypes.c_uint64),
         ("bos_token_id", ctypes.c_int32),
+        ("n_kv_heads", ctypes.c_int32),
+        ("rope_scaling", ctypes.c_int32),
+        ("rope_scaling_factor", ctypes.c_float),
+        ("rope_original_max_positions", ctypes.c_int32),
     ]
+
+ROPE_SCALING_NAMES = {0: "none", 1: "linear", 2: "dynamic", 3: "llama3", 4: "yarn"}
 
 
 class tl_device_properties(ctypes.Structure):

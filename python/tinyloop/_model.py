@@ -202,6 +202,12 @@ class Model:
             self._info[name] = float(str(np.float32(value))) if c_type is ctypes.c_float else value
         if not _filled(properties, "bos_token_id"):  # an older library: it names no BOS
             self._info["bos_token_id"] = -1
+        if _filled(properties, "rope_original_max_positions"):
+            self._info["rope_scaling"] = _capi.ROPE_SCALING_NAMES.get(properties.rope_scaling,
+                                                                      str(properties.rope_scaling))
+        else:  # an older library: the fields of the third version are not there
+            for name in ("n_kv_heads", "rope_scaling", "rope_scaling_factor", "rope_original_max_positions"):
+                del self._info[name]
         self._info["path"] = self.path
         kind, n_ids = ctypes.c_int32(), ctypes.c_int32()
         try:

@@ -137,6 +137,10 @@ Test(model_info, matches_the_fixture) {
     cr_assert_eq(info.n_quant_weights, FIXTURE_N_QUANT_WEIGHTS);
     cr_assert_eq(info.n_dense_linears, 0);
     cr_assert_eq(info.head_kind, 2, "the fixture's head is tied to the embedding");
+    cr_assert_eq(info.n_kv_heads, FIXTURE_N_HEADS, "plain multi-head attention reports n_heads key/value heads");
+    cr_assert_eq(info.rope_scaling, TL_ROPE_SCALING_NONE);
+    cr_assert_eq(info.rope_scaling_factor, 1.0f);
+    cr_assert_eq(info.rope_original_max_positions, 0);
 
     struct stat file_stat;
     cr_assert_eq(stat(fixture_path(), &file_stat), 0);

@@ -238,6 +238,17 @@ c_constants! {
     /// `tl_score_options.empty_context_bos`: the model file's `bos_token_id`.
     pub const TL_BOS_FROM_MODEL: i32 = -2;
 
+    /// `tl_model_properties.rope_scaling`: plain RoPE.
+    pub const TL_ROPE_SCALING_NONE: i32 = 0;
+    /// `tl_model_properties.rope_scaling`: every inverse frequency divided by the factor.
+    pub const TL_ROPE_SCALING_LINEAR: i32 = 1;
+    /// `tl_model_properties.rope_scaling`: dynamic NTK.
+    pub const TL_ROPE_SCALING_DYNAMIC: i32 = 2;
+    /// `tl_model_properties.rope_scaling`: Llama 3.1's smoothed scaling.
+    pub const TL_ROPE_SCALING_LLAMA3: i32 = 3;
+    /// `tl_model_properties.rope_scaling`: YaRN.
+    pub const TL_ROPE_SCALING_YARN: i32 = 4;
+
     /// Element type of x and y for `tl_quant_gemm_dtype`: IEEE half precision.
     pub const TL_DTYPE_FP16: i32 = 0;
     /// Element type of x and y for `tl_quant_gemm_dtype`: bfloat16.
@@ -310,6 +321,12 @@ c_structs! {
         pub parameter_count: u64,
         /// The beginning-of-text token the model file names, or -1 (added after the first version).
         pub bos_token_id: i32,
+        /// Key/value heads (grouped-query attention); `n_heads` for plain attention (third version, as below).
+        pub n_kv_heads: i32,
+        /// RoPE's frequency scaling (`TL_ROPE_SCALING_*`), its factor and the original context it scales from.
+        pub rope_scaling: i32,
+        pub rope_scaling_factor: f32,
+        pub rope_original_max_positions: i32,
     }
 
     /// INT4 data from host memory for `tl_weight_create` (arrays are copied).

@@ -93,7 +93,7 @@ pub use half::bf16;
 /// `uint16_t`; `f16::from_f32` rounds to nearest (ties to even), `f32::from(h)` is exact.
 pub use half::f16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
-pub use model::{import_checkpoint, HeadKind, ImportOptions, LoadOptions, Model, ModelInfo};
+pub use model::{import_checkpoint, HeadKind, ImportOptions, LoadOptions, Model, ModelInfo, RopeScaling};
 pub use score::{Backend, ScoreOptions, ScoreResult, Sequence, SequenceScore, TokenId};
 pub use text::{TokenizerInfo, TokenizerKind};
 pub use weight::{QuantMethod, QuantizeOptions, Weight, WeightDesc, WeightInfo, WeightRef};

@@ -98,6 +98,30 @@ pub struct ModelInfo {
     pub parameter_count: u64,
     /// The beginning-of-text token the model file names (`tinyloop import` keeps the checkpoint's), if any.
     pub bos_token_id: Option<u32>,
+    /// Key/value heads (grouped-query attention; `n_heads` for plain attention), and RoPE's frequency scaling:
+    /// `None` from a library too old to report them.
+    pub n_kv_heads: Option<usize>,
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// RoPE's frequency scaling, as transformers' `rope_scaling` names it (docs/format.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Every inverse frequency divided by `factor`.
+    Linear { factor: f32 },
+    /// Dynamic NTK from `original_max_positions` on.
+    Dynamic { factor: f32, original_max_positions: usize },
+    /// Llama 3.1's smoothed scaling.
+    Llama3 { factor: f32, original_max_positions: usize },
+    /// YaRN.
+    Yarn { factor: f32, original_max_positions: usize },
+}
+
+/// Whether the library wrote the 4-byte field at `offset` of `p` (it sets struct_size to the bytes it wrote).
+fn filled(p: &sys::tl_model_properties, offset: usize) -> bool {
+    p.struct_size as usize >= offset + 4
 }
 
 impl ModelInfo {
@@ -132,9 +156,28 @@ impl ModelInfo {
             tensor_bytes: p.tensor_bytes,
             quant_weight_bytes: p.quant_weight_bytes,
             parameter_count: p.parameter_count,
-            // An older library does not fill the field (struct_size tells): it names no BOS.
-            bos_token_id: if p.struct_size as usize >= std::mem::size_of::<sys::tl_model_properties>() {
+            // An older library does not fill the fields (struct_size tells): it names no BOS.
+            bos_token_id: if filled(p, std::mem::offset_of!(sys::tl_model_properties, bos_token_id)) {
                 u32::try_from(p.bos_token_id).ok()
+            } else {
+                None
+            },
+            n_kv_heads: if filled(p, std::mem::offset_of!(sys::tl_model_properties, n_kv_heads)) {
+                Some(to_usize(p.n_kv_heads, "n_kv_heads")?)
+            } else {
+                None
+            },
+            rope_scaling: if filled(p, std::mem::offset_of!(sys::tl_model_properties, rope_original_max_positions)) {
+                let factor = p.rope_scaling_factor;
+                let original_max_positions = to_usize(p.rope_original_max_positions, "rope_original_max_positions")?;
+                Some(match p.rope_scaling {
+                    sys::TL_ROPE_SCALING_NONE => RopeScaling::None,
+                    sys::TL_ROPE_SCALING_LINEAR => RopeScaling::Linear { factor },
+                    sys::TL_ROPE_SCALING_DYNAMIC => RopeScaling::Dynamic { factor, original_max_positions },
+                    sys::TL_ROPE_SCALING_LLAMA3 => RopeScaling::Llama3 { factor, original_max_positions },
+                    sys::TL_ROPE_SCALING_YARN => RopeScaling::Yarn { factor, original_max_positions },
+                    other => return Err(Error::Internal(format!("tl_model_info reported rope_scaling {other}"))),
+                })
             } else {
                 None
             },

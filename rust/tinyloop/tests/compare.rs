@@ -60,6 +60,10 @@ fn top_logprobs_are_sorted_and_agree_with_the_nll() {
 }
 
 #[test]
-fn the_fixture_names_no_bos() {
-    assert_eq!(Model::load(fixture()).unwrap().info().bos_token_id, None);
+fn the_fixture_names_no_bos_nor_grouped_heads_nor_rope_scaling() {
+    let model = Model::load(fixture()).unwrap();
+    let info = model.info();
+    assert_eq!(info.bos_token_id, None);
+    assert_eq!(info.n_kv_heads, Some(info.n_heads));
+    assert_eq!(info.rope_scaling, Some(tinyloop::RopeScaling::None));
 }
