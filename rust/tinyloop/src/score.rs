@@ -423,6 +423,8 @@ impl Model {
             top_ids: top.as_mut().map_or(std::ptr::null_mut(), |top| top.ids.as_mut_ptr()),
             top_logprobs: top.as_mut().map_or(std::ptr::null_mut(), |top| top.logprobs.as_mut_ptr()),
             top_len: top.as_ref().map_or(0, |top| top.ids.len()),
+            // Not offered by this crate yet: sequences are scored as given (n_context 0 means 1).
+            empty_context_bos: sys::TL_BOS_NONE,
         };
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };
