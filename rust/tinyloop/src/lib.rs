@@ -94,7 +94,7 @@ pub use half::bf16;
 pub use half::f16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{import_checkpoint, HeadKind, ImportOptions, LoadOptions, Model, ModelInfo, RopeScaling};
-pub use score::{Backend, ScoreOptions, ScoreResult, Sequence, SequenceScore, TokenId};
+pub use score::{Backend, EmptyContextBos, ScoreOptions, ScoreResult, Sequence, SequenceScore, TokenId};
 pub use text::{TokenizerInfo, TokenizerKind};
 pub use weight::{QuantMethod, QuantizeOptions, Weight, WeightDesc, WeightInfo, WeightRef};
 

@@ -37,6 +37,19 @@ impl Backend {
     }
 }
 
+/// What [`Model::score_batch`] puts in place of an empty context (a sequence with `n_context` 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EmptyContextBos {
+    /// Nothing: `n_context` 0 means 1, the first token is context only (the default).
+    #[default]
+    None,
+    /// The model file's beginning-of-text token ([`ModelInfo::bos_token_id`](crate::ModelInfo)); a file that
+    /// names none is [`Error::InvalidArgument`].
+    FromModel,
+    /// This token: the sequence is scored as it followed by the sequence's tokens, all of them scored.
+    Token(u32),
+}
+
 /// Options of [`Model::score`] and [`Model::score_batch`]; `Default` gives the library's defaults and no per-token
 /// output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +73,10 @@ pub struct ScoreOptions {
     /// memory on the CPU backend, device memory on the CUDA backend. 0 (default) means no budget beyond the
     /// machine's. Past it the call fails with [`Error::OutOfMemory`] before allocating.
     pub max_memory_bytes: u64,
+    /// [`Model::score_batch`] only: the token that stands for an empty context (default: none). With one, a
+    /// sequence with `n_context` 0 scores every one of its tokens, and its `token_nll` entries are its `len()`
+    /// tokens' NLLs.
+    pub empty_context_bos: EmptyContextBos,
 }
 
 impl Default for ScoreOptions {
@@ -72,6 +89,7 @@ impl Default for ScoreOptions {
             device: 0,
             use_graphs: true,
             max_memory_bytes: 0,
+            empty_context_bos: EmptyContextBos::None,
         }
     }
 }
@@ -363,7 +381,12 @@ impl Model {
         options: &ScoreOptions,
         callback: Option<&mut dyn FnMut(u64, u64) -> ControlFlow<()>>,
     ) -> Result<(Vec<SequenceScore>, ScoreResult)> {
-        let predicted = c_sequences.iter().map(|s| s.n_tokens.saturating_sub(1)).sum();
+        // A sequence with an empty context and a token standing for it predicts all of its tokens.
+        let with_bos = options.empty_context_bos != EmptyContextBos::None;
+        let predicted = c_sequences
+            .iter()
+            .map(|s| if with_bos && s.n_context == 0 { s.n_tokens } else { s.n_tokens.saturating_sub(1) })
+            .sum();
         let mut c_scores =
             vec![sys::tl_sequence_score { nll_sum: 0.0, tokens_scored: 0, greedy: 0 }; c_sequences.len()];
         let total = self.run_score("tl_score_batch", options, None, callback, predicted, None, |c_options, result| {
@@ -423,8 +446,13 @@ impl Model {
             top_ids: top.as_mut().map_or(std::ptr::null_mut(), |top| top.ids.as_mut_ptr()),
             top_logprobs: top.as_mut().map_or(std::ptr::null_mut(), |top| top.logprobs.as_mut_ptr()),
             top_len: top.as_ref().map_or(0, |top| top.ids.len()),
-            // Not offered by this crate yet: sequences are scored as given (n_context 0 means 1).
-            empty_context_bos: sys::TL_BOS_NONE,
+            empty_context_bos: match options.empty_context_bos {
+                EmptyContextBos::None => sys::TL_BOS_NONE,
+                EmptyContextBos::FromModel => sys::TL_BOS_FROM_MODEL,
+                EmptyContextBos::Token(id) => i32::try_from(id).map_err(|_| {
+                    Error::InvalidArgument(format!("empty_context_bos token {id} is above i32::MAX"))
+                })?,
+            },
         };
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };

@@ -122,3 +122,27 @@ fn bad_sequences_are_invalid_arguments_naming_them() {
     expect_invalid(&[good, Sequence::new(&bad_token)], &cpu(), "sequences[1].tokens[4] = 256");
     expect_invalid(&[good], &ScoreOptions { window: 16, ..cpu() }, "window = 16");
 }
+
+#[test]
+fn an_empty_context_takes_the_given_beginning_of_text_token() {
+    let model = Model::load(fixture()).unwrap();
+    let tokens = Rng::new().tokens(9, VOCAB);
+    let bos = 5i32;
+    let spelled: Vec<i32> = std::iter::once(bos).chain(tokens.iter().copied()).collect();
+    let with_bos =
+        ScoreOptions { token_nll: true, empty_context_bos: tinyloop::EmptyContextBos::Token(bos as u32), ..cpu() };
+    let (got, got_total) =
+        model.score_batch(&[Sequence::new(&tokens[..]), Sequence::with_context(&tokens[..], 4)], &with_bos).unwrap();
+    let (want, want_total) = model
+        .score_batch(
+            &[Sequence::with_context(&spelled[..], 1), Sequence::with_context(&tokens[..], 4)],
+            &ScoreOptions { token_nll: true, ..cpu() },
+        )
+        .unwrap();
+    assert_eq!(got, want);
+    assert_eq!(got[0].tokens_scored, tokens.len() as u64);
+    assert_eq!(got_total.token_nll, want_total.token_nll);
+    // The fixture names no beginning-of-text token of its own.
+    let from_model = ScoreOptions { empty_context_bos: tinyloop::EmptyContextBos::FromModel, ..cpu() };
+    assert!(matches!(model.score_batch(&[Sequence::new(&tokens[..])], &from_model), Err(Error::InvalidArgument(_))));
+}
