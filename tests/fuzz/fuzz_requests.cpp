@@ -1,6 +1,7 @@
 // libFuzzer target: each input is the text score-batch reads, run through the tool's own code (cpp/cli/requests.cpp):
-// the bounded line reader with a small line limit, and every line through parse_request. Any RequestError is
-// acceptable; a crash, a leak, an ASan/UBSan report or a stack overflow (deep JSON) is a finding.
+// the bounded line reader with a small line limit, and every line through parse_request, without and with a
+// beginning-of-text token for empty contexts (score-batch --bos or the model file's). Any RequestError is acceptable;
+// a crash, a leak, an ASan/UBSan report or a stack overflow (deep JSON) is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -25,9 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     try {
         while (reader.next(line)) {
             if (line.size() > 512) std::abort();
-            try {
-                tl::cli::parse_request(line);
-            } catch (const tl::cli::RequestError &) {
+            for (const int64_t bos : {int64_t{-1}, int64_t{10}}) {
+                try {
+                    tl::cli::parse_request(line, tl::cli::TextEncoder(), bos);
+                } catch (const tl::cli::RequestError &) {
+                }
             }
         }
     } catch (const tl::cli::RequestError &) {

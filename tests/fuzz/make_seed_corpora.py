@@ -27,6 +27,7 @@ REQUESTS = {
     "text_escapes": b'{"text": "caf\\u00e9 \\"q\\" \\\\ \\n\\t", "context_text": "\\ud83d\\ude00"}',
     "lines": b'{"tokens": [1, 2, 3]}\n\n{"tokens": [1, 2,]}\n{"text": "x"}\r\n   \n{"context": [5], "continuation": [6]}',
     "empty_context": b'{"context": [], "continuation": [1, 2]}',
+    "bos": b'{"context": [], "continuation": [1, 2], "bos": 10}\n{"context_text": "", "text": "x", "bos": -1}',
     "empty_tokens": b'{"tokens": []}',
     "nested": b'{"tokens": [[[[[[[[1]]]]]]]]}',
     "nul_junk": b'{"tokens": [1, 2]}\x00junk',
