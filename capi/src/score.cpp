@@ -62,10 +62,9 @@ void require_backend(int32_t backend) {
     }
 }
 
-// The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs,
-// top-k, and a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
-tl_score_options read_score_options(const tl_score_options *options) {
-    const tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
+// The run settings tl_score_options and tl_compare_options share, checked: threads, backend, graphs.
+template <class Options>
+void check_run_options(const Options &opts) {
     require(opts.n_threads >= 0 && opts.n_threads <= 1024,
             "options->n_threads must be in [0, 1024], got " + std::to_string(opts.n_threads));
     require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU || opts.backend == TL_BACKEND_CUDA,
@@ -73,6 +72,13 @@ tl_score_options read_score_options(const tl_score_options *options) {
                 std::to_string(opts.backend));
     require(opts.use_graphs == 0 || opts.use_graphs == 1,
             "options->use_graphs must be 0 or 1, got " + std::to_string(opts.use_graphs));
+}
+
+// The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs,
+// top-k, and a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
+tl_score_options read_score_options(const tl_score_options *options) {
+    const tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
+    check_run_options(opts);
     require(opts.top_k >= 0 && opts.top_k <= tl::kMaxTopK,
             "options->top_k must be in [0, " + std::to_string(tl::kMaxTopK) + "] (0: none), got " +
                 std::to_string(opts.top_k));
@@ -252,13 +258,7 @@ TL_API tl_status tl_score_compare(const tl_model *reference, const tl_model *tes
         require_not_null(tokens, "tokens");
         require_output_struct(out_result, "out_result");
         const tl_compare_options opts = read_input_struct(options, "options", tl_compare_options_init, true);
-        require(opts.n_threads >= 0 && opts.n_threads <= 1024,
-                "options->n_threads must be in [0, 1024], got " + std::to_string(opts.n_threads));
-        require(opts.backend == TL_BACKEND_AUTO || opts.backend == TL_BACKEND_CPU || opts.backend == TL_BACKEND_CUDA,
-                "options->backend must be TL_BACKEND_AUTO, TL_BACKEND_CPU or TL_BACKEND_CUDA, got " +
-                    std::to_string(opts.backend));
-        require(opts.use_graphs == 0 || opts.use_graphs == 1,
-                "options->use_graphs must be 0 or 1, got " + std::to_string(opts.use_graphs));
+        check_run_options(opts);
         require_backend(opts.backend);
         require(n_tokens >= 2, "n_tokens must be >= 2 (the first token is only context), got " +
                                    std::to_string(n_tokens));

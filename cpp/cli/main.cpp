@@ -350,6 +350,17 @@ std::vector<int32_t> tokenize(const tl_model *model, const std::string &text) {
     return ids;
 }
 
+// The tokens a command scores: --tokens FILE's ids, or the --text file through the model's tokenizer. A byte-level
+// model reads only the max_tokens bytes it scores, any other reads the whole text and keeps its first max_tokens.
+std::vector<int32_t> input_tokens(const tl_model *model, const std::string &token_file, const std::string &text,
+                                  uint64_t max_tokens) {
+    if (!token_file.empty()) return read_token_file(token_file, max_tokens);
+    if (tokenizer_kind(model) == TL_TOKENIZER_BYTES) return byte_tokens(read_text(text, max_tokens));
+    std::vector<int32_t> tokens = tokenize(model, read_text(text, 0));
+    if (max_tokens > 0 && tokens.size() > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+    return tokens;
+}
+
 // ---- Commands ----
 
 int cmd_info(const std::string &path, bool json) {
@@ -655,18 +666,8 @@ int cmd_score(const ScoreArgs &a) {
     properties.struct_size = sizeof properties;
     check(tl_model_info(h.model, &properties), "info");
     const size_t length = convention_length(a, properties);  // the window or chunk length
-    // Text goes through the model's tokenizer; a byte-level model reads only the --max-tokens bytes it scores, any
-    // other reads the whole text and scores its first --max-tokens tokens.
     const int32_t tokenizer = tokenizer_kind(h.model);
-    std::vector<int32_t> tokens;
-    if (!a.token_file.empty()) {
-        tokens = read_token_file(a.token_file, a.max_tokens);
-    } else if (tokenizer == TL_TOKENIZER_BYTES) {
-        tokens = byte_tokens(read_text(a.text, a.max_tokens));
-    } else {
-        tokens = tokenize(h.model, read_text(a.text, 0));
-        if (a.max_tokens > 0 && tokens.size() > a.max_tokens) tokens.resize(static_cast<size_t>(a.max_tokens));
-    }
+    std::vector<int32_t> tokens = input_tokens(h.model, a.token_file, a.text, a.max_tokens);
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
 
     std::vector<tl::cli::Pass> passes;
@@ -873,16 +874,7 @@ int cmd_compare(const CompareArgs &a) {
     apply_dispatch_environment(reference.model);
     apply_dispatch_environment(test.model);
     // The text through the reference's tokenizer (the library checks that both models share the vocabulary).
-    const int32_t tokenizer = tokenizer_kind(reference.model);
-    std::vector<int32_t> tokens;
-    if (!a.token_file.empty()) {
-        tokens = read_token_file(a.token_file, a.max_tokens);
-    } else if (tokenizer == TL_TOKENIZER_BYTES) {
-        tokens = byte_tokens(read_text(a.text, a.max_tokens));
-    } else {
-        tokens = tokenize(reference.model, read_text(a.text, 0));
-        if (a.max_tokens > 0 && tokens.size() > a.max_tokens) tokens.resize(static_cast<size_t>(a.max_tokens));
-    }
+    const std::vector<int32_t> tokens = input_tokens(reference.model, a.token_file, a.text, a.max_tokens);
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to compare, got " + std::to_string(tokens.size()));
 
     ProgressLog progress_log;

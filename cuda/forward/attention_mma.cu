@@ -29,12 +29,17 @@
 #include <cmath>
 
 #include "../gpu_common.cuh"
+#include "attention_common.cuh"
 #include "forward_kernels.hpp"
 #include "segments.cuh"
 
 namespace tl::gpu {
 
 namespace {
+
+using attention::cp_async16_zfill;
+using attention::pack_half2;
+using attention::smem_addr;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -56,16 +61,6 @@ struct Layout {
     static constexpr size_t kSmemBytes = sizeof(__half) * (kQHalves + 4 * kKvHalves);  // Q, K x 2, V x 2
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read, but must still be a valid address).
-// No L2 cache-policy hint: .L2::cache_hint faults with an illegal instruction on the project's H200.
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
@@ -87,11 +82,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower column of the fragment
-    return *reinterpret_cast<const uint32_t *>(&h);
 }
 
 // 64 rows x HD halves of one q/k/v part into shared memory (row stride Layout<HD>::kRow); rows at or past t_count

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "../gpu_common.cuh"
+#include "attention_common.cuh"
 #include "../mbarrier.cuh"
 #include "../wgmma.cuh"
 #include "forward_kernels.hpp"
@@ -39,6 +40,10 @@ namespace tl::gpu {
 
 #if defined(TL_HAVE_SM90A)
 namespace {
+
+using attention::cp_async16_zfill;
+using attention::pack_half2;
+using attention::smem_addr;
 
 constexpr int kWarpgroups = 2;
 constexpr int kThreads = 128 * kWarpgroups;
@@ -65,14 +70,6 @@ struct WgLayout {
     static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKvBytes + 1024;  // + slack to align the start
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read, but must still be a valid address).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
 // Named barriers 1 and 2 among the block's threads: one warpgroup syncs, the other arrives without waiting.
 __device__ __forceinline__ void named_barrier_sync(int id) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
@@ -90,10 +87,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower column of the fragment
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
 template <int R>
 __device__ __forceinline__ void pin_regs(uint32_t (&r)[R][4]) {
 #pragma unroll

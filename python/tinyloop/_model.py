@@ -346,10 +346,10 @@ class Model:
                 raise ValueError(f"{what}[{i}] = {int(array[i])} is outside the vocabulary [0, {self.vocab})")
         return np.ascontiguousarray(array, dtype=np.int32)
 
-    def _options(self, window, nll_buffer, progress):
-        options = _capi.tl_score_options()
-        check(self._lib, "tl_score_options_init",
-              self._lib.tl_score_options_init(ctypes.byref(options), ctypes.sizeof(options)))
+    def _run_options(self, struct, init, window, progress):
+        """A tl_score_options or tl_compare_options from its _init function, with this model's run settings."""
+        options = struct()
+        check(self._lib, init, getattr(self._lib, init)(ctypes.byref(options), ctypes.sizeof(options)))
         options.backend = self._backend
         options.device = self._device
         options.n_threads = self._threads
@@ -357,6 +357,10 @@ class Model:
         options.use_graphs = int(self._use_graphs)
         options.max_memory_bytes = self._max_memory_bytes
         options.progress = progress.function
+        return options
+
+    def _options(self, window, nll_buffer, progress):
+        options = self._run_options(_capi.tl_score_options, "tl_score_options_init", window, progress)
         if nll_buffer is not None:
             options.token_nll = nll_buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             options.token_nll_len = nll_buffer.size
@@ -459,16 +463,7 @@ class Model:
         tokens = self.tokens(data)
         n = max(tokens.size - 1, 1)
         callback = _Progress(progress)
-        options = _capi.tl_compare_options()
-        check(self._lib, "tl_compare_options_init",
-              self._lib.tl_compare_options_init(ctypes.byref(options), ctypes.sizeof(options)))
-        options.backend = self._backend
-        options.device = self._device
-        options.n_threads = self._threads
-        options.window = int(window)
-        options.use_graphs = int(self._use_graphs)
-        options.max_memory_bytes = self._max_memory_bytes
-        options.progress = callback.function
+        options = self._run_options(_capi.tl_compare_options, "tl_compare_options_init", window, callback)
         arrays = {}
         if per_token:
             arrays = {"token_kl": np.zeros(n, np.float32), "token_nll_reference": np.zeros(n, np.float32),

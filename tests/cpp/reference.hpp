@@ -15,6 +15,22 @@
 
 namespace ref {
 
+// The small looped model the scoring tests draw synthetic weights for: 64 wide, 4 heads of 16, one pre block and a
+// block looped twice, group 32.
+inline tl::ModelConfig small_config(int32_t max_seq) {
+    tl::ModelConfig c;
+    c.d_model = 64;
+    c.n_heads = 4;
+    c.head_dim = 16;
+    c.ffn = 128;
+    c.vocab = 256;
+    c.pre = 1;
+    c.loops = 2;
+    c.max_seq = max_seq;
+    c.group_size = 32;
+    return c;
+}
+
 using Vec = std::vector<double>;
 
 inline double dense_value(tl::DType dtype, const void *data, size_t i) {

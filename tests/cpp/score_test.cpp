@@ -19,19 +19,7 @@
 
 namespace {
 
-tl::ModelConfig small_config() {
-    tl::ModelConfig c;
-    c.d_model = 64;
-    c.n_heads = 4;
-    c.head_dim = 16;
-    c.ffn = 128;
-    c.vocab = 256;
-    c.pre = 1;
-    c.loops = 2;
-    c.max_seq = 64;
-    c.group_size = 32;
-    return c;
-}
+tl::ModelConfig small_config() { return ref::small_config(64); }
 
 class Score : public ::testing::Test {
 protected:
