@@ -32,26 +32,10 @@ namespace {
 using tl::float_to_half;
 using tl::half_to_float;
 using tlt::DeviceArray;
+using tlt::launched;
+using tlt::random_half;
+using tlt::upload_guarded;
 using tlt::rng;
-
-std::vector<uint16_t> random_half(size_t count, double stddev) {
-    std::normal_distribution<float> normal(0.0f, static_cast<float>(stddev));
-    std::vector<uint16_t> out(count);
-    for (auto &v : out) v = float_to_half(normal(rng()));
-    return out;
-}
-
-template <class T>
-bool upload_guarded(DeviceArray<T> &a, const std::vector<T> &host) {
-    return a.ok() && a.poison(0xAB) == cudaSuccess && a.upload(host) == cudaSuccess;
-}
-
-::testing::AssertionResult launched(int rc) {
-    if (rc != 0) return ::testing::AssertionFailure() << "launcher rc " << rc;
-    const cudaError_t err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorName(err);
-    return ::testing::AssertionSuccess();
-}
 
 std::vector<float> row_floats(const std::vector<uint16_t> &logits, size_t row, int ld, int V) {
     std::vector<float> out(V);

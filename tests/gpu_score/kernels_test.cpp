@@ -22,36 +22,18 @@ namespace {
 using tl::float_to_half;
 using tl::half_to_float;
 using tlt::DeviceArray;
+using tlt::launched;
+using tlt::random_half;
+using tlt::upload_guarded;
 using tlt::rng;
 
 constexpr double kHalfTol = 6e-4;  // relative: one FP16 rounding (2^-11) plus margin
-
-std::vector<uint16_t> random_half(size_t count, double stddev) {
-    std::normal_distribution<float> normal(0.0f, static_cast<float>(stddev));
-    std::vector<uint16_t> out(count);
-    for (auto &v : out) v = float_to_half(normal(rng()));
-    return out;
-}
 
 std::vector<float> random_float(size_t count, double mean, double stddev) {
     std::normal_distribution<float> normal(static_cast<float>(mean), static_cast<float>(stddev));
     std::vector<float> out(count);
     for (auto &v : out) v = normal(rng());
     return out;
-}
-
-// An input on the device whose guard is poisoned, so an input may be checked for stray writes too.
-template <class T>
-bool upload_guarded(DeviceArray<T> &a, const std::vector<T> &host) {
-    return a.ok() && a.poison(0xAB) == cudaSuccess && a.upload(host) == cudaSuccess;
-}
-
-// Runs after a launcher: its rc, then the kernel's own completion.
-::testing::AssertionResult launched(int rc) {
-    if (rc != 0) return ::testing::AssertionFailure() << "launcher rc " << rc;
-    const cudaError_t err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorName(err);
-    return ::testing::AssertionSuccess();
 }
 
 // ---- Embedding ----------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Helpers of the GPU forward-pass tests: a device array that checks its CUDA calls and keeps a poisoned guard
-// region past its end (a kernel that writes out of bounds fails the test), and the shared random generator.
+// region past its end (a kernel that writes out of bounds fails the test), the shared random generator, guarded
+// uploads and the launch check.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,8 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "util/half.hpp"
 
 namespace tlt {
 
@@ -62,6 +65,28 @@ private:
     cudaError_t status_ = cudaSuccess;
     uint8_t poison_ = 0;
 };
+
+// `count` FP16 values drawn from N(0, stddev^2).
+inline std::vector<uint16_t> random_half(size_t count, double stddev) {
+    std::normal_distribution<float> normal(0.0f, static_cast<float>(stddev));
+    std::vector<uint16_t> out(count);
+    for (auto &v : out) v = tl::float_to_half(normal(rng()));
+    return out;
+}
+
+// An input on the device whose guard is poisoned, so an input may be checked for stray writes too.
+template <class T>
+bool upload_guarded(DeviceArray<T> &a, const std::vector<T> &host) {
+    return a.ok() && a.poison(0xAB) == cudaSuccess && a.upload(host) == cudaSuccess;
+}
+
+// Runs after a launcher: its rc, then the kernel's own completion.
+inline ::testing::AssertionResult launched(int rc) {
+    if (rc != 0) return ::testing::AssertionFailure() << "launcher rc " << rc;
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorName(err);
+    return ::testing::AssertionSuccess();
+}
 
 }  // namespace tlt
 
