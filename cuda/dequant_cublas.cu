@@ -3,6 +3,7 @@
 // compute-bound.
 #include <cublas_v2.h>
 
+#include "cross_iter_rule.hpp"
 #include "cublas_loader.hpp"
 #include "gpu_common.cuh"
 
@@ -13,16 +14,38 @@ namespace {
 constexpr int kDequantThreads = 256;
 
 // Thread t of block (n, b) writes w[n][8(256b + t) ..][8 values]: one 32-bit code load, one 16-byte store.
-// W = q*s + z in FP32, rounded once to D.
-template <Dtype D>
+// W = q*s + z in FP32, rounded once to D. kRounding: q is first replaced by its code on rounding.iteration
+// (cross-iteration rounding), from the channels of the same 8 cells (a 32-bit frac4 load, one sign byte).
+template <Dtype D, bool kRounding>
 __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(const uint8_t *codes, const __half *scales,
                                                                   const __half *zeros, typename Element<D>::T *w,
-                                                                  int k, int gs, int groups) {
+                                                                  int k, int gs, int groups,
+                                                                  RoundingChannels rounding) {
     using E = Element<D>;
     const int n = blockIdx.x;
     const int k0 = (blockIdx.y * kDequantThreads + threadIdx.x) * 8;
     if (k0 >= k) return;
-    const uint32_t q8 = *reinterpret_cast<const uint32_t *>(codes + static_cast<size_t>(n) * (k / 2) + k0 / 2);
+    const size_t at = static_cast<size_t>(n) * k + k0;
+    uint32_t q8 = *reinterpret_cast<const uint32_t *>(codes + at / 2);
+    if constexpr (kRounding) {
+        const uint32_t f8 = rounding.frac4 ? *reinterpret_cast<const uint32_t *>(rounding.frac4 + at / 2) : 0u;
+        const uint32_t signs = rounding.sign_bit ? rounding.sign_bit[at / 8] : 0u;
+        const int nn = rounding.row_split > 0 && n >= rounding.row_split ? n - rounding.row_split : n;
+        uint32_t moved = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            uint32_t q = (q8 >> (4 * j)) & 0xFu;
+            const int kk = k0 + j;
+            if (kk < rounding.k_real) {  // padding columns keep their code 0: their inputs are zero
+                const int32_t r32 = cross_iter_residual32(static_cast<int32_t>((f8 >> (4 * j)) & 0xFu),
+                                                          rounding.frac4 != nullptr, ((signs >> j) & 1u) != 0);
+                const int32_t input = rounding.k_perm ? rounding.k_perm[kk] : kk;
+                q = cross_iter_code(q, r32, nn, input, rounding.iteration, rounding.loops);
+            }
+            moved |= q << (4 * j);
+        }
+        q8 = moved;
+    }
     const __half *srow = scales + static_cast<size_t>(n) * groups;
     const __half *zrow = zeros + static_cast<size_t>(n) * groups;
     __align__(16) typename E::T out[8];
@@ -38,13 +61,12 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(const uint8_t 
                 fmaf(static_cast<float>((q8 >> (4 * j)) & 0xFu), __half2float(srow[g]), __half2float(zrow[g])));
         }
     }
-    *reinterpret_cast<uint4 *>(w + static_cast<size_t>(n) * k + k0) = *reinterpret_cast<const uint4 *>(out);
+    *reinterpret_cast<uint4 *>(w + at) = *reinterpret_cast<const uint4 *>(out);
 }
 
-}  // namespace
-
-int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
-                 int group_size, Dtype dtype, cudaStream_t stream) {
+// The checks dequant_int4 and dequant_int4_iteration share: 0, or the rc to return.
+int dequant_shape_rc(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, const uint16_t *w, int n,
+                     int k, int group_size) {
     if (codes == nullptr || scales == nullptr || zeros == nullptr || w == nullptr) return kRcBadArgument;
     if (n < 1 || k < 1 || group_size < 1 || k % group_size != 0) return kRcBadArgument;
     // 8 codes per thread: 4-byte code loads and 16-byte stores need K % 8 == 0 and aligned rows.
@@ -52,16 +74,41 @@ int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *z
         (reinterpret_cast<uintptr_t>(codes) & 3u) != 0) {
         return kRcUnsupported;
     }
+    return 0;
+}
+
+}  // namespace
+
+int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
+                 int group_size, Dtype dtype, cudaStream_t stream) {
+    if (const int rc = dequant_shape_rc(codes, scales, zeros, w, n, k, group_size)) return rc;
     const dim3 grid(n, (k / 8 + kDequantThreads - 1) / kDequantThreads);
     const auto *s = reinterpret_cast<const __half *>(scales);
     const auto *z = reinterpret_cast<const __half *>(zeros);
     if (dtype == Dtype::BF16) {
-        dequant_kernel<Dtype::BF16><<<grid, kDequantThreads, 0, stream>>>(
-            codes, s, z, reinterpret_cast<__nv_bfloat16 *>(w), k, group_size, k / group_size);
+        dequant_kernel<Dtype::BF16, false><<<grid, kDequantThreads, 0, stream>>>(
+            codes, s, z, reinterpret_cast<__nv_bfloat16 *>(w), k, group_size, k / group_size, RoundingChannels{});
     } else {
-        dequant_kernel<Dtype::F16><<<grid, kDequantThreads, 0, stream>>>(codes, s, z, reinterpret_cast<__half *>(w), k,
-                                                                          group_size, k / group_size);
+        dequant_kernel<Dtype::F16, false><<<grid, kDequantThreads, 0, stream>>>(
+            codes, s, z, reinterpret_cast<__half *>(w), k, group_size, k / group_size, RoundingChannels{});
     }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int dequant_int4_iteration(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros,
+                           const RoundingChannels &rounding, uint16_t *w, int n, int k, int group_size,
+                           cudaStream_t stream) {
+    if (const int rc = dequant_shape_rc(codes, scales, zeros, w, n, k, group_size)) return rc;
+    if ((rounding.frac4 == nullptr && rounding.sign_bit == nullptr) || rounding.loops < 1 || rounding.iteration < 0 ||
+        rounding.iteration >= rounding.loops || rounding.k_real < 1 || rounding.k_real > k || rounding.row_split < 0 ||
+        rounding.row_split >= n || (reinterpret_cast<uintptr_t>(rounding.frac4) & 3u) != 0) {
+        return kRcBadArgument;
+    }
+    const dim3 grid(n, (k / 8 + kDequantThreads - 1) / kDequantThreads);
+    dequant_kernel<Dtype::F16, true><<<grid, kDequantThreads, 0, stream>>>(
+        codes, reinterpret_cast<const __half *>(scales), reinterpret_cast<const __half *>(zeros),
+        reinterpret_cast<__half *>(w), k, group_size, k / group_size, rounding);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }

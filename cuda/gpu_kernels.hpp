@@ -86,6 +86,21 @@ int gather_columns(const uint16_t *x, int k_in, const int32_t *index, uint16_t *
 // w [N][K] = q*s + z rounded once to dtype; the file layout as in native_int4_gemm (K even).
 int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
                  int group_size, Dtype dtype, cudaStream_t stream);
+// Cross-iteration rounding's channels of an INT4 weight, in the layout of its codes and padded like them.
+struct RoundingChannels {
+    const uint8_t *frac4 = nullptr;     // [N][K/2] nibbles (4-byte aligned), or null
+    const uint8_t *sign_bit = nullptr;  // [N][K/8], bit kk % 8 of byte kk / 8, or null; one of the two is given
+    const int32_t *k_perm = nullptr;    // [K]: the input column a stored column reads (act-order), or null
+    int k_real = 0;      // K before padding: the rule moves columns below it
+    int row_split = 0;   // > 0: rows from here on are a second weight's (gate|up), their rule counts rows from it
+    int iteration = 0;   // of `loops`
+    int loops = 1;
+};
+// dequant_int4 to FP16 with every code first replaced by the one cross-iteration rounding gives it on
+// rounding.iteration (cross_iter_rule.hpp).
+int dequant_int4_iteration(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros,
+                           const RoundingChannels &rounding, uint16_t *w, int n, int k, int group_size,
+                           cudaStream_t stream);
 // Y = X @ W with W given as [N][K] of dtype, like x and y (cublasGemmEx, FP32 compute). Sets the handle's stream and,
 // when `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that
 // moves between streams while earlier GEMMs still run must be given a workspace that no concurrent call uses).

@@ -491,7 +491,8 @@ static const int32_t TL_DISPATCH_USE_MARLIN = 0;
 /** 0 (default) / 1: use a weight's FP16 body (if packed) first; also makes tl_pack_marlin pack FP16 bodies. */
 static const int32_t TL_DISPATCH_FP16_BODY = 1;
 /** 0 (default) / 1: cross-iteration rounding of the looped block's weights that carry frac4/sign_bit channels
- *  (the rule: docs/quality.md). The CPU backend implements it; the CUDA backend declines such a request. */
+ *  (the rule: docs/quality.md), on both backends. The CUDA backend dequantizes those weights at each iteration with
+ *  its codes and multiplies on cuBLAS, whatever the row count. */
 static const int32_t TL_DISPATCH_CROSS_ITER_ROUND = 2;
 /** Which Marlin-class form to prefer: 0 = the faster (default), 1 = fused, 2 = correction. */
 static const int32_t TL_DISPATCH_MARLIN_MODE = 3;

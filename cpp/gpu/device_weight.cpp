@@ -1,5 +1,6 @@
 #include "gpu/device_weight.hpp"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &, int32_t, void *, const
 }
 size_t dequantized_bytes(const DeviceWeight &) { fail_without_cuda(); }
 void dequantize_weight(const DeviceWeight &, uint16_t *, void *) { fail_without_cuda(); }
+uint64_t attach_rounding_channels(DeviceWeight &, const Linear &, const Linear *, void *) { fail_without_cuda(); }
+bool has_rounding_channels(const DeviceWeight &) { return false; }
+void dequantize_weight_iteration(const DeviceWeight &, int32_t, int32_t, uint16_t *, void *) { fail_without_cuda(); }
 
 #else
 
@@ -136,6 +140,66 @@ void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream) {
                                      static_cast<cudaStream_t>(stream));
     if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + dw.name + "' to FP16");
     if (rc < 0) fail(TL_ERR_INTERNAL, "the dequantizer refused '" + dw.name + "' (rc " + std::to_string(rc) + ")");
+}
+
+uint64_t attach_rounding_channels(DeviceWeight &dw, const Linear &first, const Linear *second, void *stream) {
+    const Linear *parts[2] = {&first, second};
+    const int32_t n_parts = second != nullptr ? 2 : 1;
+    const bool frac4 = first.frac4 != nullptr, sign_bit = first.sign_bit != nullptr;
+    int32_t rows = 0;
+    for (int32_t p = 0; p < n_parts; ++p) {
+        const Linear &w = *parts[p];
+        if ((w.frac4 != nullptr) != frac4 || (w.sign_bit != nullptr) != sign_bit || w.k != dw.k) {
+            fail(TL_ERR_INTERNAL, "attach_rounding_channels: '" + w.name + "' does not match '" + dw.name + "'");
+        }
+        rows += w.n;
+    }
+    if (!frac4 && !sign_bit) return 0;
+    if (rows != dw.n) fail(TL_ERR_INTERNAL, "attach_rounding_channels: the rows of '" + dw.name + "' differ");
+    // The codes' padded layout: rows n_padded, columns k_padded; padding cells get no channel (nothing they hold
+    // reaches the output: padding rows are not read, padding columns meet zero inputs).
+    const size_t kp = static_cast<size_t>(dw.k_padded);
+    std::vector<uint8_t> f(frac4 ? dw.n_padded * kp / 2 : 0), sb(sign_bit ? dw.n_padded * kp / 8 : 0);
+    size_t row0 = 0;
+    for (int32_t p = 0; p < n_parts; ++p) {
+        const Linear &w = *parts[p];
+        const size_t k = static_cast<size_t>(w.k);
+        for (size_t nn = 0; nn < static_cast<size_t>(w.n); ++nn) {
+            if (frac4) std::copy_n(w.frac4 + nn * k / 2, k / 2, f.data() + (row0 + nn) * kp / 2);
+            if (sign_bit) std::copy_n(w.sign_bit + nn * k / 8, k / 8, sb.data() + (row0 + nn) * kp / 8);
+        }
+        row0 += static_cast<size_t>(w.n);
+    }
+    auto st = static_cast<cudaStream_t>(stream);
+    if (frac4) dw.round_frac4 = DeviceBuffer::upload(dw.device, f.data(), f.size(), st);
+    if (sign_bit) dw.round_sign = DeviceBuffer::upload(dw.device, sb.data(), sb.size(), st);
+    dw.round_row_split = n_parts == 2 ? first.n : 0;
+    // The host vectors go out of scope on return: the copies must be done by then.
+    check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize (rounding channels)");
+    return dw.round_frac4.bytes() + dw.round_sign.bytes();
+}
+
+bool has_rounding_channels(const DeviceWeight &dw) { return dw.round_frac4 || dw.round_sign; }
+
+void dequantize_weight_iteration(const DeviceWeight &dw, int32_t iteration, int32_t loops, uint16_t *dst,
+                                 void *stream) {
+    DeviceScope scope(dw.device);
+    gpu::RoundingChannels rounding;
+    rounding.frac4 = dw.round_frac4 ? dw.round_frac4.get<uint8_t>() : nullptr;
+    rounding.sign_bit = dw.round_sign ? dw.round_sign.get<uint8_t>() : nullptr;
+    rounding.k_perm = dw.k_perm ? dw.k_perm.get<int32_t>() : nullptr;
+    rounding.k_real = dw.k;
+    rounding.row_split = dw.round_row_split;
+    rounding.iteration = iteration;
+    rounding.loops = loops;
+    const int rc = gpu::dequant_int4_iteration(dw.codes.get<uint8_t>(), dw.scales.get<uint16_t>(),
+                                               dw.zeros.get<uint16_t>(), rounding, dst, dw.n_padded, dw.k_padded,
+                                               dw.group_size, static_cast<cudaStream_t>(stream));
+    if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + dw.name + "' for an iteration");
+    if (rc < 0) {
+        fail(TL_ERR_INTERNAL, "the dequantizer refused '" + dw.name + "' for iteration " + std::to_string(iteration) +
+                                  " (rc " + std::to_string(rc) + ")");
+    }
 }
 
 #endif  // TL_WITH_CUDA

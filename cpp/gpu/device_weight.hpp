@@ -37,4 +37,14 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
 size_t dequantized_bytes(const DeviceWeight &dw);
 void dequantize_weight(const DeviceWeight &dw, uint16_t *dst, void *stream);
 
+// Cross-iteration rounding on the device: uploads the frac4 / sign_bit channels of the weight dw was packed from
+// (`first`, or `first` and `second` when dw holds their rows one after the other, as gate|up does), which must carry
+// the same kinds of channel. Then dequantize_weight_iteration writes dw as FP16 with the codes of one iteration of
+// `loops` (cpp/quant/cross_iter.hpp's rule, computed as the codes are dequantized).
+// Returns the device bytes the channels take.
+uint64_t attach_rounding_channels(DeviceWeight &dw, const Linear &first, const Linear *second, void *stream);
+bool has_rounding_channels(const DeviceWeight &dw);
+void dequantize_weight_iteration(const DeviceWeight &dw, int32_t iteration, int32_t loops, uint16_t *dst,
+                                 void *stream);
+
 }  // namespace tl

@@ -31,6 +31,10 @@ struct DeviceWeight {
     DeviceBuffer corr_words, corr_scales, delta;    // correction form (words/scales empty when shared)
     DeviceBuffer fp16_body;                         // [N][K] FP16
     DeviceBuffer k_perm;                            // INT32 [K] (act-order): stored row k reads input k_perm[k]
+    // Cross-iteration rounding (attach_rounding_channels): frac4 [N][K/2] and sign bits [N][K/8] in the padded layout
+    // of `codes`, either may be empty; rows from round_row_split on (when > 0) are the second weight's.
+    DeviceBuffer round_frac4, round_sign;
+    int32_t round_row_split = 0;
     bool has_fused = false, has_correction = false, marlin_ok = false;
     size_t marlin_workspace = 0;  // the Marlin-class kernels' zero-filled region at the start of the workspace
     size_t cublas_workspace = 0;  // what the cuBLAS paths give cuBLAS, from the caller's workspace

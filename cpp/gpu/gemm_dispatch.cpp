@@ -32,9 +32,10 @@ namespace tl {
 
 size_t quant_gemm_workspace_size(const DeviceWeight &, int64_t, const DispatchSettings &) { fail_without_cuda(); }
 void quant_gemm(const DeviceWeight &, const void *, void *, int64_t, Dtype, const DispatchSettings &, void *, void *,
-                size_t, void *, const uint16_t *) {
+                size_t, void *, const uint16_t *, bool) {
     fail_without_cuda();
 }
+size_t dequantized_gemm_workspace_size(const DeviceWeight &, int64_t) { fail_without_cuda(); }
 bool dequant_cublas_wanted(const DeviceWeight &, int64_t, const DispatchSettings &) { fail_without_cuda(); }
 DispatchCounts dispatch_counts(const DeviceWeight &) { fail_without_cuda(); }
 
@@ -152,6 +153,11 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m, const Dispat
     return dw.marlin_workspace + gathered_x_bytes(dw, m) + padded_y_bytes(dw, m) + scratch;
 }
 
+size_t dequantized_gemm_workspace_size(const DeviceWeight &dw, int64_t m) {
+    if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
+    return dw.marlin_workspace + gathered_x_bytes(dw, m) + padded_y_bytes(dw, m) + dw.cublas_workspace;
+}
+
 bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings) {
     if (settings[DispatchSetting::Fp16Body] && dw.fp16_body) return false;
     return settings[DispatchSetting::UseMarlin] && cublas_path_wanted(dw, m, settings);
@@ -159,7 +165,7 @@ bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m, const DispatchSett
 
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, const DispatchSettings &settings,
                 void *stream_ptr, void *workspace, size_t workspace_bytes, void *cublas_handle,
-                const uint16_t *dequantized) {
+                const uint16_t *dequantized, bool dequantized_only) {
     const bool f16 = dtype == Dtype::F16;  // (the C API checked the value)
     if (m < 1 || m > INT32_MAX) fail(TL_ERR_INVALID_ARGUMENT, "m must be in [1, 2^31), got " + std::to_string(m));
     if (x == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "x is NULL");
@@ -254,6 +260,11 @@ void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype
     if (dequantized != nullptr && f16) {
         const int rc = fp16_gemm(dequantized);
         if (rc == 0) return done_padded(dw.n_cublas);
+        if (dequantized_only) {
+            if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "cuBLAS on the dequantized '" + dw.name + "'");
+            fail(TL_ERR_INTERNAL, "cuBLAS refused the dequantized '" + dw.name + "' (rc " + std::to_string(rc) +
+                                      "), and no other path has its weights");
+        }
         refused(rc, "cuBLAS on the caller's dequantized weight");
     }
     if (settings[DispatchSetting::Fp16Body] && dw.fp16_body && f16) {

@@ -25,10 +25,15 @@ size_t quant_gemm_workspace_size(const DeviceWeight &dw, int64_t m, const Dispat
 // else concurrently.
 // dtype: the type of x and y. The FP16 body and the correction form take FP16 alone; a BF16 call skips them.
 // dequantized: dw's FP16 form [N][K] (dequantize_weight) that the caller keeps for several calls, or nullptr; with it
-// an FP16 call runs cuBLAS on it instead of any other path (falling through to them only if cuBLAS refuses).
+// an FP16 call runs cuBLAS on it instead of any other path (falling through to them only if cuBLAS refuses, unless
+// dequantized_only: the form differs from dw's codes, as an iteration's weight under cross-iteration rounding does,
+// and the call fails instead).
 void quant_gemm(const DeviceWeight &dw, const void *x, void *y, int64_t m, Dtype dtype, const DispatchSettings &settings,
                 void *stream, void *workspace, size_t workspace_bytes, void *cublas_handle = nullptr,
-                const uint16_t *dequantized = nullptr);
+                const uint16_t *dequantized = nullptr, bool dequantized_only = false);
+// The workspace quant_gemm needs at m rows with a `dequantized` form: the input as dw reads it, the padded output and
+// cuBLAS's workspace.
+size_t dequantized_gemm_workspace_size(const DeviceWeight &dw, int64_t m);
 // Whether quant_gemm, for m rows under `settings`, would dequantize dw to FP16 and call cuBLAS: then a
 // caller running dw many times at that M can dequantize it once (dequantize_weight) and pass the result.
 bool dequant_cublas_wanted(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings);

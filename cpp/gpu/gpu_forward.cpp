@@ -61,7 +61,7 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
     if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
         quant_gemm(*w.quant, x, y, m, Dtype::F16, s.dispatch, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
-                   dequantized);
+                   dequantized, dequantized != nullptr && detail::dequantized_per_iteration(s, w));
     } else {
         check_rc(gpu::cublas_gemm(s.cublas, x, w.dense_values, y, m, w.n, w.k, Dtype::F16, stream),
                  "FP16 GEMM (cuBLAS) of '" + w.name + "'");
@@ -113,18 +113,35 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
     };
     for (const DeviceBlock &b : s.pre) run_block(b, Fp16Forms{});
     Fp16Forms loop_fp16{};
+    std::array<uint16_t *, 5> per_iteration{};  // loop_fp16 of the linears dequantized at each iteration
     size_t used = 0;  // the settings may have changed since loop_fp16 was sized: what does not fit takes the usual path
     const BlockLinears loop_linears = block_linears(s.loop);
     for (size_t i = 0; i < loop_linears.size(); ++i) {
-        if (!dequantized_once(s, *loop_linears[i], T)) continue;
+        const bool each_iteration = dequantized_per_iteration(s, *loop_linears[i]);
+        if (!each_iteration && !dequantized_once(s, *loop_linears[i], T)) continue;
         const size_t bytes = dequantized_bytes(*loop_linears[i]->quant);
-        if (used + bytes > s.loop_fp16.bytes()) continue;
+        if (used + bytes > s.loop_fp16.bytes()) {
+            // No usual path gives an iteration's codes: ensure_buffers sizes loop_fp16 for them at every call.
+            if (each_iteration) {
+                fail(TL_ERR_INTERNAL, "no room for the per-iteration weight of '" + loop_linears[i]->name + "'");
+            }
+            continue;
+        }
         auto *w = reinterpret_cast<uint16_t *>(s.loop_fp16.get<char>() + used);
-        dequantize_weight(*loop_linears[i]->quant, w, stream);
+        if (each_iteration) {
+            per_iteration[i] = w;
+        } else {
+            dequantize_weight(*loop_linears[i]->quant, w, stream);
+        }
         loop_fp16[i] = w;
         used += bytes;
     }
-    for (int32_t l = 0; l < c.loops; ++l) run_block(s.loop, loop_fp16);
+    for (int32_t l = 0; l < c.loops; ++l) {
+        for (size_t i = 0; i < loop_linears.size(); ++i) {
+            if (per_iteration[i]) dequantize_weight_iteration(*loop_linears[i]->quant, l, c.loops, per_iteration[i], stream);
+        }
+        run_block(s.loop, loop_fp16);
+    }
     check_rc(gpu::rmsnorm_residual(x, pending, s.final_norm.get<float>(), xn, T, D, c.norm_eps, stream),
              "residual + final_norm");
 
@@ -302,9 +319,6 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
         fail(TL_ERR_INVALID_ARGUMENT, "pass_tokens = " + std::to_string(options.pass_tokens) + " is negative");
     }
     if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
-    if (options.cross_iter_round && s.loop_has_rounding_channels) {
-        fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
-    }
     return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
 }
 

@@ -17,8 +17,9 @@ namespace tl {
 
 // Scores `tokens` like score_cpu (docs/architecture.md: windows of options.window tokens, default max_seq,
 // overlapping by one; positions restart at 0 per window; options.token_nll receives token i+1's NLL at [i];
-// options.progress is called after each pass). options.n_threads is ignored; options.linear_input, and
-// options.cross_iter_round on a model whose looped linears carry rounding channels, are TL_ERR_UNSUPPORTED.
+// options.progress is called after each pass). options.n_threads is ignored; options.linear_input is
+// TL_ERR_UNSUPPORTED. With cross-iteration rounding on (options.dispatch), looped linears that carry rounding channels
+// are dequantized at each iteration with its codes and run on cuBLAS.
 // `device` must be the GpuModel's.
 // Work runs on `stream` (a cudaStream_t; nullptr = the GpuModel's own non-blocking stream); the call returns when
 // it is done. Buffers are allocated on the first call and when a call needs longer passes than before, never

@@ -10,6 +10,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/gemm_dispatch.hpp"
+#include "quant/cross_iter.hpp"
 #include "quant/quant.hpp"
 #include "score/rope.hpp"
 #include "util/error.hpp"
@@ -160,17 +161,35 @@ void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, 
     jobs.push_back([&s, &slot, &w, n_multiple] { slot = make_linear(s, w, n_multiple); });
 }
 
+// A looped linear keeps its rounding channels on the device, for cross-iteration rounding (`second`: the weight whose
+// rows follow first's in d, as up's follow gate's).
+void attach_rounding(const GpuModel::State &s, DeviceLinear &d, const Linear &first, const Linear *second = nullptr) {
+    if (d.quant && has_rounding_channels(first)) d.bytes += attach_rounding_channels(*d.quant, first, second, s.own_stream);
+}
+
+bool same_rounding_channels(const Linear &a, const Linear &b) {
+    return (a.frac4 != nullptr) == (b.frac4 != nullptr) && (a.sign_bit != nullptr) == (b.sign_bit != nullptr);
+}
+
 // The block's norms now, its linears as jobs writing into `d` (which must stay where it is until they have run).
-void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &jobs) {
+void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &jobs, bool looped) {
     d.attn_norm = upload_floats(s.device, b.attn_norm);
     d.mlp_norm = upload_floats(s.device, b.mlp_norm);
     s.weight_bytes += d.attn_norm.bytes() + d.mlp_norm.bytes();
-    add_linear(jobs, s, d.qkv, b.attn_qkv);
-    add_linear(jobs, s, d.out, b.attn_out);
+    auto add = [&](DeviceLinear &slot, const Linear &w) {
+        if (!looped) return add_linear(jobs, s, slot, w);
+        jobs.push_back([&s, &slot, &w] {
+            slot = make_linear(s, w);
+            attach_rounding(s, slot, w);
+        });
+    };
+    add(d.qkv, b.attn_qkv);
+    add(d.out, b.attn_out);
     const Linear &gate = b.mlp_gate, &up = b.mlp_up;
-    if (gate.quantized && up.quantized && gate.group_size == up.group_size && same_k_perm(gate, up)) {
+    if (gate.quantized && up.quantized && gate.group_size == up.group_size && same_k_perm(gate, up) &&
+        (!looped || same_rounding_channels(gate, up))) {
         const std::string name = gate.name.substr(0, gate.name.rfind('.') + 1) + "mlp_gate_up";
-        jobs.push_back([&s, &d, &gate, &up, name] {
+        jobs.push_back([&s, &d, &gate, &up, name, looped] {
             Linear gate_up = concat_linear_rows(gate, up, name);
             if (gate.bias || up.bias) {  // [gate's | up's], zero for the one without
                 auto bias = std::make_shared<std::vector<float>>(static_cast<size_t>(gate.n + up.n), 0.0f);
@@ -179,12 +198,13 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
                 gate_up.bias = std::move(bias);
             }
             d.gate_up = make_linear(s, gate_up);
+            if (looped) attach_rounding(s, d.gate_up, gate, &up);
         });
     } else {
-        add_linear(jobs, s, d.gate_up, gate);
-        add_linear(jobs, s, d.up, up);
+        add(d.gate_up, gate);
+        add(d.up, up);
     }
-    add_linear(jobs, s, d.down, b.mlp_down);
+    add(d.down, b.mlp_down);
 }
 
 // Whether the head is the FP16 embedding table itself, which then serves as the head's weight on the device.
@@ -212,7 +232,7 @@ void make_head(GpuModel::State &s, const Model &model, LinearJobs &jobs) {
 size_t loop_fp16_bytes(const GpuModel::State &s, int32_t rows) {
     size_t bytes = 0;
     for (const DeviceLinear *l : block_linears(s.loop)) {
-        if (dequantized_once(s, *l, rows)) bytes += dequantized_bytes(*l->quant);
+        if (dequantized_once(s, *l, rows) || dequantized_per_iteration(s, *l)) bytes += dequantized_bytes(*l->quant);
     }
     return bytes;
 }
@@ -265,6 +285,7 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
     const int64_t max_m = std::max(rows, chunk);
     for (const DeviceLinear *l : s.linears()) {
         if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m, s.dispatch));
+        if (dequantized_per_iteration(s, *l)) needed = std::max(needed, dequantized_gemm_workspace_size(*l->quant, max_m));
     }
     return needed;
 }
@@ -310,7 +331,12 @@ std::unique_ptr<Graph> capture_pass(GpuModel::State &s, const PassShape &shape, 
 namespace detail {
 
 bool dequantized_once(const GpuModel::State &s, const DeviceLinear &l, int32_t rows) {
-    return s.config.loops > 1 && l.n > 0 && l.quant && dequant_cublas_wanted(*l.quant, rows, s.dispatch);
+    return s.config.loops > 1 && l.n > 0 && l.quant && !dequantized_per_iteration(s, l) &&
+           dequant_cublas_wanted(*l.quant, rows, s.dispatch);
+}
+
+bool dequantized_per_iteration(const GpuModel::State &s, const DeviceLinear &l) {
+    return s.dispatch[DispatchSetting::CrossIterRound] != 0 && l.n > 0 && l.quant && has_rounding_channels(*l.quant);
 }
 
 int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest, size_t total_tokens,
@@ -445,12 +471,8 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
     ensure_cublas(*s);  // dense layers, and the dispatcher's cuBLAS paths, use the model's own handle (see gemm)
     LinearJobs jobs;
     s->pre.resize(model.pre.size());  // the jobs write into these blocks: they must not move
-    for (size_t i = 0; i < model.pre.size(); ++i) make_block(*s, model.pre[i], s->pre[i], jobs);
-    make_block(*s, model.loop, s->loop, jobs);
-    for (int i = 0; i < 5; ++i) {
-        const Linear &w = *model.loop.linear(i);
-        s->loop_has_rounding_channels = s->loop_has_rounding_channels || w.frac4 != nullptr || w.sign_bit != nullptr;
-    }
+    for (size_t i = 0; i < model.pre.size(); ++i) make_block(*s, model.pre[i], s->pre[i], jobs, false);
+    make_block(*s, model.loop, s->loop, jobs, true);
     s->final_norm = upload_floats(device, model.final_norm);
     s->weight_bytes += s->final_norm.bytes();
     make_head(*s, model, jobs);

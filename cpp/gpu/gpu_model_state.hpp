@@ -146,7 +146,6 @@ struct GpuModel::State {
     DeviceBuffer final_norm;
     detail::DeviceLinear head;
     uint64_t weight_bytes = 0;
-    bool loop_has_rounding_channels = false;  // frac4 / sign_bit on a looped linear (cross-iteration rounding)
 
     detail::Activations act;
     DeviceBuffer workspace;  // the dispatcher's, zero-filled once
@@ -206,6 +205,9 @@ namespace detail {
 // at each of the block's applications (passes of many rows), doing it once saves loops - 1 passes over its weights
 // (15% of the GPU time of 16-token windows on the 2B model was dequantization).
 bool dequantized_once(const GpuModel::State &s, const DeviceLinear &l, int32_t rows);
+// Whether a looped linear is dequantized at each iteration instead, with that iteration's codes: cross-iteration
+// rounding is on and it carries rounding channels. It then runs on cuBLAS at every row count.
+bool dequantized_per_iteration(const GpuModel::State &s, const DeviceLinear &l);
 
 // The rows a call's passes hold: pass_tokens (0: 8192 tokens), or the longest sequence when that is longer, but never
 // more than the call's sequences need in all; and within the budget when one is set (down to the longest sequence,

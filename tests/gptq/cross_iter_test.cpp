@@ -1,5 +1,6 @@
 // Cross-iteration rounding: the per-iteration codes follow the rule docs/quality.md states, their average is
-// closer to the unquantized weight than plain rounding, and the CPU forward pass applies them per iteration.
+// closer to the unquantized weight than plain rounding, and the CPU forward pass applies them per iteration; the
+// GPU kernels' copy of the rule (cuda/cross_iter_rule.hpp) gives the same codes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
+#include "cross_iter_rule.hpp"
 #include "quant/cross_iter.hpp"
 #include "gptq_test_util.hpp"
 #include "quant/quant.hpp"
@@ -179,6 +181,39 @@ TEST(CrossIter, ChangesNothingWithoutChannelsOrWithOneLoop) {
     EXPECT_EQ(nll_sum(*plain, text, true), nll_sum(*plain, text, false));
     const auto one_loop = model_with_channels(seed, 1, true);
     EXPECT_EQ(nll_sum(*one_loop, text, true), nll_sum(*one_loop, text, false));
+}
+
+// The GPU's copy of the rule against the CPU's, on every input they can meet: every code, every residual frac4 or a
+// sign bit gives, phases past several periods, and loop counts 1-9.
+TEST(CrossIter, GpuRuleIsTheCpuRule) {
+    std::vector<int32_t> residuals{-8, 8};
+    for (int32_t f = 0; f < 16; ++f) residuals.push_back(tl::cross_iter_residual32(f, true, false));
+    for (int32_t f = 0; f < 16; ++f) {
+        for (bool sign : {false, true}) {
+            ASSERT_EQ(tl::gpu::cross_iter_residual32(f, true, sign), tl::cross_iter_residual32(f, true, sign));
+            ASSERT_EQ(tl::gpu::cross_iter_residual32(f, false, sign), tl::cross_iter_residual32(f, false, sign));
+        }
+    }
+    size_t moved = 0;
+    for (int32_t loops = 1; loops <= 9; ++loops) {
+        for (int32_t iteration = 0; iteration < loops; ++iteration) {
+            for (int32_t q = 0; q < 16; ++q) {
+                for (int32_t r : residuals) {
+                    for (int32_t nn : {0, 1, 5, 4095, 28671}) {
+                        for (int32_t kk : {0, 3, 7, 127, 8191}) {
+                            const uint32_t gpu = tl::gpu::cross_iter_code(static_cast<uint32_t>(q), r, nn, kk,
+                                                                          iteration, loops);
+                            const uint8_t cpu = tl::cross_iter_code(static_cast<uint8_t>(q), r, nn, kk, iteration, loops);
+                            ASSERT_EQ(gpu, cpu) << "q " << q << " r32 " << r << " nn " << nn << " kk " << kk
+                                                << " iteration " << iteration << " of " << loops;
+                            moved += gpu != static_cast<uint32_t>(q);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(moved, 0u);  // the inputs do exercise the moves
 }
 
 }  // namespace

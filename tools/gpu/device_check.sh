@@ -56,7 +56,7 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
   : >"$OUT/sanitizer.log"
   for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     for cmd in "$BUILD/bin/tl_gpu_tests --quick" "$BUILD/bin/tl_gpu_api_tests" \
-               "$BUILD/bin/tl_gpu_score_tests --gtest_filter=Kernels.*-Kernels.AttentionLong" \
+               "$BUILD/bin/tl_gpu_score_tests --gtest_filter=Kernels.*:CrossIterGpu.IterationWeights*-Kernels.AttentionLong" \
                "$BUILD/bin/tl_gpu_concurrency_tests"; do
       # racecheck looks at shared memory, which only the kernels' own suites exercise in full.
       [ "$tool" = racecheck ] && [[ "$cmd" == *tl_gpu_api_tests* ]] && continue

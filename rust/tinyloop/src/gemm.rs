@@ -383,7 +383,7 @@ pub enum DispatchSetting {
     UseMarlin,
     /// 0 (default) / 1: use a weight's FP16 body (if packed) first.
     Fp16Body,
-    /// 0 (default) / 1: cross-iteration rounding for weights with frac4/sign-bit channels (CPU backend).
+    /// 0 (default) / 1: cross-iteration rounding for looped weights with frac4/sign-bit channels.
     CrossIterRound,
     /// Which Marlin-class form: 0 = the faster (default), 1 = fused, 2 = correction.
     MarlinMode,
