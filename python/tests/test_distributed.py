@@ -322,3 +322,17 @@ def test_command_line_usage_errors():
     done = subprocess.run([sys.executable, "-m", "tinyloop.distributed", "score-batch", str(DEMO_MODEL), "--local",
                            "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "positive" in done.stderr
+
+
+# ---- the GPU figures' tool, as a dry run on the CPU ----
+
+def test_gpu_sharing_tool_runs_on_the_cpu(library_path):
+    tool = DEMO_MODEL.parents[1] / "tools" / "gpu" / "distributed_gpu.py"
+    done = subprocess.run([sys.executable, str(tool), str(DEMO_MODEL), "--device", "cpu", "--docs", "4", "--doc-min",
+                           "12", "--doc-max", "30"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # The CPU backend repeats its bits whatever the batching.
+    for key in ("per_document", "packed"):
+        assert report[key]["identical"] == report[key]["of"] == 4, report
+    assert report["per_document"]["one_process_twice"]["identical"] == 4
