@@ -1,0 +1,166 @@
+// w8a8_bench: the W8A8 GEMM (per-token INT8 quantization of X, cuBLAS INT8 GEMM into INT32, scaling epilogue;
+// cuda/w8a8_gemm.cu) beside dense cuBLAS FP16 and the bare cuBLAS INT8 GEMM it contains, on the benchmark layers.
+//
+//   w8a8_bench <out.csv> [--m M[,M...]]      (default M = 1024,4096)
+//
+// Method: random data; each path run 20 times back to back between CUDA events, after 3 warm-up calls; the median of 7
+// such timings, divided by 20. The weights are not rotated: at these M the GEMMs are compute-bound, so whether the
+// weights sit in L2 barely matters. Columns: µs per call and TFLOPS (2MNK / time) of each path, and the W8A8 path's
+// speed against the other two.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check_cuda.hpp"
+#include "gpu_kernels.hpp"
+
+namespace {
+
+struct Layer {
+    const char *name;
+    int k, n;
+};
+
+const Layer kLayers[] = {
+    {"TinyLoop qkv", 2048, 6144},        {"TinyLoop gate+up", 2048, 16384},   {"TinyLoop down", 8192, 2048},
+    {"Llama-8B qkv", 4096, 6144},        {"Llama-8B gate+up", 4096, 28672},   {"Llama-8B down", 14336, 4096},
+    {"Llama-70B gate+up", 8192, 57344},  {"Llama-70B down", 28672, 8192},     {"Llama-2-13B gate+up", 5120, 27648},
+    {"Llama-2-13B down", 13824, 5120},   {"Qwen2-7B gate+up", 3584, 37888},   {"Qwen2-7B down", 18944, 3584},
+};
+
+template <class T>
+T *device_random(size_t count, std::mt19937_64 &g) {
+    std::vector<T> host(count);
+    if constexpr (std::is_same_v<T, int8_t>) {
+        std::uniform_int_distribution<int> d(-127, 127);
+        for (auto &v : host) v = static_cast<int8_t>(d(g));
+    } else {
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        for (auto &v : host) v = __float2half(d(g));
+    }
+    T *p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, count * sizeof(T)));
+    CHECK_CUDA(cudaMemcpy(p, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+
+template <class Run>
+double time_us(cudaStream_t stream, Run run) {
+    constexpr int kCalls = 20;
+    for (int i = 0; i < 3; ++i) run();
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    std::vector<float> ms;
+    for (int rep = 0; rep < 7; ++rep) {
+        CHECK_CUDA(cudaEventRecord(start, stream));
+        for (int i = 0; i < kCalls; ++i) run();
+        CHECK_CUDA(cudaEventRecord(stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        float t = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return ms[ms.size() / 2] * 1000.0 / kCalls;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: w8a8_bench <out.csv> [--m M[,M...]]\n");
+        return 2;
+    }
+    std::vector<int> ms = {1024, 4096};
+    for (int i = 2; i + 1 < argc; ++i) {
+        if (std::strcmp(argv[i], "--m") == 0) {
+            ms.clear();
+            for (char *tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ",")) {
+                ms.push_back(std::atoi(tok));
+            }
+        }
+    }
+    FILE *csv = std::fopen(argv[1], "w");
+    if (csv == nullptr) {
+        std::perror(argv[1]);
+        return 1;
+    }
+    cudaDeviceProp prop{};
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    std::fprintf(csv, "layer,k,n,m,fp16_us,int8_gemm_us,w8a8_us,fp16_tflops,int8_gemm_tops,w8a8_tops,"
+                      "w8a8_vs_fp16,w8a8_vs_int8_gemm\n");
+    std::printf("%s\n| layer | M | cuBLAS FP16 µs | cuBLAS INT8 GEMM µs | W8A8 µs | W8A8 vs FP16 | W8A8 vs INT8 GEMM |\n"
+                "|---|---|---|---|---|---|---|\n", prop.name);
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreate(&stream));
+    cublasHandle_t handle;
+    if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
+    cublasSetStream(handle, stream);
+    void *cublas_ws = nullptr;
+    const size_t cublas_ws_bytes = 32u << 20;
+    CHECK_CUDA(cudaMalloc(&cublas_ws, cublas_ws_bytes));
+    cublasSetWorkspace(handle, cublas_ws, cublas_ws_bytes);
+    std::mt19937_64 g(1);
+    const int max_m = *std::max_element(ms.begin(), ms.end());
+    for (const Layer &l : kLayers) {
+        auto *w16 = device_random<__half>(static_cast<size_t>(l.k) * l.n, g);
+        auto *w8 = device_random<int8_t>(static_cast<size_t>(l.k) * l.n, g);
+        auto *ws = device_random<__half>(static_cast<size_t>(l.n), g);
+        auto *x = device_random<__half>(static_cast<size_t>(max_m) * l.k, g);
+        auto *x8 = device_random<int8_t>(static_cast<size_t>(max_m) * l.k, g);
+        __half *y = nullptr;
+        int32_t *acc = nullptr;
+        void *scratch = nullptr;
+        CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(max_m) * l.n * sizeof(__half)));
+        CHECK_CUDA(cudaMalloc(&acc, static_cast<size_t>(max_m) * l.n * sizeof(int32_t)));
+        const size_t scratch_bytes = tl::gpu::w8a8_scratch_bytes(max_m, l.n, l.k);
+        CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+        for (int m : ms) {
+            const double fp16 = time_us(stream, [&] {
+                tl::gpu::cublas_gemm(handle, reinterpret_cast<uint16_t *>(x), reinterpret_cast<uint16_t *>(w16),
+                                     reinterpret_cast<uint16_t *>(y), m, l.n, l.k, tl::Dtype::F16, stream, cublas_ws,
+                                     cublas_ws_bytes);
+            });
+            const int32_t one = 1, zero = 0;
+            const double int8 = time_us(stream, [&] {
+                cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, l.n, m, l.k, &one, w8, CUDA_R_8I, l.k, x8, CUDA_R_8I,
+                             l.k, &zero, acc, CUDA_R_32I, l.n, CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT);
+            });
+            int rc = 0;
+            const double w8a8 = time_us(stream, [&] {
+                rc |= tl::gpu::w8a8_gemm(handle, reinterpret_cast<uint16_t *>(x), w8,
+                                         reinterpret_cast<uint16_t *>(ws), reinterpret_cast<uint16_t *>(y), m, l.n,
+                                         l.k, scratch, scratch_bytes, stream, cublas_ws, cublas_ws_bytes);
+            });
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            if (rc != 0) {
+                std::fprintf(stderr, "%s M=%d: w8a8_gemm rc %d\n", l.name, m, rc);
+                return 1;
+            }
+            const double flops = 2.0 * m * l.n * static_cast<double>(l.k);
+            std::fprintf(csv, "%s,%d,%d,%d,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.3f,%.3f\n", l.name, l.k, l.n, m, fp16, int8,
+                         w8a8, flops / fp16 / 1e6, flops / int8 / 1e6, flops / w8a8 / 1e6, fp16 / w8a8, int8 / w8a8);
+            std::printf("| %s | %d | %.1f | %.1f | %.1f | %.2f× | %.2f× |\n", l.name, m, fp16, int8, w8a8, fp16 / w8a8,
+                        int8 / w8a8);
+        }
+        for (void *p : {static_cast<void *>(w16), static_cast<void *>(w8), static_cast<void *>(ws),
+                        static_cast<void *>(x), static_cast<void *>(x8), static_cast<void *>(y),
+                        static_cast<void *>(acc), scratch}) {
+            cudaFree(p);
+        }
+    }
+    std::fclose(csv);
+    return 0;
+}

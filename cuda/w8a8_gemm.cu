@@ -1,0 +1,164 @@
+// W8A8 in the seed's first form: each row of X quantized to INT8 with a scale of its own (per token, symmetric), one
+// cuBLAS INT8 GEMM into INT32 against INT8 weights with a scale per output channel, and an epilogue that scales the
+// INT32 sums into FP16. The arithmetic is the CPU backend's activation-precision rule (docs/quality.md), so the two
+// agree bit for bit on the same FP16 input.
+#include <cublas_v2.h>
+
+#include "cublas_loader.hpp"
+#include "gpu_common.cuh"
+
+namespace tl::gpu {
+
+namespace {
+
+constexpr int kQuantThreads = 256;
+
+// max that keeps a NaN (fmaxf drops it): a row holding one must get a NaN scale.
+__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
+// One code of the rule: clamp(rne(fl(x / s)), -127, 127), 0 where s is 0 or NaN (a NaN scale makes the outputs NaN).
+__device__ __forceinline__ int quantize_one(float x, float s) {
+    if (!(s > 0.0f)) return 0;
+    const int q = __float2int_rn(__fdiv_rn(x, s));
+    return q < -127 ? -127 : q > 127 ? 127 : q;
+}
+
+// Block r: s_x[r] = fl(max |x| / 127) by a true division, then the row's codes. kVec (K % 8 == 0): 16-byte loads of
+// 8 values and 8-byte stores of their codes.
+template <bool kVec>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __half *x, int k, int8_t *xq,
+                                                                      float *scales) {
+    const size_t row = blockIdx.x;
+    const __half *xr = x + row * k;
+    int8_t *qr = xq + row * k;
+    float amax = 0.0f;
+    if constexpr (kVec) {
+        for (int i = threadIdx.x * 8; i < k; i += kQuantThreads * 8) {
+            const uint4 raw = *reinterpret_cast<const uint4 *>(xr + i);
+            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 f = __half22float2(h[j]);
+                amax = max_nan(max_nan(amax, fabsf(f.x)), fabsf(f.y));
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < k; i += kQuantThreads) amax = max_nan(amax, fabsf(__half2float(xr[i])));
+    }
+    __shared__ float partial[kQuantThreads / 32];
+    for (int offset = 16; offset > 0; offset /= 2) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = partial[0];
+    for (int w = 1; w < kQuantThreads / 32; ++w) amax = max_nan(amax, partial[w]);
+    const float s = __fdiv_rn(amax, 127.0f);
+    if (threadIdx.x == 0) scales[row] = s;
+    if constexpr (kVec) {
+        for (int i = threadIdx.x * 8; i < k; i += kQuantThreads * 8) {
+            const uint4 raw = *reinterpret_cast<const uint4 *>(xr + i);
+            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+            uint32_t packed[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 f = __half22float2(h[j]);
+                const uint32_t pair = (static_cast<uint32_t>(quantize_one(f.x, s)) & 0xFFu) |
+                                      ((static_cast<uint32_t>(quantize_one(f.y, s)) & 0xFFu) << 8);
+                packed[j / 2] |= pair << (16 * (j % 2));
+            }
+            *reinterpret_cast<uint2 *>(qr + i) = make_uint2(packed[0], packed[1]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < k; i += kQuantThreads) qr[i] = static_cast<int8_t>(quantize_one(__half2float(xr[i]), s));
+    }
+}
+
+// y[r][c] = fp16(fl(s_x[r] · fl(s_w[c] · fl(acc[r][c])))): the rule's order for a weight with one group. Thread t of
+// block (b, ·) owns columns 4(256b + t) .. + 3 and walks the rows; kVec: N % 4 == 0, 16-byte loads.
+template <bool kVec>
+__global__ void __launch_bounds__(256) w8a8_epilogue_kernel(const int32_t *acc, const float *x_scales,
+                                                            const __half *w_scales, __half *y, int m, int n) {
+    const int c0 = (blockIdx.x * 256 + threadIdx.x) * 4;
+    if (c0 >= n) return;
+    float sw[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sw[j] = c0 + j < n ? __half2float(w_scales[c0 + j]) : 0.0f;
+    for (int r = blockIdx.y; r < m; r += gridDim.y) {
+        const float sx = x_scales[r];
+        const size_t at = static_cast<size_t>(r) * n + c0;
+        if constexpr (kVec) {
+            const int4 a = *reinterpret_cast<const int4 *>(acc + at);
+            const int32_t v[4] = {a.x, a.y, a.z, a.w};
+            __align__(8) __half out[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[j] = __float2half_rn(__fmul_rn(sx, __fmul_rn(sw[j], __int2float_rn(v[j]))));
+            *reinterpret_cast<uint2 *>(y + at) = *reinterpret_cast<const uint2 *>(out);
+        } else {
+            for (int j = 0; j < 4 && c0 + j < n; ++j) {
+                y[at + j] = __float2half_rn(__fmul_rn(sx, __fmul_rn(sw[j], __int2float_rn(acc[at + j]))));
+            }
+        }
+    }
+}
+
+}  // namespace
+
+size_t w8a8_scratch_bytes(int m, int n, int k) {
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    return up(static_cast<size_t>(m) * k) + up(static_cast<size_t>(m) * sizeof(float)) +
+           up(static_cast<size_t>(m) * n * sizeof(int32_t));
+}
+
+int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream) {
+    if (x == nullptr || xq == nullptr || scales == nullptr || m < 1 || k < 1) return kRcBadArgument;
+    const auto *xh = reinterpret_cast<const __half *>(x);
+    if (k % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(xq) & 7u) == 0) {
+        quantize_rows_kernel<true><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales);
+    } else {
+        quantize_rows_kernel<false><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales);
+    }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const uint16_t *w_scales, uint16_t *y, int m,
+              int n, int k, void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace,
+              size_t cublas_workspace_bytes) {
+    if (handle == nullptr || x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr || scratch == nullptr ||
+        m < 1 || n < 1 || k < 1) {
+        return kRcBadArgument;
+    }
+    // cuBLAS's INT8 GEMM wants leading dimensions (K for both operands) in multiples of 4.
+    if (k % 4 != 0 || (reinterpret_cast<uintptr_t>(w) & 15u) != 0) return kRcUnsupported;
+    if (scratch_bytes < w8a8_scratch_bytes(m, n, k)) return kRcWorkspace;
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    auto *xq = static_cast<int8_t *>(scratch);
+    auto *x_scales = reinterpret_cast<float *>(static_cast<char *>(scratch) + up(static_cast<size_t>(m) * k));
+    auto *acc = reinterpret_cast<int32_t *>(reinterpret_cast<char *>(x_scales) + up(static_cast<size_t>(m) * 4));
+    if (const int rc = quantize_rows_int8(x, m, k, xq, x_scales, stream)) return rc;
+
+    const CublasApi *cublas = cublas_api();
+    if (cublas == nullptr) return kRcCublas;
+    if (cublas->set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS) return kRcCublas;
+    if (cublas_workspace != nullptr &&
+        cublas->set_workspace(handle, cublas_workspace, cublas_workspace_bytes) != CUBLAS_STATUS_SUCCESS) {
+        return kRcCublas;
+    }
+    // Column-major view, as cublas_gemm: ACC^T [N x M] = W^T (op T of the [K x N] column-major W) * XQ^T [K x M].
+    const int32_t alpha = 1, beta = 0;
+    if (cublas->gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_8I, k, xq, CUDA_R_8I, k, &beta,
+                        acc, CUDA_R_32I, n, CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        return kRcCublas;
+    }
+    const dim3 grid((n + 1023) / 1024, m < 65535 ? m : 65535);
+    const auto *sw = reinterpret_cast<const __half *>(w_scales);
+    auto *yh = reinterpret_cast<__half *>(y);
+    if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(y) & 7u) == 0) {
+        w8a8_epilogue_kernel<true><<<grid, 256, 0, stream>>>(acc, x_scales, sw, yh, m, n);
+    } else {
+        w8a8_epilogue_kernel<false><<<grid, 256, 0, stream>>>(acc, x_scales, sw, yh, m, n);
+    }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+}  // namespace tl::gpu
