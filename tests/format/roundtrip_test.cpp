@@ -20,6 +20,7 @@
 #include "import/synthetic.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "quant/quant.hpp"
+#include "tinyloop.h"
 
 namespace {
 
@@ -894,3 +895,64 @@ TEST(Writer, RejectsBadTensorLists) {
 }
 
 }  // namespace
+
+// A mixed file (INT8 looped block, INT4 elsewhere) through the C API: the model reports bits 8, each weight its own
+// width, an INT8 weight dequantizes to q * s, scoring works on the CPU, and tl_quant_gemm refuses INT8 by name.
+TEST(Int8, MixedModelThroughTheCApi) {
+    tl::ModelConfig config = tlt::small_config(8);
+    tl::SyntheticOptions options;
+    options.seed = std::random_device{}();
+    auto model = tl::make_synthetic_model(config, options);
+    config.bits = 8;
+    const auto int8 = tl::make_synthetic_model(config, options);
+    model->loop = int8->loop;
+    model->config.bits = 8;
+    const std::string path = tlt::temp_dir() + "/mixed_int8.tinyloop";
+    tl::save_model(path, *model);
+
+    tl_model *m = nullptr;
+    ASSERT_EQ(tl_model_load(path.c_str(), nullptr, &m), TL_OK) << tl_last_error_message();
+    tl_model_properties p;
+    p.struct_size = sizeof p;
+    ASSERT_EQ(tl_model_info(m, &p), TL_OK);
+    EXPECT_EQ(p.bits, 8);
+    EXPECT_EQ(p.format_version, 1);
+    size_t count = 0, n_int8 = 0;
+    ASSERT_EQ(tl_model_weight_count(m, &count), TL_OK);
+    ASSERT_EQ(count, 15u);
+    for (size_t i = 0; i < count; ++i) {
+        const tl_weight *w = nullptr;
+        ASSERT_EQ(tl_model_weight_at(m, i, &w), TL_OK);
+        tl_weight_properties wp;
+        wp.struct_size = sizeof wp;
+        ASSERT_EQ(tl_weight_info(w, &wp), TL_OK);
+        const bool in_loop = std::string(wp.name).rfind("loop.", 0) == 0;
+        EXPECT_EQ(wp.bits, in_loop ? 8 : 4) << wp.name;
+        if (wp.bits != 8) continue;
+        ++n_int8;
+        EXPECT_EQ(wp.bytes, uint64_t(wp.k) * wp.n + uint64_t(wp.n) * wp.n_groups * 2) << wp.name;
+        std::vector<float> got(size_t(wp.k) * wp.n), want(got.size());
+        ASSERT_EQ(tl_weight_dequantize(w, got.data(), got.size()), TL_OK);
+        const tl::Linear *src = nullptr;
+        for (const tl::Linear *l : model->linears())
+            if (l->name == wp.name) src = l;
+        ASSERT_NE(src, nullptr);
+        tl::dequantize_rows(*src, 0, src->n, want.data());
+        EXPECT_EQ(got, want) << wp.name;
+        uint16_t x[16] = {}, y[16] = {};
+        EXPECT_EQ(tl_quant_gemm(w, x, y, 1, nullptr, nullptr, 0), TL_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(tl_last_error_message()).find("is INT8"), std::string::npos) << tl_last_error_message();
+    }
+    EXPECT_EQ(n_int8, 5u);
+    std::vector<int32_t> tokens(30);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + 1) % size_t(config.vocab));
+    tl_score_options so;
+    ASSERT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
+    so.backend = TL_BACKEND_CPU;
+    tl_score_result result;
+    ASSERT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
+    ASSERT_EQ(tl_score(m, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+    tl::ScoreOptions cpu;
+    EXPECT_NEAR(result.nll_sum, tl::score_cpu(*model, tokens.data(), tokens.size(), cpu).nll_sum, 1e-9);
+    tl_model_free(m);
+}
