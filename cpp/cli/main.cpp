@@ -448,9 +448,11 @@ int cmd_import(const std::string &dir, const std::string &out, int max_seq) {
     tl_model_properties p;
     p.struct_size = sizeof p;
     check(tl_model_info(h.model, &p), "info");
-    std::printf("wrote %s: d_model %d, %d pre + 1 looped x %d, vocab %d, %u INT4 and %u dense linears, head %s\n",
-                out.c_str(), p.d_model, p.n_pre, p.n_loops, p.vocab, p.n_quant_weights, p.n_dense_linears,
-                p.head_kind == 1 ? "INT4" : p.head_kind == 0 ? "dense" : "tied");
+    // An imported checkpoint has one code width (bits).
+    const std::string quantized = "INT" + std::to_string(p.bits);
+    std::printf("wrote %s: d_model %d, %d pre + 1 looped x %d, vocab %d, %u %s and %u dense linears, head %s\n",
+                out.c_str(), p.d_model, p.n_pre, p.n_loops, p.vocab, p.n_quant_weights, quantized.c_str(),
+                p.n_dense_linears, p.head_kind == 1 ? quantized.c_str() : p.head_kind == 0 ? "dense" : "tied");
     return 0;
 }
 
@@ -1185,7 +1187,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
 }  // namespace
 
 int main(int argc, char **argv) {
-    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 models", "tinyloop"};
+    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 / INT8 models", "tinyloop"};
     app.require_subcommand(1);
     app.footer(kExitStatus);  // before add_subcommand: each subcommand copies its parent's footer
     app.set_version_flag("-V,--version", [] { return version_text(); }, "print the library version and build, then exit");
@@ -1266,7 +1268,8 @@ int main(int argc, char **argv) {
                                    "num_pre_layers and num_loops), optionally AutoGPTQ's quantize_config.json, and "
                                    "model.safetensors or model.safetensors.index.json; see docs/import.md, "
                                    "\"Importing Hugging Face-style checkpoints\" (what is read, refused and "
-                                   "ignored). Dense linears stay dense (tinyloop quantize makes them INT4).\n\n") +
+                                   "ignored). GPTQ checkpoints may be 4-bit or symmetric 8-bit. Dense linears stay dense "
+                                   "(tinyloop quantize makes them INT4 or INT8).\n\n") +
                        kExitStatus);
     import_cmd->add_option("dir", import_dir, "the checkpoint folder")->required();
     import_cmd->add_option("--out", import_out, "the .tinyloop file to write")->required();
@@ -1422,7 +1425,7 @@ int main(int argc, char **argv) {
                     kExitStatus);
     compare->add_option("reference", compare_args.reference, "the reference .tinyloop file (a dense model, say)")
         ->required();
-    compare->add_option("test", compare_args.test, "the .tinyloop file compared with it (its INT4 quantization)")
+    compare->add_option("test", compare_args.test, "the .tinyloop file compared with it (its INT4 or INT8 quantization)")
         ->required();
     auto *compare_text = compare->add_option("--text", compare_args.text, "a text file; - for stdin");
     auto *compare_tokens =
