@@ -28,16 +28,23 @@ uint16_t to_half_checked(double value, const std::string &what) {
 
 namespace {
 
-// quantize_minmax for bits 8 (its shape and values already checked).
-QuantizedMatrix quantize_minmax_int8(const float *w, int32_t k, int32_t n, int32_t gs) {
+// A zero-filled matrix of this shape and width: codes, scales and (INT4) zeros sized.
+QuantizedMatrix blank_matrix(int32_t k, int32_t n, int32_t gs, int32_t bits) {
     QuantizedMatrix m;
     m.k = k;
     m.n = n;
     m.group_size = gs;
-    m.bits = 8;
+    m.bits = bits;
+    m.codes.assign(static_cast<size_t>(n) * (bits == 8 ? k : k / 2), 0);
+    m.scales.assign(static_cast<size_t>(n) * (k / gs), 0);
+    if (bits == 4) m.zeros.assign(m.scales.size(), 0);
+    return m;
+}
+
+// quantize_minmax for bits 8 (its shape and values already checked).
+QuantizedMatrix quantize_minmax_int8(const float *w, int32_t k, int32_t n, int32_t gs) {
+    QuantizedMatrix m = blank_matrix(k, n, gs, 8);
     const int32_t groups = k / gs;
-    m.codes.assign(static_cast<size_t>(n) * k, 0);
-    m.scales.resize(static_cast<size_t>(n) * groups);
     for (int32_t row = 0; row < n; ++row) {
         for (int32_t g = 0; g < groups; ++g) {
             const size_t first = static_cast<size_t>(row) * k + static_cast<size_t>(g) * gs;
@@ -85,15 +92,8 @@ QuantizedMatrix quantize_minmax(const float *w, int32_t k, int32_t n, int32_t gr
         return quantize_minmax_int8(w, k, n, gs);
     }
 
-    QuantizedMatrix m;
-    m.k = k;
-    m.n = n;
-    m.group_size = gs;
-    m.bits = 4;
+    QuantizedMatrix m = blank_matrix(k, n, gs, 4);
     const int32_t groups = k / gs;
-    m.codes.assign(static_cast<size_t>(n) * (k / 2), 0);
-    m.scales.resize(static_cast<size_t>(n) * groups);
-    m.zeros.resize(static_cast<size_t>(n) * groups);
 
     for (int32_t row = 0; row < n; ++row) {
         const float *wr = w + static_cast<size_t>(row) * k;

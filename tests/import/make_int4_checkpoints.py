@@ -39,30 +39,26 @@ def to_half(x):
     return struct.unpack("<e", struct.pack("<H", bits))[0], bits
 
 
-def pack8(values):
-    """8 nibbles, values[i] in bits 4i..4i+3, as a signed int32 (what the checkpoint's int32 tensor holds)."""
+def pack(values, bits=4):
+    """32 / bits codes, values[i] in bits bits*i .. bits*i + bits - 1, as a signed int32 (what the checkpoint's int32
+    tensor holds): 8 nibbles at 4 bits, 4 bytes at 8 bits."""
     word = 0
     for i, v in enumerate(values):
-        assert 0 <= v <= 15
-        word |= v << (4 * i)
+        assert 0 <= v < (1 << bits)
+        word |= v << (bits * i)
     return word - (1 << 32) if word >= (1 << 31) else word
+
+
+def unpack(word, i, bits=4):
+    return ((word & 0xFFFFFFFF) >> (bits * i)) & ((1 << bits) - 1)
+
+
+def pack8(values):
+    return pack(values, 4)
 
 
 def nibble(word, i):
-    return ((word & 0xFFFFFFFF) >> (4 * i)) & 0xF
-
-
-def pack4(values):
-    """4 bytes, values[i] in bits 8i..8i+7, as a signed int32 (8-bit GPTQ's packing)."""
-    word = 0
-    for i, v in enumerate(values):
-        assert 0 <= v <= 255
-        word |= v << (8 * i)
-    return word - (1 << 32) if word >= (1 << 31) else word
-
-
-def byte(word, i):
-    return ((word & 0xFFFFFFFF) >> (8 * i)) & 0xFF
+    return unpack(word, i, 4)
 
 
 def make_layer(rng, layout, k, n, group_size, bits=4):
@@ -151,11 +147,11 @@ def make_layer8(rng, k, n, group_size):
     q = [[rng.randrange(1, 256) for _ in range(n)] for _ in range(k)]
     z = [[128] * n for _ in range(groups)]
     s_val, s_bits = random_scales(rng, groups, n)
-    qweight = [[pack4([q[4 * r + i][c] for i in range(4)]) for c in range(n)] for r in range(k // 4)]
-    qzeros = [[pack4([z[g][4 * c + i] - 1 for i in range(4)]) for c in range(n // 4)] for g in range(groups)]
+    qweight = [[pack([q[4 * r + i][c] for i in range(4)], 8) for c in range(n)] for r in range(k // 4)]
+    qzeros = [[pack([z[g][4 * c + i] - 1 for i in range(4)], 8) for c in range(n // 4)] for g in range(groups)]
     # Unpacked again with plain loops.
-    uq = [[byte(qweight[kk // 4][c], kk % 4) for c in range(n)] for kk in range(k)]
-    uz = [[byte(qzeros[g][c // 4], c % 4) + 1 for c in range(n)] for g in range(groups)]
+    uq = [[unpack(qweight[kk // 4][c], kk % 4, 8) for c in range(n)] for kk in range(k)]
+    uz = [[unpack(qzeros[g][c // 4], c % 4, 8) + 1 for c in range(n)] for g in range(groups)]
     assert uq == q and uz == z, "pack/unpack round trip"
     expected = [[(uq[kk][c] - uz[kk // gs][c]) * s_val[kk // gs][c] for c in range(n)] for kk in range(k)]
     name = f"k{k}_n{n}_" + (f"g{group_size}" if group_size else "row") + "_int8"
