@@ -471,7 +471,8 @@ typedef struct tl_pack_report {
 TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_size);
 
 /** Uploads every INT4 weight of `model` to the device and packs the requested forms, on the host, for
- *  those the Marlin-class kernel takes (INT8 weights are left out: tl_quant_gemm refuses them). Run once after loading; calling it again replaces earlier packs.
+ *  those the Marlin-class kernel takes (INT8 weights are left out: tl_quant_gemm refuses them). Run once after
+ *  loading; calling it again replaces earlier packs.
  *  `options` may be NULL for the defaults; `out_report` may be NULL. Not concurrent with any other use of
  *  the model (it changes the model's weights); afterwards the model is read-only again. For tl_quant_gemm on
  *  the model's weights: tl_score on the GPU packs its own copy (docs/api.md), so a model used only for scoring

@@ -1240,7 +1240,8 @@ int main(int argc, char **argv) {
     std::string method = "minmax", calib_path;
     tl::QuantizeOptions quant;
     int quant_bits = 4;
-    auto *quantize = app.add_subcommand("quantize", "quantize a model's dense linears to INT4 or INT8 (min-max or GPTQ)");
+    auto *quantize =
+        app.add_subcommand("quantize", "quantize a model's dense linears to INT4 or INT8 (min-max or GPTQ)");
     quantize->add_option("input", in_path, "a .tinyloop/safetensors file with dense linears")->required();
     quantize->add_option("output", out_path, "the quantized .tinyloop to write")->required();
     quantize->add_option("--bits", quant_bits,
@@ -1268,8 +1269,8 @@ int main(int argc, char **argv) {
                                    "num_pre_layers and num_loops), optionally AutoGPTQ's quantize_config.json, and "
                                    "model.safetensors or model.safetensors.index.json; see docs/import.md, "
                                    "\"Importing Hugging Face-style checkpoints\" (what is read, refused and "
-                                   "ignored). GPTQ checkpoints may be 4-bit or symmetric 8-bit. Dense linears stay dense "
-                                   "(tinyloop quantize makes them INT4 or INT8).\n\n") +
+                                   "ignored). GPTQ checkpoints may be 4-bit or symmetric 8-bit. Dense linears stay "
+                                   "dense (tinyloop quantize makes them INT4 or INT8).\n\n") +
                        kExitStatus);
     import_cmd->add_option("dir", import_dir, "the checkpoint folder")->required();
     import_cmd->add_option("--out", import_out, "the .tinyloop file to write")->required();
@@ -1425,7 +1426,8 @@ int main(int argc, char **argv) {
                     kExitStatus);
     compare->add_option("reference", compare_args.reference, "the reference .tinyloop file (a dense model, say)")
         ->required();
-    compare->add_option("test", compare_args.test, "the .tinyloop file compared with it (its INT4 or INT8 quantization)")
+    compare->add_option("test", compare_args.test,
+                        "the .tinyloop file compared with it (its INT4 or INT8 quantization)")
         ->required();
     auto *compare_text = compare->add_option("--text", compare_args.text, "a text file; - for stdin");
     auto *compare_tokens =

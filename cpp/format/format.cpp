@@ -651,9 +651,9 @@ public:
         }
 
         if (const Linear *widest = widest_quantized(*model); widest && widest->bits != config_.bits) {
-            fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(config_.bits) + ", but the widest quantized linear " +
-                                    quoted(widest->name) + " has " + std::to_string(widest->bits) +
-                                    "-bit codes (bits must be the widest code width)");
+            fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(config_.bits) +
+                                    ", but the widest quantized linear " + quoted(widest->name) + " has " +
+                                    std::to_string(widest->bits) + "-bit codes (bits must be the widest code width)");
         }
         set_tokenizer(*model, load_tokenizer());
         for (const auto &kv : header_.tensors) model->tensor_bytes += kv.second.end - kv.second.begin;

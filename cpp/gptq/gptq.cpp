@@ -80,7 +80,8 @@ QuantizedMatrix quantize_gptq(const float *w, int32_t k, int32_t n, const double
     const int32_t gs = options.group_size == 0 ? k : options.group_size;
     if (gs <= 0 || k % gs != 0 || (packed && gs % 2 != 0)) {
         fail(TL_ERR_INVALID_ARGUMENT, where + "group_size = " + std::to_string(options.group_size) +
-                                          " is not a divisor of k = " + std::to_string(k) + (packed ? " (even for INT4)" : ""));
+                                          " is not a divisor of k = " + std::to_string(k) +
+                                          (packed ? " (even for INT4)" : ""));
     }
     if (!(options.damp >= 0.0 && std::isfinite(options.damp)) || options.block_size <= 0) {
         fail(TL_ERR_INVALID_ARGUMENT, where + "damp = " + std::to_string(options.damp) + ", block_size = " +

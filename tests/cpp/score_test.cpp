@@ -456,7 +456,8 @@ TEST(ScoreInt8, MatchesTheDequantizedDenseModelBitForBit) {
         auto mixed = tl::make_synthetic_model(c, options);
         mixed->loop = int8->loop;
         mixed->config.bits = 8;
-        for (const tl::Model *model : {static_cast<const tl::Model *>(int8.get()), static_cast<const tl::Model *>(mixed.get())}) {
+        const tl::Model *const models[] = {int8.get(), mixed.get()};
+        for (const tl::Model *model : models) {
             auto dense = std::make_unique<tl::Model>(*model);
             std::vector<tl::Linear *> linears = {&dense->head};
             for (tl::Block *b : {&dense->pre[0], &dense->loop})

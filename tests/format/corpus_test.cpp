@@ -121,7 +121,8 @@ void append_tensor(tlt::RawFile &raw, const std::string &name, const char *dtype
 }
 
 // Makes loop.mlp_gate (K = 24, N = 40, groups of 8) an INT8 linear: I8 codes [40, 24] and F16 scales [40, 3] appended
-// (zero bytes: valid), its zeros removed unless `keep_zeros`, and config.bits = `bits`. The rest stay INT4: a mixed file.
+// (zero bytes: valid), its zeros removed unless `keep_zeros`, and config.bits = `bits`. The rest stay INT4: a mixed
+// file.
 void make_int8(tlt::RawFile &r, int bits = 8, bool keep_zeros = false) {
     for (const char *s : {".qweight", ".scales", ".zeros"}) {
         if (!keep_zeros || std::string(s) != ".zeros") r.header.erase(std::string("loop.mlp_gate") + s);

@@ -104,7 +104,9 @@ TEST_P(DequantInt8, MatchesFp64Reference) {
     for (int8_t &q : codes) q = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
     std::vector<uint16_t> scales(static_cast<size_t>(s.n) * groups);
     std::uniform_real_distribution<double> log_scale(-14.0, 2.0);
-    for (uint16_t &b : scales) b = tl::float_to_half(static_cast<float>((rng() % 2 ? -1 : 1) * std::exp2(log_scale(rng))));
+    for (uint16_t &b : scales) {
+        b = tl::float_to_half(static_cast<float>((rng() % 2 ? -1 : 1) * std::exp2(log_scale(rng))));
+    }
     std::vector<int32_t> perm(s.k);
     for (int i = 0; i < s.k; ++i) perm[i] = i;
     if (s.permuted) std::shuffle(perm.begin(), perm.end(), rng);
@@ -158,7 +160,8 @@ TEST(DequantInt8Launcher, RefusesBadArguments) {
     ASSERT_TRUE(buf.ok() && codes.ok());
     const tl::Dtype f16 = tl::Dtype::F16;
     EXPECT_NE(0, tl::gpu::dequant_int8(nullptr, buf.get(), nullptr, buf.get(), 4, 64, 64, f16, nullptr));
-    EXPECT_NE(0, tl::gpu::dequant_int8(codes.get(), buf.get(), nullptr, buf.get(), 4, 64, 48, f16, nullptr));  // 48 !| 64
+    // 48 does not divide 64
+    EXPECT_NE(0, tl::gpu::dequant_int8(codes.get(), buf.get(), nullptr, buf.get(), 4, 64, 48, f16, nullptr));
     EXPECT_NE(0, tl::gpu::dequant_int8(codes.get(), buf.get(), nullptr, buf.get(), 0, 64, 64, f16, nullptr));
     EXPECT_EQ(cudaSuccess, cudaGetLastError());
 }

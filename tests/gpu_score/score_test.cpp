@@ -814,7 +814,8 @@ TEST(ScoreConcurrency, ModelsScoredFromEightThreadsAtOnce) {
 TEST(ScoreInt8, MatchesCpuWithinFp16Error) {
     for (const int32_t group_size : {32, 0}) {
         for (const bool mixed : {false, true}) {
-            const std::string name = std::string(mixed ? "mixed_int4_int8" : "int8") + "_g" + std::to_string(group_size);
+            const std::string name =
+                std::string(mixed ? "mixed_int4_int8" : "int8") + "_g" + std::to_string(group_size);
             SCOPED_TRACE(name);
             tl::ModelConfig c = tiny_config();
             c.group_size = group_size;
