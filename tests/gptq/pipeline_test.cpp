@@ -115,6 +115,22 @@ TEST(Pipeline, CalibrationSeesEveryRowOfEveryIteration) {
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * scale) << "entry " << i;
 }
 
+// `model` written to a temporary file and loaded back: the same linears, the same scores on `text`.
+std::unique_ptr<tl::Model> saved_and_loaded(const tl::Model &model, const std::string &name,
+                                            const std::vector<int32_t> &text) {
+    const std::string path = ::testing::TempDir() + name + ".tinyloop";
+    tl::save_model(path, model);
+    auto loaded = tl::load_model(path, tl::LoadOptions{});
+    std::remove(path.c_str());
+    const auto a = model.linears(), b = loaded->linears();
+    EXPECT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) expect_same_linear(*a[i], *b[i]);
+    const tl::ScoreOptions score;
+    EXPECT_EQ(tl::score_cpu(model, text.data(), text.size(), score).nll_sum,
+              tl::score_cpu(*loaded, text.data(), text.size(), score).nll_sum);
+    return loaded;
+}
+
 TEST(Pipeline, GptqModelRoundTripsThroughTheFile) {
     const uint64_t seed = gptq_test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -133,17 +149,8 @@ TEST(Pipeline, GptqModelRoundTripsThroughTheFile) {
         options.frac4 = v.frac4;
         options.sign_bit = v.sign_bit;
         tl::quantize_model(*model, options, text);
-        const std::string path = ::testing::TempDir() + "gptq_roundtrip_" + std::to_string(seed) + ".tinyloop";
-        tl::save_model(path, *model);
-        const auto loaded = tl::load_model(path, tl::LoadOptions{});
-        std::remove(path.c_str());
+        const auto loaded = saved_and_loaded(*model, "gptq_roundtrip_" + std::to_string(seed), text);
         EXPECT_EQ(loaded->config.group_size, v.group_size);
-        const auto a = model->linears(), b = loaded->linears();
-        ASSERT_EQ(a.size(), b.size());
-        for (size_t i = 0; i < a.size(); ++i) expect_same_linear(*a[i], *b[i]);
-        const tl::ScoreOptions score;
-        EXPECT_EQ(tl::score_cpu(*model, text.data(), text.size(), score).nll_sum,
-                  tl::score_cpu(*loaded, text.data(), text.size(), score).nll_sum);
     }
 }
 
@@ -185,18 +192,9 @@ TEST(Pipeline, Int8ModelsRoundTripThroughTheFile) {
         for (const tl::Linear *l : model->linears()) {
             EXPECT_TRUE(l->quantized && l->bits == 8 && l->zeros == nullptr) << l->name;
         }
-        const std::string path = ::testing::TempDir() + "int8_roundtrip_" + std::to_string(seed) + ".tinyloop";
-        tl::save_model(path, *model);
-        const auto loaded = tl::load_model(path, tl::LoadOptions{});
-        std::remove(path.c_str());
+        const auto loaded = saved_and_loaded(*model, "int8_roundtrip_" + std::to_string(seed), text);
         EXPECT_EQ(loaded->config.bits, 8);
         EXPECT_EQ(loaded->config.group_size, options.gptq.group_size);
-        const auto a = model->linears(), b = loaded->linears();
-        ASSERT_EQ(a.size(), b.size());
-        for (size_t i = 0; i < a.size(); ++i) expect_same_linear(*a[i], *b[i]);
-        const tl::ScoreOptions plain;
-        EXPECT_EQ(tl::score_cpu(*model, text.data(), text.size(), plain).nll_sum,
-                  tl::score_cpu(*loaded, text.data(), text.size(), plain).nll_sum);
         // 16 times INT4's levels: a quarter of INT4's deviation leaves a wide margin.
         const double delta = mean_abs_delta(*loaded, text, dense);
         RecordProperty(quantizer == tl::Quantizer::Gptq ? "gptq8_over_minmax4" : "minmax8_over_minmax4",
