@@ -1,6 +1,7 @@
 // The large-M path: dequantize the INT4 weight to an FP16 or BF16 scratch [N][K] (the activations' type), then one
 // cuBLAS GEMM (FP32 compute). It pays a full extra pass over the weights, so it only wins where the GEMM is
-// compute-bound.
+// compute-bound. Also the INT8 weights' dequantization, which a model does once at load into its dense FP16 form, and
+// the looped INT4 weights' per-iteration dequantization under cross-iteration rounding.
 #include <cublas_v2.h>
 
 #include "cross_iter_rule.hpp"
@@ -64,6 +65,25 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(const uint8_t 
     *reinterpret_cast<uint4 *>(w + at) = *reinterpret_cast<const uint4 *>(out);
 }
 
+// INT8 weights (W = q * s, no zero) for the dense path: thread t of block (n, b) writes w[n][k_perm[kk]] for
+// kk = 256b + t, one element each. It runs once per weight when a model loads, so a plain, always-correct kernel (any
+// K, any group size, act-order scatter) is worth more than a vectorized one. q * s is exact in FP32 (a 7-bit integer
+// times an 11-bit significand), so the result is rounded once, to D.
+template <Dtype D>
+__global__ void __launch_bounds__(kDequantThreads) dequant_int8_kernel(const int8_t *codes, const __half *scales,
+                                                                       const int32_t *k_perm,
+                                                                       typename Element<D>::T *w, int k, int gs,
+                                                                       int groups) {
+    using E = Element<D>;
+    const int n = blockIdx.x;
+    const int kk = blockIdx.y * kDequantThreads + threadIdx.x;
+    if (kk >= k) return;
+    const float s = __half2float(scales[static_cast<size_t>(n) * groups + kk / gs]);
+    const float q = static_cast<float>(codes[static_cast<size_t>(n) * k + kk]);
+    const int column = k_perm != nullptr ? k_perm[kk] : kk;
+    w[static_cast<size_t>(n) * k + column] = E::from_float(q * s);
+}
+
 // The checks dequant_int4 and dequant_int4_iteration share: 0, or the rc to return.
 int dequant_shape_rc(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, const uint16_t *w, int n,
                      int k, int group_size) {
@@ -78,6 +98,24 @@ int dequant_shape_rc(const uint8_t *codes, const uint16_t *scales, const uint16_
 }
 
 }  // namespace
+
+int dequant_int8(const int8_t *codes, const uint16_t *scales, const int32_t *k_perm, uint16_t *w, int n, int k,
+                 int group_size, Dtype dtype, cudaStream_t stream) {
+    if (codes == nullptr || scales == nullptr || w == nullptr) return kRcBadArgument;
+    if (n < 1 || k < 1 || group_size < 1 || k % group_size != 0) return kRcBadArgument;
+    if ((k + kDequantThreads - 1) / kDequantThreads > 65535) return kRcUnsupported;  // gridDim.y's limit
+    const dim3 grid(n, (k + kDequantThreads - 1) / kDequantThreads);
+    const auto *s = reinterpret_cast<const __half *>(scales);
+    if (dtype == Dtype::BF16) {
+        dequant_int8_kernel<Dtype::BF16><<<grid, kDequantThreads, 0, stream>>>(
+            codes, s, k_perm, reinterpret_cast<__nv_bfloat16 *>(w), k, group_size, k / group_size);
+    } else {
+        dequant_int8_kernel<Dtype::F16><<<grid, kDequantThreads, 0, stream>>>(
+            codes, s, k_perm, reinterpret_cast<__half *>(w), k, group_size, k / group_size);
+    }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
 
 int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
                  int group_size, Dtype dtype, cudaStream_t stream) {

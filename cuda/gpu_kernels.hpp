@@ -86,6 +86,11 @@ int gather_columns(const uint16_t *x, int k_in, const int32_t *index, uint16_t *
 // w [N][K] = q*s + z rounded once to dtype; the file layout as in native_int4_gemm (K even).
 int dequant_int4(const uint8_t *codes, const uint16_t *scales, const uint16_t *zeros, uint16_t *w, int n, int k,
                  int group_size, Dtype dtype, cudaStream_t stream);
+// INT8 weights (codes int8 [N][K], scales FP16 [N][K/group_size], W = q*s): w[n][k_perm ? k_perm[kk] : kk] = q*s of
+// stored column kk, rounded once to dtype, any K. k_perm (optional, device [K], a permutation: not checked here) puts
+// each value at its input column, so w is W in input order. w must not overlap the inputs.
+int dequant_int8(const int8_t *codes, const uint16_t *scales, const int32_t *k_perm, uint16_t *w, int n, int k,
+                 int group_size, Dtype dtype, cudaStream_t stream);
 // Cross-iteration rounding's channels of an INT4 weight, in the layout of its codes and padded like them.
 struct RoundingChannels {
     const uint8_t *frac4 = nullptr;     // [N][K/2] nibbles (4-byte aligned), or null

@@ -179,6 +179,7 @@ typedef struct tl_model_properties {
     int32_t max_seq;
     /** Quantization group size along K; 0 means per row (one group of size K per output column). */
     int32_t group_size;
+    /** 4 or 8: the widest code width among the quantized linears (tl_weight_info gives each one's). */
     int32_t bits;
     float rope_theta;
     float norm_eps;
@@ -469,8 +470,9 @@ typedef struct tl_pack_report {
 /** Fills `report` with zeros and sets struct_size; pass sizeof(*report) as struct_size. */
 TL_API tl_status tl_pack_report_init(tl_pack_report *report, uint32_t struct_size);
 
-/** Uploads every quantized weight of `model` to the device and packs the requested forms, on the host, for
- *  those the Marlin-class kernel takes. Run once after loading; calling it again replaces earlier packs.
+/** Uploads every INT4 weight of `model` to the device and packs the requested forms, on the host, for
+ *  those the Marlin-class kernel takes (INT8 weights are left out: tl_quant_gemm refuses them). Run once after
+ *  loading; calling it again replaces earlier packs.
  *  `options` may be NULL for the defaults; `out_report` may be NULL. Not concurrent with any other use of
  *  the model (it changes the model's weights); afterwards the model is read-only again. For tl_quant_gemm on
  *  the model's weights: tl_score on the GPU packs its own copy (docs/api.md), so a model used only for scoring

@@ -75,6 +75,10 @@ void pack_weights(const std::vector<tl_weight *> &weights, const tl_pack_options
 
 const tl::DeviceWeight &packed_weight(const tl_weight *weight) {
     require_not_null(weight, "weight");
+    if (weight->linear.bits == 8) {
+        tl::fail(TL_ERR_UNSUPPORTED, "weight '" + weight->linear.name + "' is INT8: tl_quant_gemm runs INT4 weights; "
+                                     "INT8 ones run on the GPU inside a model's scoring (as dense FP16)");
+    }
     if (!weight->device) {
         if (tl::device_count() == 0) tl::fail(TL_ERR_NO_DEVICE, "no usable CUDA device (or no CUDA in this build)");
         tl::fail(TL_ERR_INVALID_ARGUMENT, "weight '" + weight->linear.name +
@@ -125,7 +129,9 @@ TL_API tl_status tl_pack_marlin(tl_model *model, const tl_pack_options *options,
         require_not_null(model, "model");
         const tl_pack_options opts = pack_options_or_defaults(options);
         std::vector<tl_weight *> weights;
-        for (auto &w : model->weights) weights.push_back(w.get());
+        for (auto &w : model->weights) {
+            if (w->linear.bits == 4) weights.push_back(w.get());  // INT8 weights have no device form of their own
+        }
         pack_weights(weights, opts, out_report);
     });
 }

@@ -373,12 +373,23 @@ int cmd_info(const std::string &path, bool json) {
     const char *head = p.head_kind == 1 ? "quantized" : p.head_kind == 0 ? "dense" : "tied to the embedding";
     int32_t tokenizer = TL_TOKENIZER_BYTES, tokenizer_ids = 0;
     check(tl_model_tokenizer(h.model, &tokenizer, &tokenizer_ids), "tokenizer");
+    // bits is the widest code width; a mixed file also has linears of the other width.
+    uint32_t n_int8 = 0;
+    for (uint32_t i = 0; i < p.n_quant_weights; ++i) {
+        const tl_weight *w = nullptr;
+        tl_weight_properties wp;
+        wp.struct_size = sizeof wp;
+        check(tl_model_weight_at(h.model, i, &w), "weight");
+        check(tl_weight_info(w, &wp), "weight info");
+        if (wp.bits == 8) ++n_int8;
+    }
     if (json) {
         const nlohmann::ordered_json j = {
             {"model", path}, {"format_version", p.format_version}, {"d_model", p.d_model}, {"n_heads", p.n_heads},
             {"n_kv_heads", p.n_kv_heads}, {"head_dim", p.head_dim}, {"ffn", p.ffn}, {"vocab", p.vocab},
             {"n_pre", p.n_pre}, {"n_loops", p.n_loops},
             {"max_seq", p.max_seq}, {"quantized", p.n_quant_weights > 0}, {"bits", p.bits},
+            {"n_int8_weights", n_int8},
             {"group_size", p.group_size}, {"rope_theta", short_decimal(p.rope_theta)},
             {"norm_eps", short_decimal(p.norm_eps)},
             {"rope_scaling", scaled ? nlohmann::ordered_json(tl::rope_scaling_name(rope_type)) : nullptr},
@@ -404,7 +415,11 @@ int cmd_info(const std::string &path, bool json) {
     if (p.n_quant_weights == 0) {
         std::printf("quantization     none (dense linears)\n");
     } else {
-        std::printf("quantization     INT%d, %s\n", p.bits,
+        const std::string mix = n_int8 == 0 || n_int8 == p.n_quant_weights
+                                    ? ""
+                                    : " (" + std::to_string(n_int8) + " INT8, " +
+                                          std::to_string(p.n_quant_weights - n_int8) + " INT4)";
+        std::printf("quantization     INT%d%s, %s\n", p.bits, mix.c_str(),
                     p.group_size == 0 ? "per row" : ("group " + std::to_string(p.group_size)).c_str());
     }
     std::printf("rope_theta       %g\n", p.rope_theta);
@@ -433,9 +448,11 @@ int cmd_import(const std::string &dir, const std::string &out, int max_seq) {
     tl_model_properties p;
     p.struct_size = sizeof p;
     check(tl_model_info(h.model, &p), "info");
-    std::printf("wrote %s: d_model %d, %d pre + 1 looped x %d, vocab %d, %u INT4 and %u dense linears, head %s\n",
-                out.c_str(), p.d_model, p.n_pre, p.n_loops, p.vocab, p.n_quant_weights, p.n_dense_linears,
-                p.head_kind == 1 ? "INT4" : p.head_kind == 0 ? "dense" : "tied");
+    // An imported checkpoint has one code width (bits).
+    const std::string quantized = "INT" + std::to_string(p.bits);
+    std::printf("wrote %s: d_model %d, %d pre + 1 looped x %d, vocab %d, %u %s and %u dense linears, head %s\n",
+                out.c_str(), p.d_model, p.n_pre, p.n_loops, p.vocab, p.n_quant_weights, quantized.c_str(),
+                p.n_dense_linears, p.head_kind == 1 ? quantized.c_str() : p.head_kind == 0 ? "dense" : "tied");
     return 0;
 }
 
@@ -1170,7 +1187,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
 }  // namespace
 
 int main(int argc, char **argv) {
-    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 models", "tinyloop"};
+    CLI::App app{"tinyloop: inspect, create, quantize and score .tinyloop INT4 / INT8 models", "tinyloop"};
     app.require_subcommand(1);
     app.footer(kExitStatus);  // before add_subcommand: each subcommand copies its parent's footer
     app.set_version_flag("-V,--version", [] { return version_text(); }, "print the library version and build, then exit");
@@ -1203,6 +1220,8 @@ int main(int argc, char **argv) {
     make->add_option("--loops", overrides.loops);
     make->add_option("--max-seq", overrides.max_seq);
     make->add_option("--group-size", group_size, "0 = per row");
+    make->add_option("--bits", overrides.bits, "code width, 4 (the preset's) or 8 (INT8: symmetric, W = q * s)")
+        ->check(CLI::IsMember({4, 8}));
     make->add_option("--seed", synth.seed)->capture_default_str();
     make->add_flag("--dense", dense, "store linears unquantized (F32)");
     make->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric min-max");
@@ -1220,9 +1239,14 @@ int main(int argc, char **argv) {
     std::string in_path;
     std::string method = "minmax", calib_path;
     tl::QuantizeOptions quant;
-    auto *quantize = app.add_subcommand("quantize", "quantize a model's dense linears to INT4 (min-max or GPTQ)");
+    int quant_bits = 4;
+    auto *quantize =
+        app.add_subcommand("quantize", "quantize a model's dense linears to INT4 or INT8 (min-max or GPTQ)");
     quantize->add_option("input", in_path, "a .tinyloop/safetensors file with dense linears")->required();
-    quantize->add_option("output", out_path, "the INT4 .tinyloop to write")->required();
+    quantize->add_option("output", out_path, "the quantized .tinyloop to write")->required();
+    quantize->add_option("--bits", quant_bits,
+                         "code width: 4, or 8 (INT8, always symmetric: W = q * s, one scale per row or group)")
+        ->check(CLI::IsMember({4, 8}))->capture_default_str();
     quantize->add_option("--method", method, "minmax | gptq")
         ->check(CLI::IsMember({"minmax", "gptq"}))->capture_default_str();
     quantize->add_option("--calib", calib_path, "GPTQ calibration text, read as bytes: one token per byte");
@@ -1232,7 +1256,7 @@ int main(int argc, char **argv) {
     quantize->add_option("--calib-window", quant.calib_window, "calibration window, 0 = the model's max_seq");
     quantize->add_option("--threads", quant.n_threads, "CPU threads for calibration, 0 = all")->check(non_negative);
     quantize->add_option("--group-size", group_size, "0 = per row (default 128)");
-    quantize->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric INT4");
+    quantize->add_flag("--symmetric", symmetric, "symmetric instead of asymmetric INT4 (INT8 always is)");
     quantize->add_flag("--quantize-head", quant.quantize_head, "also quantize a dense head");
     quantize->add_flag("--frac4", quant.frac4, "write frac4 cross-iteration rounding channels");
     quantize->add_flag("--sign-bit", quant.sign_bit, "write sign_bit cross-iteration rounding channels");
@@ -1245,7 +1269,8 @@ int main(int argc, char **argv) {
                                    "num_pre_layers and num_loops), optionally AutoGPTQ's quantize_config.json, and "
                                    "model.safetensors or model.safetensors.index.json; see docs/import.md, "
                                    "\"Importing Hugging Face-style checkpoints\" (what is read, refused and "
-                                   "ignored). Dense linears stay dense (tinyloop quantize makes them INT4).\n\n") +
+                                   "ignored). GPTQ checkpoints may be 4-bit or symmetric 8-bit. Dense linears stay "
+                                   "dense (tinyloop quantize makes them INT4 or INT8).\n\n") +
                        kExitStatus);
     import_cmd->add_option("dir", import_dir, "the checkpoint folder")->required();
     import_cmd->add_option("--out", import_out, "the .tinyloop file to write")->required();
@@ -1401,7 +1426,8 @@ int main(int argc, char **argv) {
                     kExitStatus);
     compare->add_option("reference", compare_args.reference, "the reference .tinyloop file (a dense model, say)")
         ->required();
-    compare->add_option("test", compare_args.test, "the .tinyloop file compared with it (its INT4 quantization)")
+    compare->add_option("test", compare_args.test,
+                        "the .tinyloop file compared with it (its INT4 or INT8 quantization)")
         ->required();
     auto *compare_text = compare->add_option("--text", compare_args.text, "a text file; - for stdin");
     auto *compare_tokens =
@@ -1462,6 +1488,7 @@ int main(int argc, char **argv) {
                 if (value > 0) *field = value;
             }
             if (group_size >= 0) c.group_size = group_size;
+            if (overrides.bits > 0) c.bits = overrides.bits;
             tl::validate_config(c);
             synth.quantized = !dense;
             synth.method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
@@ -1474,7 +1501,8 @@ int main(int argc, char **argv) {
             if (quant.quantizer == tl::Quantizer::Gptq && calib_path.empty()) {
                 throw UsageError("--method gptq needs --calib FILE");
             }
-            quant.gptq.method = symmetric ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
+            quant.gptq.bits = quant_bits;
+            quant.gptq.method = symmetric || quant_bits == 8 ? tl::QuantMethod::Symmetric : tl::QuantMethod::Asymmetric;
             quant.gptq.group_size = group_size >= 0 ? group_size : 128;
             if (isatty(STDERR_FILENO)) {
                 quant.progress = [](const char *stage, uint64_t done, uint64_t total) {

@@ -292,10 +292,12 @@ void attention(Context &ctx, const float *qkv, float *out, int32_t T, int32_t n_
 
 // ---- The model ----
 
-// What the CPU backend needs of a linear's storage: complete quantized arrays (K even, whole groups) or dense values.
+// What the CPU backend needs of a linear's storage: complete quantized arrays (INT4: K even, zeros; INT8: no zeros;
+// whole groups) or dense values.
 void check_cpu_storage(const Linear &w, const std::string &name) {
-    const bool complete = w.quantized ? (w.codes && w.scales && w.zeros && w.group_size > 0 &&
-                                         w.k % w.group_size == 0 && w.k % 2 == 0)
+    const bool int4 = w.bits == 4 && w.zeros && w.k % 2 == 0, int8 = w.bits == 8 && !w.zeros && !w.frac4 && !w.sign_bit;
+    const bool complete = w.quantized ? (w.codes && w.scales && (int4 || int8) && w.group_size > 0 &&
+                                         w.k % w.group_size == 0)
                                       : w.dense != nullptr;
     if (!complete) fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has missing or inconsistent storage");
 }

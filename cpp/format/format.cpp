@@ -68,7 +68,7 @@ bool checked_bytes(const std::vector<int64_t> &shape, uint64_t elem_size, uint64
 }
 
 bool parse_dtype(const std::string &text, DType *out) {
-    for (DType d : {DType::F16, DType::F32, DType::BF16, DType::U8, DType::I32}) {
+    for (DType d : {DType::F16, DType::F32, DType::BF16, DType::U8, DType::I32, DType::I8}) {
         if (text == dtype_name(d)) {
             *out = d;
             return true;
@@ -464,6 +464,18 @@ public:
         }
     }
 
+    // INT8 codes are symmetric, in [-127, 127]: -128 has no negation, and no writer of the format makes it.
+    void check_int8_codes(const TensorEntry &t) const {
+        if (!options_.validate_values) return;
+        const size_t count = static_cast<size_t>(t.end - t.begin);
+        for (size_t i = 0; i < count; ++i) {
+            if (t.bytes[i] == 0x80) {
+                fail(TL_ERR_FORMAT, "tensor " + quoted(t.name) + ": code -128 at index " + std::to_string(i) +
+                                        "; INT8 codes are in [-127, 127]");
+            }
+        }
+    }
+
     // The tensor's data at an address aligned for its dtype: in place when the file allows, else a copy (files
     // from other writers need not align tensors, and a misaligned typed read is undefined behaviour).
     const void *aligned(const TensorEntry &t) const {
@@ -523,15 +535,29 @@ public:
             fail(TL_ERR_FORMAT, "missing tensor " + quoted(name + ".qweight") + " (or " + quoted(name + ".weight") +
                                     " for a dense linear)");
         }
-        if (k % 2 != 0) {
-            fail(TL_ERR_FORMAT, "linear " + quoted(name) + ": K = " + std::to_string(k) +
-                                    " is odd; INT4 codes are packed two per byte");
+        // The codes' dtype gives the linear's code width: U8 packs two INT4 codes per byte, I8 holds one INT8 code.
+        check(*qweight, {DType::U8, DType::I8}, qweight->shape, "");
+        const bool int8 = qweight->dtype == DType::I8;
+        if (int8) {
+            for (const char *suffix : {".zeros", ".frac4", ".sign_bit"}) {
+                if (find(name + suffix)) {
+                    fail(TL_ERR_FORMAT, "tensor " + quoted(name + suffix) + " belongs to an INT4 linear, but " +
+                                            quoted(name) + " is INT8 (its qweight is I8): INT8 weights are symmetric, "
+                                            "W = q * s, with no zeros or rounding channels");
+                }
+            }
+            check(*qweight, {DType::I8}, {n, k}, "([N, K] " + kn + ")");
+        } else {
+            if (k % 2 != 0) {
+                fail(TL_ERR_FORMAT, "linear " + quoted(name) + ": K = " + std::to_string(k) +
+                                        " is odd; INT4 codes are packed two per byte");
+            }
+            check(*qweight, {DType::U8}, {n, k / 2}, "([N, K/2] " + kn + ")");
         }
-        check(*qweight, {DType::U8}, {n, k / 2}, "([N, K/2] " + kn + ")");
 
         // The group count comes from the scales' shape; it must agree with the config's group size.
         const TensorEntry &scales = require(name + ".scales");
-        const TensorEntry &zeros = require(name + ".zeros");
+        const TensorEntry *zeros = int8 ? nullptr : &require(name + ".zeros");
         if (scales.shape.size() != 2 || scales.shape[1] < 1 || k % scales.shape[1] != 0) {
             fail(TL_ERR_FORMAT, "tensor " + quoted(scales.name) + ": shape " + shape_text(scales.shape) +
                                     ", expected [N, G] with G groups dividing K " + kn);
@@ -546,15 +572,18 @@ public:
                                     " means groups of " + std::to_string(config_group));
         }
         check(scales, {DType::F16}, {n, groups}, "([N, G] " + kn + ")");
-        check(zeros, {DType::F16}, {n, groups}, "([N, G] " + kn + ")");
         check_finite(scales);
-        check_finite(zeros);
+        if (zeros) {
+            check(*zeros, {DType::F16}, {n, groups}, "([N, G] " + kn + ")");
+            check_finite(*zeros);
+        }
+        if (int8) check_int8_codes(*qweight);
         lin.quantized = true;
-        lin.bits = config_.bits;
+        lin.bits = int8 ? 8 : 4;
         lin.group_size = group_size;
         lin.codes = qweight->bytes;
         lin.scales = static_cast<const uint16_t *>(aligned(scales));
-        lin.zeros = static_cast<const uint16_t *>(aligned(zeros));
+        lin.zeros = zeros ? static_cast<const uint16_t *>(aligned(*zeros)) : nullptr;
         if (const TensorEntry *frac4 = find(name + ".frac4")) {
             check(*frac4, {DType::U8}, {n, k / 2}, "([N, K/2] " + kn + ")");
             lin.frac4 = frac4->bytes;
@@ -621,6 +650,11 @@ public:
             model->tie_head(storage_);
         }
 
+        if (const Linear *widest = widest_quantized(*model); widest && widest->bits != config_.bits) {
+            fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(config_.bits) +
+                                    ", but the widest quantized linear " + quoted(widest->name) + " has " +
+                                    std::to_string(widest->bits) + "-bit codes (bits must be the widest code width)");
+        }
         set_tokenizer(*model, load_tokenizer());
         for (const auto &kv : header_.tensors) model->tensor_bytes += kv.second.end - kv.second.begin;
         model->n_tensors = static_cast<uint32_t>(header_.tensors.size());
@@ -908,7 +942,9 @@ void validate_config(const ModelConfig &c) {
         fail(TL_ERR_FORMAT, "config: bos_token_id = " + std::to_string(c.bos_token_id) +
                                 " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
     }
-    if (c.bits != 4) fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(c.bits) + " is unsupported (only 4)");
+    if (c.bits != 4 && c.bits != 8) {
+        fail(TL_ERR_FORMAT, "config: bits = " + std::to_string(c.bits) + " is unsupported (4 or 8)");
+    }
     if (c.group_size < 0) fail(TL_ERR_FORMAT, "config: group_size = " + std::to_string(c.group_size) + " is negative");
     if (c.group_size > 0) {
         const std::pair<const char *, int64_t> ks[] = {
@@ -1126,12 +1162,17 @@ void save_model(const std::string &path, const Model &model) {
             views.push_back({name + ".weight", lin.dense_dtype, {n, k}, lin.dense});
             return;
         }
-        need(lin.codes && lin.scales && lin.zeros && lin.group_size > 0 && k % lin.group_size == 0,
+        const bool int8 = lin.bits == 8;
+        need(lin.bits == 4 || int8, "quantized linear " + quoted(name) + " has bits = " + std::to_string(lin.bits) +
+                                        " (4 or 8)");
+        need(lin.codes && lin.scales && (int8 || lin.zeros) && lin.group_size > 0 && k % lin.group_size == 0,
              "quantized linear " + quoted(name) + " lacks codes/scales/zeros or has a bad group size");
+        need(!int8 || (!lin.zeros && !lin.frac4 && !lin.sign_bit),
+             "INT8 linear " + quoted(name) + " has zeros or rounding channels (INT8 weights are W = q * s)");
         const int64_t groups = k / lin.group_size;
-        views.push_back({name + ".qweight", DType::U8, {n, k / 2}, lin.codes});
+        views.push_back({name + ".qweight", int8 ? DType::I8 : DType::U8, {n, int8 ? k : k / 2}, lin.codes});
         views.push_back({name + ".scales", DType::F16, {n, groups}, lin.scales});
-        views.push_back({name + ".zeros", DType::F16, {n, groups}, lin.zeros});
+        if (!int8) views.push_back({name + ".zeros", DType::F16, {n, groups}, lin.zeros});
         if (lin.frac4) views.push_back({name + ".frac4", DType::U8, {n, k / 2}, lin.frac4});
         if (lin.sign_bit) {
             need(k % 8 == 0, "linear " + quoted(name) + " has a sign_bit channel but K = " + std::to_string(k) +
@@ -1156,6 +1197,10 @@ void save_model(const std::string &path, const Model &model) {
         add_linear(prefix + "mlp_down", b.mlp_down, f, d);
     };
 
+    if (const Linear *widest = widest_quantized(model); widest && widest->bits != c.bits) {
+        need(false, "config.bits = " + std::to_string(c.bits) + ", but the widest quantized linear " +
+                        quoted(widest->name) + " has " + std::to_string(widest->bits) + "-bit codes");
+    }
     need(model.embed != nullptr, "the model has no embedding");
     views.push_back({"embed.weight", model.embed_dtype, {v, d}, model.embed});
     need(model.pre.size() == static_cast<size_t>(c.pre),

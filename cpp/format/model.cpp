@@ -17,6 +17,7 @@ const char *dtype_name(DType dtype) {
         case DType::BF16: return "BF16";
         case DType::U8: return "U8";
         case DType::I32: return "I32";
+        case DType::I8: return "I8";
     }
     return "?";
 }
@@ -38,7 +39,8 @@ size_t dtype_size(DType dtype) {
         case DType::BF16: return 2;
         case DType::F32:
         case DType::I32: return 4;
-        case DType::U8: return 1;
+        case DType::U8:
+        case DType::I8: return 1;
     }
     return 0;
 }
@@ -61,7 +63,7 @@ size_t Linear::quant_bytes() const {
     if (!quantized) return 0;
     const size_t kn = static_cast<size_t>(k) * static_cast<size_t>(n);
     const size_t groups = static_cast<size_t>(n_groups()) * static_cast<size_t>(n);
-    size_t bytes = kn / 2 + groups * 2 * sizeof(uint16_t);
+    size_t bytes = code_row_bytes() * static_cast<size_t>(n) + groups * (zeros ? 2 : 1) * sizeof(uint16_t);
     if (frac4) bytes += kn / 2;
     if (sign_bit) bytes += kn / 8;
     if (k_perm) bytes += static_cast<size_t>(k) * sizeof(int32_t);
@@ -98,6 +100,13 @@ void Model::tie_head(std::shared_ptr<const void> storage) {
     head.dense_dtype = embed_dtype;
     head.dense = embed;
     head.keepalive = std::move(storage);
+}
+
+const Linear *widest_quantized(const Model &model) {
+    const Linear *widest = nullptr;
+    for (const Linear *l : model.linears())
+        if (l->quantized && (widest == nullptr || l->bits > widest->bits)) widest = l;
+    return widest;
 }
 
 std::string k_perm_error(const int32_t *perm, int32_t k) {

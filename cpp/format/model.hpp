@@ -12,7 +12,7 @@
 
 namespace tl {
 
-enum class DType : uint8_t { F16, F32, BF16, U8, I32 };
+enum class DType : uint8_t { F16, F32, BF16, U8, I32, I8 };
 
 const char *dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
@@ -55,6 +55,7 @@ struct ModelConfig {
     int32_t loops = 0;  // applications of the looped block
     int32_t max_seq = 0;
     int32_t group_size = 0;  // 0 = per row
+    // 4 or 8: the widest code width among the quantized linears (each Linear carries its own, docs/format.md).
     int32_t bits = 4;
     float rope_theta = 10000.0f;
     float norm_eps = 1e-5f;
@@ -71,7 +72,8 @@ struct ModelConfig {
 };
 
 // Y[m, n] = sum_k X[m, k] * W[k, n]. Storage is out-major ("[N, K]", like a PyTorch Linear weight):
-//   quantized: codes [n][k/2] (low nibble = even k), scales/zeros [n][groups] FP16, W = q*s + z;
+//   quantized, bits 4: codes [n][k/2] (low nibble = even k), scales/zeros [n][groups] FP16, W = q*s + z;
+//   quantized, bits 8: codes [n][k] int8 in [-127, 127], scales [n][groups] FP16, no zeros, W = q*s;
 //   dense:     values [n][k] in F16, BF16 or F32.
 struct Linear {
     std::string name;  // e.g. "pre.0.attn_qkv", "loop.mlp_down", "head"
@@ -104,6 +106,8 @@ struct Linear {
     std::shared_ptr<const void> keepalive;
 
     int32_t n_groups() const { return quantized ? k / group_size : 0; }
+    // Bytes of one output column's codes: K/2 for INT4 (two per byte), K for INT8.
+    size_t code_row_bytes() const { return bits == 8 ? static_cast<size_t>(k) : static_cast<size_t>(k) / 2; }
     const float *bias_values() const { return bias ? bias->data() : nullptr; }
     size_t quant_bytes() const;  // codes + scales + zeros + optional channels
 };
@@ -159,6 +163,10 @@ struct Model {
     // `storage`.
     void tie_head(std::shared_ptr<const void> storage);
 };
+
+// The first of the model's quantized linears with the widest code width (config.bits must be its width), or null
+// when none is quantized.
+const Linear *widest_quantized(const Model &model);
 
 // Why `perm` ([k]) is not a permutation of [0, k) ("k_perm[5] = 9 is out of range [0, 8)", "k_perm[6] = 2 repeats
 // k_perm[1]"), or "" when it is.

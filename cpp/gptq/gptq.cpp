@@ -67,14 +67,21 @@ std::vector<double> Hessian::matrix() const {
 QuantizedMatrix quantize_gptq(const float *w, int32_t k, int32_t n, const double *h, const GptqOptions &options,
                               const std::string &name) {
     const std::string where = "quantize_gptq " + name + ": ";
-    if (k <= 0 || n <= 0 || k % 2 != 0) {
+    const int32_t bits = options.bits;
+    if (bits != 4 && bits != 8) fail(TL_ERR_INVALID_ARGUMENT, where + "bits = " + std::to_string(bits) + " (4 or 8)");
+    if (bits == 8 && options.method != QuantMethod::Symmetric) {
+        fail(TL_ERR_INVALID_ARGUMENT, where + "INT8 weights are symmetric (W = q * s): the method must be symmetric");
+    }
+    const bool packed = bits == 4;  // INT4 packs two codes per byte: K and the group size must be even
+    if (k <= 0 || n <= 0 || (packed && k % 2 != 0)) {
         fail(TL_ERR_INVALID_ARGUMENT, where + "shape k = " + std::to_string(k) + ", n = " + std::to_string(n) +
-                                          " (need k > 0 even and n > 0)");
+                                          " (need k > 0, even for INT4, and n > 0)");
     }
     const int32_t gs = options.group_size == 0 ? k : options.group_size;
-    if (gs <= 0 || k % gs != 0 || gs % 2 != 0) {
+    if (gs <= 0 || k % gs != 0 || (packed && gs % 2 != 0)) {
         fail(TL_ERR_INVALID_ARGUMENT, where + "group_size = " + std::to_string(options.group_size) +
-                                          " is not an even divisor of k = " + std::to_string(k));
+                                          " is not a divisor of k = " + std::to_string(k) +
+                                          (packed ? " (even for INT4)" : ""));
     }
     if (!(options.damp >= 0.0 && std::isfinite(options.damp)) || options.block_size <= 0) {
         fail(TL_ERR_INVALID_ARGUMENT, where + "damp = " + std::to_string(options.damp) + ", block_size = " +
@@ -129,13 +136,13 @@ QuantizedMatrix quantize_gptq(const float *w, int32_t k, int32_t n, const double
     if (options.act_order) {
         // Group parameters fixed up front from the weights as given, in natural order: the file stores no
         // column permutation, so a group must stay a run of gs consecutive inputs.
-        m = quantize_minmax(w, k, n, options.group_size, options.method);
+        m = quantize_minmax(w, k, n, options.group_size, options.method, bits);
         std::fill(m.codes.begin(), m.codes.end(), 0);
     } else {
-        m.k = k, m.n = n, m.group_size = gs, m.bits = 4;
-        m.codes.assign(static_cast<size_t>(n) * (k / 2), 0);
+        m.k = k, m.n = n, m.group_size = gs, m.bits = bits;
+        m.codes.assign(static_cast<size_t>(n) * (packed ? k / 2 : k), 0);
         m.scales.resize(static_cast<size_t>(n) * groups);
-        m.zeros.resize(m.scales.size());
+        if (packed) m.zeros.resize(m.scales.size());
     }
 
     const int32_t B = options.block_size;
@@ -151,15 +158,24 @@ QuantizedMatrix quantize_gptq(const float *w, int32_t k, int32_t n, const double
                 group_values.resize(static_cast<size_t>(n) * gs);
                 for (int32_t r = 0; r < n; ++r)
                     for (int32_t j = 0; j < gs; ++j) group_values[static_cast<size_t>(r) * gs + j] = W(r, c + j);
-                const QuantizedMatrix group = quantize_minmax(group_values.data(), gs, n, gs, options.method);
+                const QuantizedMatrix group = quantize_minmax(group_values.data(), gs, n, gs, options.method, bits);
                 for (int32_t r = 0; r < n; ++r) {
                     m.scales[static_cast<size_t>(r) * groups + c / gs] = group.scales[r];
-                    m.zeros[static_cast<size_t>(r) * groups + c / gs] = group.zeros[r];
+                    if (packed) m.zeros[static_cast<size_t>(r) * groups + c / gs] = group.zeros[r];
                 }
             }
             const int32_t kk = order[c], g = kk / gs;
             const double diag = L(c, c);
-            for (int32_t r = 0; r < n; ++r) {
+            if (!packed) {
+                for (int32_t r = 0; r < n; ++r) {
+                    const float s = half_to_float(m.scales[static_cast<size_t>(r) * groups + g]);
+                    const double x = W(r, c);
+                    const int8_t q = int8_code(x, s);  // quantize_minmax's rounding
+                    m.codes[static_cast<size_t>(r) * k + kk] = static_cast<uint8_t>(q);
+                    errors(r, c - i1) = (x - int8_value(q, s)) / diag;
+                }
+            }
+            for (int32_t r = 0; packed && r < n; ++r) {
                 const float s = half_to_float(m.scales[static_cast<size_t>(r) * groups + g]);
                 const float z = half_to_float(m.zeros[static_cast<size_t>(r) * groups + g]);
                 const double x = W(r, c);
@@ -211,6 +227,10 @@ std::map<std::string, Hessian> collect_hessians(const Model &model, const std::v
 void quantize_model(Model &model, const QuantizeOptions &options, const std::vector<int32_t> &calib_tokens) {
     ModelConfig config = model.config;
     config.group_size = options.gptq.group_size;
+    config.bits = options.gptq.bits;
+    if (config.bits == 8 && (options.frac4 || options.sign_bit)) {
+        fail(TL_ERR_INVALID_ARGUMENT, "frac4 and sign_bit channels describe INT4 codes; they cannot go with bits = 8");
+    }
     try {
         validate_config(config);
     } catch (const Error &e) {  // the group size is an argument here, not a file's field
@@ -247,7 +267,7 @@ void quantize_model(Model &model, const QuantizeOptions &options, const std::vec
             auto node = hessians.extract(l.name);  // freed after this linear
             m = quantize_gptq(w.data(), l.k, l.n, node.mapped().matrix().data(), options.gptq, l.name);
         } else {
-            m = quantize_minmax(w.data(), l.k, l.n, options.gptq.group_size, options.gptq.method);
+            m = quantize_minmax(w.data(), l.k, l.n, options.gptq.group_size, options.gptq.method, options.gptq.bits);
         }
         if (options.frac4 || options.sign_bit) add_rounding_channels(w.data(), m, options.frac4, options.sign_bit);
         const std::shared_ptr<const std::vector<float>> bias = l.bias;  // the bias stays as it is
@@ -257,6 +277,7 @@ void quantize_model(Model &model, const QuantizeOptions &options, const std::vec
     }
     if (model.head.quantized) model.head_kind = HeadKind::Quantized;
     model.config.group_size = config.group_size;
+    model.config.bits = config.bits;
 }
 
 }  // namespace tl

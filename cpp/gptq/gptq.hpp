@@ -1,5 +1,5 @@
 // GPTQ quantization (Frantar et al., 2022) on the host, and the quantizer pipeline behind `tinyloop quantize`:
-// dense model -> calibration activations from the CPU forward pass -> per-linear GPTQ or min-max -> INT4 model.
+// dense model -> calibration activations from the CPU forward pass -> per-linear GPTQ or min-max -> INT4/INT8 model.
 // The method and its choices are described in docs/quality.md.
 #pragma once
 
@@ -36,7 +36,8 @@ private:
 
 struct GptqOptions {
     QuantMethod method = QuantMethod::Asymmetric;
-    int32_t group_size = 0;  // 0 = per row; otherwise an even divisor of k
+    int32_t bits = 4;        // 4, or 8 (symmetric: method must be Symmetric)
+    int32_t group_size = 0;  // 0 = per row; otherwise a divisor of k (even for INT4)
     double damp = 0.01;      // λ = damp · mean(diag H) added to the diagonal
     // Quantize columns in order of decreasing H_ii. Each group's s and z then come from the weights as given
     // (natural order, before any error compensation), so the stored layout and group membership stay the file's.
@@ -47,8 +48,8 @@ struct GptqOptions {
 // GPTQ of w[n][k] (row n = output column n) against the Hessian h[k][k] (row-major, symmetric) of its input.
 // Columns (input dimensions) are quantized one by one, each one's rounding error spread over the columns not
 // yet quantized through the upper Cholesky factor of H⁻¹. Without act_order, a group's s and z are the
-// min-max values (quantize_minmax's rule, FP16-rounded) of the group's current, error-compensated weights when
-// its first column comes up. Columns with H_ii = 0 (inputs that never fired) are rounded plainly.
+// min-max values (quantize_minmax's rule for options.bits, FP16-rounded) of the group's current, error-compensated
+// weights when its first column comes up. Columns with H_ii = 0 (inputs that never fired) are rounded plainly.
 // Throws TL_ERR_INVALID_ARGUMENT for bad shapes or non-finite values, naming `name`, and when the damped H is
 // not positive definite.
 QuantizedMatrix quantize_gptq(const float *w, int32_t k, int32_t n, const double *h, const GptqOptions &options,
@@ -58,7 +59,7 @@ enum class Quantizer { MinMax, Gptq };
 
 struct QuantizeOptions {
     Quantizer quantizer = Quantizer::MinMax;
-    GptqOptions gptq;       // method and group_size apply to min-max too
+    GptqOptions gptq;       // method, bits and group_size apply to min-max too
     bool quantize_head = false;  // also quantize a dense (untied) head
     bool frac4 = false;     // write cross-iteration rounding channels (cross_iter.hpp)
     bool sign_bit = false;

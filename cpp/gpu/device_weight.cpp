@@ -42,7 +42,11 @@ void dequantize_weight_iteration(const DeviceWeight &, int32_t, int32_t, uint16_
 
 std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void *stream_ptr, const PackForms &forms,
                                           PackOutcome *outcome) {
-    if (!w.quantized || w.bits != 4) fail(TL_ERR_UNSUPPORTED, "'" + w.name + "' is not an INT4 weight");
+    if (!w.quantized || w.bits != 4) {
+        fail(TL_ERR_UNSUPPORTED, "'" + w.name + "' is not an INT4 weight" +
+                                     (w.bits == 8 ? " (INT8 weights run on the GPU only inside a model, as dense FP16)"
+                                                  : ""));
+    }
     require_device(device);
     const DeviceProperties props = device_info(device);
     DeviceScope scope(device);
@@ -129,6 +133,28 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
         outcome->device_bytes += outcome->extra_device_bytes;
     }
     return dw;
+}
+
+DeviceBuffer dequantize_int8_weight(const Linear &w, int32_t rows, int32_t device, cudaStream_t stream) {
+    require_complete_quantized(w, "dequantize_int8_weight");
+    if (w.bits != 8 || rows < w.n) fail(TL_ERR_INTERNAL, "dequantize_int8_weight: '" + w.name + "' is not INT8");
+    DeviceScope scope(device);
+    const size_t k = static_cast<size_t>(w.k), n = static_cast<size_t>(w.n);
+    const DeviceBuffer codes = DeviceBuffer::upload(device, w.codes, n * k, stream);
+    const DeviceBuffer scales =
+        DeviceBuffer::upload(device, w.scales, n * static_cast<size_t>(w.n_groups()) * sizeof(uint16_t), stream);
+    const DeviceBuffer k_perm =
+        w.k_perm ? DeviceBuffer::upload(device, w.k_perm, k * sizeof(int32_t), stream) : DeviceBuffer{};
+    DeviceBuffer out(device, static_cast<size_t>(rows) * k * sizeof(uint16_t));
+    check_cuda(cudaMemsetAsync(out.get(), 0, out.bytes(), stream), "cudaMemsetAsync (INT8 weight padding)");
+    const int rc = gpu::dequant_int8(codes.get<int8_t>(), scales.get<uint16_t>(),
+                                     w.k_perm ? k_perm.get<int32_t>() : nullptr, out.get<uint16_t>(), w.n, w.k,
+                                     w.group_size, Dtype::F16, stream);
+    if (rc > 0) check_cuda(static_cast<cudaError_t>(rc), "dequantizing '" + w.name + "' (INT8) to FP16");
+    if (rc < 0) fail(TL_ERR_INTERNAL, "the INT8 dequantizer refused '" + w.name + "' (rc " + std::to_string(rc) + ")");
+    // The uploads are freed when this returns: they must be done with first.
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (INT8 dequantize)");
+    return out;
 }
 
 size_t dequantized_bytes(const DeviceWeight &dw) { return dequant_scratch_bytes(dw); }

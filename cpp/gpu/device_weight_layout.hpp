@@ -49,6 +49,11 @@ struct DeviceWeight {
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// An INT8 weight (bits 8) as FP16 [rows][K] on `device`, W in input order (a k_perm undone), the rows past w.n zero
+// (rows >= w.n): its codes, scales and k_perm uploaded, gpu::dequant_int8 run on `stream`, and waited for. The GPU
+// backend then runs it as a dense linear (cuBLAS): INT8 weights have no quantized kernel of their own.
+DeviceBuffer dequantize_int8_weight(const Linear &w, int32_t rows, int32_t device, cudaStream_t stream);
+
 // The workspace of a call: [0, marlin_workspace) holds the Marlin-class kernels' counters, zero-filled by the caller
 // before first use and zero again when every call's work is done; then, for a weight with a k_perm or a padded K, x
 // as the weight reads it [M][k_padded]; for a weight whose N was padded, the padded output [M][n_padded]; then the

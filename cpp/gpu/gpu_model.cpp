@@ -25,6 +25,7 @@
 #include "cublas_loader.hpp"
 #include "gpu/cuda_host.hpp"
 #include "gpu/device_memory.hpp"
+#include "gpu/device_weight_layout.hpp"
 #include "gpu/gpu_model_state.hpp"
 #endif
 
@@ -69,10 +70,10 @@ int32_t round_up(int64_t v, int64_t multiple) { return static_cast<int32_t>((v +
 
 // ---- Building the device model ----
 
-// What the GPU backend needs of a linear's storage: a complete INT4 weight, or dense values.
+// What the GPU backend needs of a linear's storage: a complete INT4 or INT8 weight, or dense values.
 void check_gpu_storage(const Linear &w, const std::string &name) {
     if (w.quantized) {
-        require_complete_int4(w, ("model: " + name).c_str());
+        require_complete_quantized(w, ("model: " + name).c_str());
     } else if (w.dense == nullptr) {
         fail(TL_ERR_INVALID_ARGUMENT, "model: " + name + " has no values");
     }
@@ -135,7 +136,11 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
     d.k = w.k;
     d.n = round_up(w.n, n_multiple);
     d.bias = upload_bias(s.device, w.bias.get(), d.n);
-    if (w.quantized) {
+    if (w.quantized && w.bits == 8) {
+        d.dense = dequantize_int8_weight(w, d.n, s.device, s.own_stream);
+        d.dense_values = d.dense.get<uint16_t>();
+        d.bytes = d.dense.bytes();
+    } else if (w.quantized) {
         PackOutcome outcome;
         d.quant = pack_weight(d.n == w.n ? w : pad_linear_rows(w, n_multiple), s.device, s.own_stream,
                               s.options.forms, &outcome);
@@ -186,8 +191,9 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
     add(d.qkv, b.attn_qkv);
     add(d.out, b.attn_out);
     const Linear &gate = b.mlp_gate, &up = b.mlp_up;
-    if (gate.quantized && up.quantized && gate.group_size == up.group_size && same_k_perm(gate, up) &&
-        (!looped || same_rounding_channels(gate, up))) {
+    // INT8 linears run dense (make_linear), so only two INT4 ones become one quantized weight.
+    if (gate.quantized && up.quantized && gate.bits == 4 && up.bits == 4 && gate.group_size == up.group_size &&
+        same_k_perm(gate, up) && (!looped || same_rounding_channels(gate, up))) {
         const std::string name = gate.name.substr(0, gate.name.rfind('.') + 1) + "mlp_gate_up";
         jobs.push_back([&s, &d, &gate, &up, name, looped] {
             Linear gate_up = concat_linear_rows(gate, up, name);

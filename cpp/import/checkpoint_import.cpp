@@ -293,6 +293,7 @@ struct Quantization {
     Int4Layout layout = Int4Layout::Gptq;
     std::string method;      // "gptq" or "awq", for messages
     int32_t group_size = 0;  // 0 = per row (the checkpoint's -1)
+    int32_t bits = 4;        // 4, or 8 (GPTQ only; stored symmetric, see import_int4)
 };
 
 struct HfConfig {
@@ -359,9 +360,11 @@ Quantization read_quantization(const Fields &f) {
               "= " + squote(q.method) + ": only 'gptq' (v1) and 'awq' (GEMM) checkpoints can be imported");
     }
     const int64_t bits = f.integer("bits", std::nullopt);
-    if (bits != 4) {
-        f.bad(TL_ERR_UNSUPPORTED, "bits", "= " + std::to_string(bits) + ": only 4-bit checkpoints can be imported");
+    if (bits != 4 && !(bits == 8 && q.layout == Int4Layout::Gptq)) {
+        f.bad(TL_ERR_UNSUPPORTED, "bits", "= " + std::to_string(bits) + ": only 4-bit checkpoints, and 8-bit GPTQ " +
+                                              "ones, can be imported");
     }
+    q.bits = static_cast<int32_t>(bits);
     const int64_t group = f.integer("group_size", kDefaultQuantGroupSize);
     if (group != -1 && group <= 0) {
         f.bad(TL_ERR_FORMAT, "group_size", "= " + std::to_string(group) + ": must be -1 (per row) or positive");
@@ -374,7 +377,7 @@ Quantization read_quantization(const Fields &f) {
     }
     const std::string pack = lower(f.text("pack_dtype", std::string("int32")));
     if (pack != "int32" && pack != "torch.int32") {
-        f.bad(TL_ERR_UNSUPPORTED, "pack_dtype", "= " + squote(pack) + ": only codes packed 8 to an int32 are read");
+        f.bad(TL_ERR_UNSUPPORTED, "pack_dtype", "= " + squote(pack) + ": only codes packed into int32 words are read");
     }
     if (q.layout == Int4Layout::Gptq) {
         f.boolean("desc_act", false);  // type-checked only: each linear's g_idx says how its K is ordered
@@ -851,7 +854,10 @@ public:
 
         // One group size for the whole file: the checkpoint's, once a linear is INT4 (import_int4 checked that it
         // divides each one's K); a dense model's 0 leaves `tinyloop quantize` free to choose.
-        if (any_int4_) model->config.group_size = config_.quant.group_size;
+        if (any_int4_) {
+            model->config.group_size = config_.quant.group_size;
+            model->config.bits = config_.quant.bits;
+        }
         try {
             validate_config(model->config);
         } catch (const Error &e) {
@@ -1056,21 +1062,28 @@ private:
             fail(TL_ERR_FORMAT, linear + "quantization_config.group_size " + std::to_string(gs) + " does not divide K");
         }
         // The packing's own constraints, checked here so that the shapes below are whole numbers.
-        if (gptq && k % 8 != 0) {
-            fail(TL_ERR_FORMAT, linear + "K must be a multiple of 8 (qweight packs 8 rows of K per int32)");
+        const int32_t per_word = 32 / q.bits;  // codes per int32
+        const std::string pack = std::to_string(per_word);
+        if (gptq && k % per_word != 0) {
+            fail(TL_ERR_FORMAT, linear + "K must be a multiple of " + pack + " (qweight packs " + pack +
+                                    " rows of K per int32)");
         }
         if (!gptq && k % 2 != 0) fail(TL_ERR_FORMAT, linear + "K must be even");
-        if (n % 8 != 0) fail(TL_ERR_FORMAT, linear + "N must be a multiple of 8 (qzeros packs 8 columns per int32)");
+        if (n % per_word != 0) {
+            fail(TL_ERR_FORMAT, linear + "N must be a multiple of " + pack + " (qzeros packs " + pack +
+                                    " columns per int32)");
+        }
         const int64_t groups = k / gs;
         const Entry &qzeros = require(name + ".qzeros", "");
         const Entry &scales = require(name + ".scales", "");
         const Entry *g_idx = find(name + ".g_idx");
         if (gptq) {
-            check(qweight, {DType::I32}, {k / 8, n}, "[K/8, N] (GPTQ)");
+            check(qweight, {DType::I32}, {k / per_word, n}, "[K/" + pack + ", N] (" + std::to_string(q.bits) +
+                                                                "-bit GPTQ)");
         } else {
             check(qweight, {DType::I32}, {k, n / 8}, "[K, N/8] (AWQ)");
         }
-        check(qzeros, {DType::I32}, {groups, n / 8}, "[G, N/8] (G = K / group_size)");
+        check(qzeros, {DType::I32}, {groups, n / per_word}, "[G, N/" + pack + "] (G = K / group_size)");
         check(scales, {DType::F16}, {groups, n}, "[G, N] (G = K / group_size)");
         if (g_idx) {
             if (!gptq) fail(TL_ERR_FORMAT, where(*g_idx) + "AWQ checkpoints have no g_idx");
@@ -1091,6 +1104,7 @@ private:
         c.k = k;
         c.n = n;
         c.group_size = q.group_size;
+        c.bits = q.bits;
         c.qweight = static_cast<const int32_t *>(typed(&qweight, 0));
         c.qzeros = static_cast<const int32_t *>(typed(&qzeros, 1));
         c.scales = static_cast<const uint16_t *>(typed(&scales, 2));
@@ -1143,8 +1157,8 @@ private:
         for (const HfLinear *s : {&k, &v}) {
             if (s->quantized() != q.quantized()) {
                 fail(TL_ERR_UNSUPPORTED, squote(checkpoint_.source()) + ": " + squote(q.name) + " is " +
-                                             (q.quantized() ? "INT4" : "dense") + " but " + squote(s->name) + " is " +
-                                             (s->quantized() ? "INT4" : "dense") +
+                                             (q.quantized() ? "quantized" : "dense") + " but " + squote(s->name) +
+                                             " is " + (s->quantized() ? "quantized" : "dense") +
                                              ": q, k and v become one linear (attn_qkv), stored one way");
             }
         }
@@ -1176,8 +1190,9 @@ private:
             out.k = static_cast<int32_t>(kk);
             out.n = static_cast<int32_t>(n);
             out.group_size = q.int4->group_size;
-            out.bits = 4;
-            const size_t code_row = static_cast<size_t>(kk / 2), groups = static_cast<size_t>(kk / out.group_size);
+            out.bits = q.int4->bits;  // one checkpoint, one width
+            const size_t code_row = static_cast<size_t>(out.bits == 8 ? kk : kk / 2);
+            const size_t groups = static_cast<size_t>(kk / out.group_size);
             out.codes.reserve(static_cast<size_t>(n) * code_row);
             out.scales.reserve(static_cast<size_t>(n) * groups);
             out.zeros.reserve(static_cast<size_t>(n) * groups);
@@ -1186,7 +1201,9 @@ private:
                 const size_t first = static_cast<size_t>(r.first), end = first + static_cast<size_t>(r.count);
                 out.codes.insert(out.codes.end(), m.codes.begin() + first * code_row, m.codes.begin() + end * code_row);
                 out.scales.insert(out.scales.end(), m.scales.begin() + first * groups, m.scales.begin() + end * groups);
-                out.zeros.insert(out.zeros.end(), m.zeros.begin() + first * groups, m.zeros.begin() + end * groups);
+                if (!m.zeros.empty()) {
+                    out.zeros.insert(out.zeros.end(), m.zeros.begin() + first * groups, m.zeros.begin() + end * groups);
+                }
             }
             Linear lin = make_quantized_linear(name, std::move(out));
             lin.bias = std::move(bias);

@@ -25,6 +25,66 @@ void require(bool ok, const std::string &message) {
     if (!ok) fail(TL_ERR_INVALID_ARGUMENT, message);
 }
 
+uint8_t byte_of(int32_t word, int i) { return static_cast<uint8_t>((static_cast<uint32_t>(word) >> (8 * i)) & 0xFFu); }
+
+// import_int4 for 8-bit GPTQ, its shapes, pointers and g_idx checked: `perm` and `stored` as import_int4 made them.
+QuantizedMatrix import_int8_gptq(const Int4Checkpoint &c, int32_t gs, std::vector<int32_t> perm,
+                                 const std::vector<int32_t> &stored) {
+    const std::string &p = c.field_prefix;
+    const size_t k = static_cast<size_t>(c.k), n = static_cast<size_t>(c.n);
+    const size_t groups = k / static_cast<size_t>(gs);
+    QuantizedMatrix m;
+    m.k = c.k;
+    m.n = c.n;
+    m.group_size = gs;
+    m.bits = 8;
+    m.codes.assign(n * k, 0);
+    m.scales.assign(n * groups, 0);
+    m.k_perm = std::move(perm);
+    // Zero points first: v1 stores zero - 1, and only the symmetric zero 128 keeps W = (q - z) * s exactly q' * s.
+    for (size_t g = 0; g < groups; ++g) {
+        for (size_t w = 0; w < n / 4; ++w) {
+            for (int i = 0; i < 4; ++i) {
+                const int z = byte_of(c.qzeros[g * (n / 4) + w], i) + 1;
+                if (z != kInt8GptqZero) {
+                    fail(TL_ERR_UNSUPPORTED, p + "qzeros gives column " + std::to_string(4 * w + i) + " of group " +
+                                                 std::to_string(g) + " the zero point " + std::to_string(z) +
+                                                 ": 8-bit weights are stored symmetric (zero point 128, W = q * s); "
+                                                 "asymmetric 8-bit GPTQ cannot be imported");
+                }
+            }
+        }
+    }
+    for (size_t g = 0; g < groups; ++g) {
+        for (size_t nn = 0; nn < n; ++nn) {
+            const uint16_t s = c.scales[g * n + nn];
+            if ((s & 0x7C00u) == 0x7C00u) {
+                fail(TL_ERR_INVALID_ARGUMENT, p + "scales[" + std::to_string(g) + "][" + std::to_string(nn) +
+                                                  "] (element " + std::to_string(g * n + nn) + ") is not finite");
+            }
+            m.scales[nn * groups + g] = s;
+        }
+    }
+    // qweight [k/4][n]: byte i of word [r][nn] is row 4r + i.
+    for (size_t r = 0; r < k / 4; ++r) {
+        for (size_t nn = 0; nn < n; ++nn) {
+            const int32_t word = c.qweight[r * n + nn];
+            for (int i = 0; i < 4; ++i) {
+                const int q = byte_of(word, i);
+                const size_t kk = 4 * r + static_cast<size_t>(i);
+                if (q == 0) {
+                    fail(TL_ERR_UNSUPPORTED, p + "qweight holds the code 0 at row " + std::to_string(kk) + ", column " +
+                                                 std::to_string(nn) + ": minus the zero point 128 that is -128, "
+                                                 "outside the INT8 codes [-127, 127] of the format");
+                }
+                const size_t row = stored.empty() ? kk : static_cast<size_t>(stored[kk]);
+                m.codes[nn * k + row] = static_cast<uint8_t>(static_cast<int8_t>(q - kInt8GptqZero));
+            }
+        }
+    }
+    return m;
+}
+
 }  // namespace
 
 QuantizedMatrix import_int4(const Int4Checkpoint &c) {
@@ -32,18 +92,24 @@ QuantizedMatrix import_int4(const Int4Checkpoint &c) {
     const bool gptq = c.layout == Int4Layout::Gptq;
     const char *layout_name = gptq ? "GPTQ" : "AWQ";
     require(c.layout == Int4Layout::Gptq || c.layout == Int4Layout::Awq, p + "layout is not GPTQ or AWQ");
+    require(c.bits == 4 || (c.bits == 8 && gptq), p + "bits must be 4, or 8 for the GPTQ layout, got " +
+                                                      std::to_string(c.bits));
+    const int per_word = 32 / c.bits;  // codes per int32: 8 nibbles or 4 bytes
+    const std::string pack = std::to_string(per_word);
 
     // Shapes. GPTQ packs along k (qweight) and n (qzeros); AWQ packs along n only, and our codes need an even k.
     require(c.k > 0 && c.k <= (1 << 20), p + "k must be in [1, 2^20], got " + std::to_string(c.k));
     require(c.n > 0 && c.n <= (1 << 24), p + "n must be in [1, 2^24], got " + std::to_string(c.n));
     if (gptq) {
-        require(c.k % 8 == 0, p + "k must be a multiple of 8 for the GPTQ layout (qweight packs 8 rows of K per int32), "
-                                  "got " + std::to_string(c.k));
+        require(c.k % per_word == 0, p + "k must be a multiple of " + pack + " for the " + std::to_string(c.bits) +
+                                         "-bit GPTQ layout (qweight packs " + pack + " rows of K per int32), got " +
+                                         std::to_string(c.k));
     } else {
         require(c.k % 2 == 0, p + "k must be even, got " + std::to_string(c.k));
     }
-    require(c.n % 8 == 0, p + "n must be a multiple of 8 for the " + std::string(layout_name) +
-                              " layout (qzeros packs 8 columns per int32), got " + std::to_string(c.n));
+    require(c.n % per_word == 0, p + "n must be a multiple of " + pack + " for the " + std::string(layout_name) +
+                                     " layout (qzeros packs " + pack + " columns per int32), got " +
+                                     std::to_string(c.n));
     require(c.group_size >= 0, p + "group_size must be >= 0 (0 = per row; a checkpoint's group_size -1 is 0 here), got " +
                                    std::to_string(c.group_size));
     const int32_t gs = c.group_size == 0 ? c.k : c.group_size;
@@ -95,6 +161,8 @@ QuantizedMatrix import_int4(const Int4Checkpoint &c) {
             }
         }
     }
+
+    if (c.bits == 8) return import_int8_gptq(c, gs, std::move(perm), stored);
 
     QuantizedMatrix m;
     m.k = c.k;

@@ -27,6 +27,10 @@ struct Int4Checkpoint {
     const int32_t *qzeros = nullptr;
     const uint16_t *scales = nullptr;  // FP16 bit patterns
     const int32_t *g_idx = nullptr;    // optional (GPTQ only)
+    // 4, or 8 for the GPTQ layout: qweight [k/4][n] and qzeros [G][n/4], 4 codes (bytes, low first) per int32. INT8 is
+    // stored symmetric (docs/format.md): every zero point must be 128, and a code q becomes q - 128 (never 0: -128
+    // is outside the format's codes), else TL_ERR_UNSUPPORTED.
+    int32_t bits = 4;
     // Prefix for the field names in error messages (e.g. "desc->").
     std::string field_prefix;
 };
@@ -37,5 +41,8 @@ struct Int4Checkpoint {
 // group's rows together, in K order, and sets k_perm; it must give every group group_size rows (as GPTQ's does),
 // else TL_ERR_UNSUPPORTED.
 QuantizedMatrix import_int4(const Int4Checkpoint &checkpoint);
+
+// INT8 GPTQ's zero point for symmetric weights (2^(bits-1)), which v1 stores as 127.
+constexpr int kInt8GptqZero = 128;
 
 }  // namespace tl

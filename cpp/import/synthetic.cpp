@@ -60,7 +60,9 @@ Linear random_linear(Rng &rng, const std::string &name, int32_t k, int32_t n, co
     if (!quantized) {
         lin = make_dense_linear(name, w.data(), k, n);
     } else {
-        QuantizedMatrix m = quantize_minmax(w.data(), k, n, config.group_size, options.method);
+        // INT8 is symmetric whatever the options' method (the only 8-bit storage the format has).
+        const QuantMethod method = config.bits == 8 ? QuantMethod::Symmetric : options.method;
+        QuantizedMatrix m = quantize_minmax(w.data(), k, n, config.group_size, method, config.bits);
         if (options.frac4 || options.sign_bit) add_rounding_channels(w.data(), m, options.frac4, options.sign_bit);
         lin = make_quantized_linear(name, std::move(m));
     }

@@ -20,7 +20,8 @@ struct SyntheticOptions {
 };
 
 // Weights are drawn from a fixed PRNG (same seed, same bytes on every machine), scaled like a trained
-// model's (N(0, 1/sqrt(K)) linears, unit norms) so activations stay in range, then quantized per config.
+// model's (N(0, 1/sqrt(K)) linears, unit norms) so activations stay in range, then quantized per config (group_size,
+// bits: INT8 is always symmetric).
 std::unique_ptr<Model> make_synthetic_model(const ModelConfig &config, const SyntheticOptions &options);
 
 }  // namespace tl

@@ -13,6 +13,10 @@
 namespace tl {
 
 void add_rounding_channels(const float *w, QuantizedMatrix &m, bool frac4, bool sign_bit) {
+    if (m.bits != 4) {
+        fail(TL_ERR_INVALID_ARGUMENT, "frac4 and sign_bit channels describe INT4 codes; this weight has " +
+                                          std::to_string(m.bits) + "-bit codes");
+    }
     const size_t k = static_cast<size_t>(m.k);
     if (sign_bit && k % 8 != 0) {
         fail(TL_ERR_INVALID_ARGUMENT, "sign_bit channel needs K divisible by 8, got K = " + std::to_string(k));

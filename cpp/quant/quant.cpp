@@ -26,10 +26,55 @@ uint16_t to_half_checked(double value, const std::string &what) {
 
 }  // namespace
 
-QuantizedMatrix quantize_minmax(const float *w, int32_t k, int32_t n, int32_t group_size, QuantMethod method) {
-    if (k <= 0 || n <= 0 || k % 2 != 0) {
+namespace {
+
+// A zero-filled matrix of this shape and width: codes, scales and (INT4) zeros sized.
+QuantizedMatrix blank_matrix(int32_t k, int32_t n, int32_t gs, int32_t bits) {
+    QuantizedMatrix m;
+    m.k = k;
+    m.n = n;
+    m.group_size = gs;
+    m.bits = bits;
+    m.codes.assign(static_cast<size_t>(n) * (bits == 8 ? k : k / 2), 0);
+    m.scales.assign(static_cast<size_t>(n) * (k / gs), 0);
+    if (bits == 4) m.zeros.assign(m.scales.size(), 0);
+    return m;
+}
+
+// quantize_minmax for bits 8 (its shape and values already checked).
+QuantizedMatrix quantize_minmax_int8(const float *w, int32_t k, int32_t n, int32_t gs) {
+    QuantizedMatrix m = blank_matrix(k, n, gs, 8);
+    const int32_t groups = k / gs;
+    for (int32_t row = 0; row < n; ++row) {
+        for (int32_t g = 0; g < groups; ++g) {
+            const size_t first = static_cast<size_t>(row) * k + static_cast<size_t>(g) * gs;
+            double amax = 0.0;
+            for (int32_t i = 0; i < gs; ++i) amax = std::max(amax, std::fabs(static_cast<double>(w[first + i])));
+            uint16_t s_bits = to_half_checked(amax / 127.0, "scale[" + std::to_string(row) + "][" +
+                                                                std::to_string(g) + "]");
+            if (s_bits == 0 && amax != 0.0) s_bits = kSmallestHalf;  // s = 0 only for an all-zero group
+            m.scales[static_cast<size_t>(row) * groups + g] = s_bits;
+            const float s = half_to_float(s_bits);
+            for (int32_t i = 0; i < gs; ++i) m.codes[first + i] = static_cast<uint8_t>(int8_code(w[first + i], s));
+        }
+    }
+    return m;
+}
+
+}  // namespace
+
+QuantizedMatrix quantize_minmax(const float *w, int32_t k, int32_t n, int32_t group_size, QuantMethod method,
+                                int32_t bits) {
+    if (bits != 4 && bits != 8) {
+        fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: bits = " + std::to_string(bits) + " (4 or 8)");
+    }
+    if (bits == 8 && method != QuantMethod::Symmetric) {
+        fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: INT8 weights are symmetric (W = q * s); asymmetric 8-bit "
+                                      "quantization has no storage in the format");
+    }
+    if (k <= 0 || n <= 0 || (bits == 4 && k % 2 != 0)) {
         fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: shape k = " + std::to_string(k) + ", n = " +
-                                          std::to_string(n) + " (need k > 0 even and n > 0)");
+                                          std::to_string(n) + " (need k > 0, even for INT4, and n > 0)");
     }
     const int32_t gs = group_size == 0 ? k : group_size;
     if (gs < 0 || k % gs != 0) {
@@ -37,16 +82,18 @@ QuantizedMatrix quantize_minmax(const float *w, int32_t k, int32_t n, int32_t gr
                                           " does not divide k = " + std::to_string(k));
     }
     if (w == nullptr) fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: weights are NULL");
+    if (bits == 8) {
+        for (size_t i = 0; i < static_cast<size_t>(k) * n; ++i) {
+            if (!std::isfinite(w[i])) {
+                fail(TL_ERR_INVALID_ARGUMENT, "quantize_minmax: w[" + std::to_string(i / k) + "][" +
+                                                  std::to_string(i % k) + "] is not finite");
+            }
+        }
+        return quantize_minmax_int8(w, k, n, gs);
+    }
 
-    QuantizedMatrix m;
-    m.k = k;
-    m.n = n;
-    m.group_size = gs;
-    m.bits = 4;
+    QuantizedMatrix m = blank_matrix(k, n, gs, 4);
     const int32_t groups = k / gs;
-    m.codes.assign(static_cast<size_t>(n) * (k / 2), 0);
-    m.scales.resize(static_cast<size_t>(n) * groups);
-    m.zeros.resize(static_cast<size_t>(n) * groups);
 
     for (int32_t row = 0; row < n; ++row) {
         const float *wr = w + static_cast<size_t>(row) * k;
@@ -102,7 +149,7 @@ Linear make_quantized_linear(std::string name, QuantizedMatrix m) {
     lin.group_size = owned->group_size;
     lin.codes = owned->codes.data();
     lin.scales = owned->scales.data();
-    lin.zeros = owned->zeros.data();
+    lin.zeros = owned->zeros.empty() ? nullptr : owned->zeros.data();
     lin.frac4 = owned->frac4.empty() ? nullptr : owned->frac4.data();
     lin.sign_bit = owned->sign_bit.empty() ? nullptr : owned->sign_bit.data();
     lin.k_perm = owned->k_perm.empty() ? nullptr : owned->k_perm.data();
@@ -142,6 +189,19 @@ void dequantize_rows(const Linear &w, int32_t n0, int32_t n1, float *out) {
         return;
     }
     const int32_t gs = w.group_size, groups = w.n_groups();
+    if (w.bits == 8) {
+        for (int32_t nn = n0; nn < n1; ++nn) {
+            const auto *codes = reinterpret_cast<const int8_t *>(w.codes) + static_cast<size_t>(nn) * k;
+            float *row = out + static_cast<size_t>(nn - n0) * k;
+            for (int32_t g = 0; g < groups; ++g) {
+                const float s = half_to_float(w.scales[static_cast<size_t>(nn) * groups + g]);
+                for (int32_t kk = g * gs; kk < (g + 1) * gs; ++kk) {
+                    row[w.k_perm ? w.k_perm[kk] : kk] = int8_value(codes[kk], s);
+                }
+            }
+        }
+        return;
+    }
     for (int32_t nn = n0; nn < n1; ++nn) {
         const uint8_t *codes = w.codes + static_cast<size_t>(nn) * (k / 2);
         float *row = out + static_cast<size_t>(nn - n0) * k;
@@ -162,6 +222,14 @@ void require_complete_int4(const Linear &w, const char *what) {
     if (!w.quantized || w.bits != 4 || w.codes == nullptr || w.scales == nullptr || w.zeros == nullptr ||
         w.group_size <= 0 || w.k % 2 != 0 || w.k % w.group_size != 0) {
         fail(TL_ERR_INVALID_ARGUMENT, std::string(what) + ": '" + w.name + "' is not a complete INT4 weight");
+    }
+}
+
+void require_complete_quantized(const Linear &w, const char *what) {
+    if (w.bits != 8) return require_complete_int4(w, what);
+    if (!w.quantized || w.codes == nullptr || w.scales == nullptr || w.zeros != nullptr || w.frac4 != nullptr ||
+        w.sign_bit != nullptr || w.group_size <= 0 || w.k % w.group_size != 0) {
+        fail(TL_ERR_INVALID_ARGUMENT, std::string(what) + ": '" + w.name + "' is not a complete INT8 weight");
     }
 }
 

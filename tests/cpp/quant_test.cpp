@@ -65,6 +65,45 @@ void expect_round_trip_within_bound(const std::vector<float> &w, int32_t k, int3
 
 }  // namespace
 
+// INT8: s = max|w| / 127 in FP16, q = round(w / s) in [-127, 127], no zeros; dequantization is q * s exactly. K need
+// not be even (no packing).
+TEST(Quant, Int8SymmetricRuleAndExactDequantization) {
+    std::mt19937_64 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 0.3f);
+    for (auto [k, group_size] : {std::pair{45, 0}, std::pair{96, 32}}) {
+        const int32_t n = 7, gs = group_size == 0 ? k : group_size;
+        std::vector<float> w(static_cast<size_t>(n) * k);
+        for (float &v : w) v = normal(rng);
+        std::fill(w.begin(), w.begin() + gs, 0.0f);  // an all-zero group: s = 0, codes 0
+        const tl::Linear lin = tl::make_quantized_linear(
+            "w", tl::quantize_minmax(w.data(), k, n, group_size, QuantMethod::Symmetric, 8));
+        ASSERT_EQ(lin.bits, 8);
+        ASSERT_EQ(lin.zeros, nullptr);
+        EXPECT_EQ(lin.quant_bytes(), size_t(n) * k + size_t(n) * (k / gs) * 2);
+        std::vector<float> out(w.size());
+        tl::dequantize_rows(lin, 0, n, out.data());
+        const auto *codes = reinterpret_cast<const int8_t *>(lin.codes);
+        for (int32_t row = 0; row < n; ++row)
+            for (int32_t g = 0; g < k / gs; ++g) {
+                const float *wg = &w[static_cast<size_t>(row) * k + g * gs];
+                float amax = 0.0f;
+                for (int32_t i = 0; i < gs; ++i) amax = std::max(amax, std::fabs(wg[i]));
+                const uint16_t s_bits = lin.scales[static_cast<size_t>(row) * (k / gs) + g];
+                ASSERT_EQ(s_bits, tl::float_to_half(static_cast<float>(amax / 127.0)));
+                const float s = tl::half_to_float(s_bits);
+                for (int32_t i = 0; i < gs; ++i) {
+                    const size_t at = static_cast<size_t>(row) * k + g * gs + i;
+                    ASSERT_GE(codes[at], -127);
+                    ASSERT_EQ(out[at], static_cast<float>(codes[at]) * s);
+                    ASSERT_LE(std::fabs(out[at] - wg[i]), s / 2 + 1e-3 * amax) << "row " << row << " k " << g * gs + i;
+                }
+            }
+    }
+    const std::vector<float> w(64, 1.0f);
+    EXPECT_THROW(tl::quantize_minmax(w.data(), 8, 8, 0, QuantMethod::Asymmetric, 8), tl::Error);
+    EXPECT_THROW(tl::quantize_minmax(w.data(), 8, 8, 0, QuantMethod::Symmetric, 6), tl::Error);
+}
+
 TEST(Quant, RoundTripWithinHalfStepPerGroupAndPerRow) {
     const uint64_t seed = ref::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/cpu_forward.hpp"
+#include "quant/quant.hpp"
 #include "util/error.hpp"
 #include "reference.hpp"
 #include "import/synthetic.hpp"
@@ -434,5 +435,49 @@ TEST_F(Score, BatchHonoursTheLinearInputHookAndCrossIterationRounding) {
         EXPECT_NEAR(scores[i].nll_sum, scored, 1e-5 * scored) << "sequence " << i;
         EXPECT_NE(scored_sum(score_alone(*model, s, plain), s), scored)
             << "cross-iteration rounding changed nothing: the test cannot tell";
+    }
+}
+
+// An INT8 model scores exactly as its dequantized twin (every linear dense F32 holding q * s, which INT8
+// dequantization computes exactly): the CPU backend's INT8 path only differs in where the weights come from. A mixed
+// model (INT8 loop block, INT4 pre blocks) does the same.
+TEST(ScoreInt8, MatchesTheDequantizedDenseModelBitForBit) {
+    const uint64_t seed = ref::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    for (int32_t group_size : {0, 32}) {
+        tl::ModelConfig c = ref::small_config(64);
+        c.group_size = group_size;
+        c.bits = 8;
+        tl::SyntheticOptions options;
+        options.seed = seed;
+        options.quantize_head = true;
+        const auto int8 = tl::make_synthetic_model(c, options);
+        c.bits = 4;
+        auto mixed = tl::make_synthetic_model(c, options);
+        mixed->loop = int8->loop;
+        mixed->config.bits = 8;
+        const tl::Model *const models[] = {int8.get(), mixed.get()};
+        for (const tl::Model *model : models) {
+            auto dense = std::make_unique<tl::Model>(*model);
+            std::vector<tl::Linear *> linears = {&dense->head};
+            for (tl::Block *b : {&dense->pre[0], &dense->loop})
+                for (int i = 0; i < 5; ++i) linears.push_back(b->linear(i));
+            for (tl::Linear *l : linears) {
+                std::vector<float> w(static_cast<size_t>(l->k) * l->n);
+                tl::dequantize_rows(*l, 0, l->n, w.data());
+                *l = tl::make_dense_linear(l->name, w.data(), l->k, l->n);
+            }
+            std::mt19937_64 rng(seed);
+            const std::vector<int32_t> tokens = ref::random_tokens(rng, 80, c.vocab);
+            std::vector<float> got(tokens.size() - 1), want(tokens.size() - 1);
+            tl::ScoreOptions so;
+            so.token_nll = got.data();
+            const tl::ScoreResult a = tl::score_cpu(*model, tokens.data(), tokens.size(), so);
+            so.token_nll = want.data();
+            const tl::ScoreResult b = tl::score_cpu(*dense, tokens.data(), tokens.size(), so);
+            EXPECT_EQ(a.nll_sum, b.nll_sum);
+            EXPECT_EQ(got, want);
+            EXPECT_TRUE(std::isfinite(a.nll_sum));
+        }
     }
 }

@@ -120,6 +120,28 @@ void append_tensor(tlt::RawFile &raw, const std::string &name, const char *dtype
     raw.data.resize(raw.data.size() + bytes, 0);
 }
 
+// Makes loop.mlp_gate (K = 24, N = 40, groups of 8) an INT8 linear: I8 codes [40, 24] and F16 scales [40, 3] appended
+// (zero bytes: valid), its zeros removed unless `keep_zeros`, and config.bits = `bits`. The rest stay INT4: a mixed
+// file.
+void make_int8(tlt::RawFile &r, int bits = 8, bool keep_zeros = false) {
+    for (const char *s : {".qweight", ".scales", ".zeros"}) {
+        if (!keep_zeros || std::string(s) != ".zeros") r.header.erase(std::string("loop.mlp_gate") + s);
+    }
+    append_tensor(r, "loop.mlp_gate.qweight", "I8", {40, 24}, 40 * 24);
+    append_tensor(r, "loop.mlp_gate.scales", "F16", {40, 3}, 40 * 3 * 2);
+    json config;
+    config_of(r, &config)["bits"] = bits;
+    r.header["__metadata__"]["config"] = config.dump();
+}
+
+// An INT8 loop.mlp_gate whose data section byte `offset` of tensor `tensor` is set to `byte`.
+Make int8_byte_edit(std::string tensor, size_t offset, uint8_t byte) {
+    return header_edit([tensor, offset, byte](tlt::RawFile &r) {
+        make_int8(r);
+        r.data[r.header.at(tensor)["data_offsets"][0].get<uint64_t>() + offset] = byte;
+    });
+}
+
 // clang-format off: one case per entry reads better as a table.
 std::vector<CorpusCase> corpus() {
     const tl_status F = TL_ERR_FORMAT;
@@ -201,8 +223,10 @@ std::vector<CorpusCase> corpus() {
          config_edit([](json &c) { c["d_model"] = 1 << 20; })},
         {"config_absurd_vocab", F, {"config: vocab = 2000000000"},
          config_edit([](json &c) { c["vocab"] = 2000000000; })},
-        {"config_bits_8", F, {"config: bits = 8"},
+        {"config_bits_8", F, {"config: bits = 8, but the widest quantized linear", "has 4-bit codes"},
          config_edit([](json &c) { c["bits"] = 8; })},
+        {"config_bits_5", F, {"config: bits = 5 is unsupported (4 or 8)"},
+         config_edit([](json &c) { c["bits"] = 5; })},
         {"config_group_not_dividing_k", F, {"config: group_size = 12 does not divide"},
          config_edit([](json &c) { c["group_size"] = 12; })},
         {"config_group_disagrees_with_scales", F, {"'pre.0.attn_qkv.scales'", "group_size 4"},
@@ -259,6 +283,34 @@ std::vector<CorpusCase> corpus() {
          data_edit<uint32_t>("final_norm.weight", 3, 0x7FC00000u)},
         {"inf_embedding", F, {"'embed.weight'", "index 100"},
          data_edit<uint16_t>("embed.weight", 100, 0xFC00)},
+        // ---- INT8 linears ----
+        {"int8_under_config_bits_4", F, {"config: bits = 4", "'loop.mlp_gate' has 8-bit codes"},
+         header_edit([](auto &r) { make_int8(r, 4); })},
+        {"int8_code_minus_128", F, {"'loop.mlp_gate.qweight'", "code -128 at index 7", "[-127, 127]"},
+         int8_byte_edit("loop.mlp_gate.qweight", 7, 0x80)},
+        {"int8_nan_scale", F, {"'loop.mlp_gate.scales'", "index 2"},
+         int8_byte_edit("loop.mlp_gate.scales", 5, 0x7E)},
+        {"int8_with_zeros", F, {"'loop.mlp_gate.zeros'", "belongs to an INT4 linear", "INT8"},
+         header_edit([](auto &r) { make_int8(r, 8, true); })},
+        {"int8_with_frac4", F, {"'loop.mlp_gate.frac4'", "belongs to an INT4 linear"},
+         header_edit([](auto &r) { make_int8(r); append_tensor(r, "loop.mlp_gate.frac4", "U8", {40, 12}, 480); })},
+        {"int8_codes_packed_shape", F, {"'loop.mlp_gate.qweight'", "shape [40, 12], expected [40, 24]"},
+         header_edit([](auto &r) {
+             make_int8(r);
+             r.header.erase("loop.mlp_gate.qweight");
+             append_tensor(r, "loop.mlp_gate.qweight", "I8", {40, 12}, 480);
+         })},
+        {"int8_scales_wrong_groups", F, {"'loop.mlp_gate.scales'", "group_size 8"},
+         header_edit([](auto &r) {
+             make_int8(r);
+             r.header.erase("loop.mlp_gate.scales");
+             append_tensor(r, "loop.mlp_gate.scales", "F16", {40, 1}, 80);
+         })},
+        {"qweight_dtype_i32", F, {"'loop.mlp_gate.qweight'", "dtype I32, expected U8/I8"},
+         header_edit([](auto &r) {
+             r.header.erase("loop.mlp_gate.qweight");
+             append_tensor(r, "loop.mlp_gate.qweight", "I32", {40, 3}, 480);
+         })},
         // ---- names ----
         {"missing_tensor", F, {"missing tensor 'loop.mlp_down.zeros'"},
          header_edit([](auto &r) { r.header.erase("loop.mlp_down.zeros"); })},
@@ -343,6 +395,21 @@ TEST(Corpus, BaseFileLoads) {
     EXPECT_NE(model, nullptr);
     tl_model_free(model);
     EXPECT_NO_THROW(tl::load_model(path, tl::LoadOptions{}));
+}
+
+// The corpus's INT8 edit alone gives a valid mixed file: INT8 loop.mlp_gate, INT4 elsewhere, config.bits = 8.
+TEST(Corpus, MixedInt4Int8FileLoads) {
+    const std::string path = corpus_path("valid_mixed_int8");
+    tlt::write_bytes(path, header_edit([](tlt::RawFile &r) { make_int8(r); })(base()));
+    const auto model = tl::load_model(path, tl::LoadOptions{});
+    EXPECT_EQ(model->config.bits, 8);
+    EXPECT_EQ(model->loop.mlp_gate.bits, 8);
+    EXPECT_EQ(model->loop.mlp_gate.zeros, nullptr);
+    EXPECT_EQ(model->loop.mlp_up.bits, 4);
+    EXPECT_EQ(model->pre[0].mlp_gate.bits, 4);
+    // Unchecked values: a -128 code is only found by the value scan.
+    tlt::write_bytes(path, int8_byte_edit("loop.mlp_gate.qweight", 7, 0x80)(base()));
+    EXPECT_NO_THROW(tl::load_model(path, tl::LoadOptions{true, false}));
 }
 
 // The same file with its JSON padded and values unchecked loads too: validate_values=false skips only the scan.

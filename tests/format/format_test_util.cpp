@@ -68,6 +68,15 @@ void add_linear(const std::string &name, int64_t k, int64_t n, const tl::ModelCo
         return;
     }
     const int64_t groups = config.group_size == 0 ? 1 : k / config.group_size;
+    if (spec.bits == 8) {
+        OwnedTensor codes{name + ".qweight", tl::DType::I8, {n, k}, {}, {}};
+        codes.bytes.resize(static_cast<size_t>(n * k));
+        for (uint8_t &b : codes.bytes) b = static_cast<uint8_t>(static_cast<int8_t>(int(rng() % 255) - 127));
+        out->push_back(std::move(codes));
+        out->push_back(float_tensor(name + ".scales", tl::DType::F16, {n, groups},
+                                    uniform(size_t(n * groups), 1e-4f, 0.01f, rng)));
+        return;
+    }
     out->push_back(random_bytes(name + ".qweight", {n, k / 2}, rng));
     out->push_back(
         float_tensor(name + ".scales", tl::DType::F16, {n, groups}, uniform(size_t(n * groups), 1e-3f, 0.1f, rng)));
@@ -191,7 +200,8 @@ std::map<std::string, OwnedTensor> tensors_of(const RawFile &raw) {
                                                             {"F32", tl::DType::F32},
                                                             {"BF16", tl::DType::BF16},
                                                             {"U8", tl::DType::U8},
-                                                            {"I32", tl::DType::I32}};
+                                                            {"I32", tl::DType::I32},
+                                                            {"I8", tl::DType::I8}};
     std::map<std::string, OwnedTensor> out;
     for (const auto &kv : raw.header.items()) {
         if (kv.key() == "__metadata__") continue;

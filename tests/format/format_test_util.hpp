@@ -29,6 +29,7 @@ enum class HeadStore { Quantized, Dense, Tied };
 struct ModelSpec {
     int32_t group_size = 8;  // 0 = per row
     bool dense_linears = false;
+    int32_t bits = 4;  // 8: INT8 linears (I8 codes [N, K] in [-127, 127], scales, no zeros)
     HeadStore head = HeadStore::Tied;
     bool frac4 = false;
     bool sign_bit = false;

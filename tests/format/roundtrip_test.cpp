@@ -20,6 +20,7 @@
 #include "import/synthetic.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "quant/quant.hpp"
+#include "tinyloop.h"
 
 namespace {
 
@@ -57,11 +58,17 @@ void expect_linear(const tl::Linear &lin, const std::string &name, int32_t k, in
         return;
     }
     ASSERT_TRUE(lin.quantized);
-    EXPECT_EQ(lin.bits, 4);
+    const OwnedTensor &qweight = tensors.at(name + ".qweight");
+    EXPECT_EQ(lin.bits, qweight.dtype == DType::I8 ? 8 : 4);
     EXPECT_EQ(lin.group_size, config_group == 0 ? k : config_group);
-    expect_bytes(lin.codes, tensors.at(name + ".qweight"));
+    expect_bytes(lin.codes, qweight);
     expect_bytes(lin.scales, tensors.at(name + ".scales"));
-    expect_bytes(lin.zeros, tensors.at(name + ".zeros"));
+    if (lin.bits == 8) {
+        EXPECT_EQ(lin.zeros, nullptr);
+        EXPECT_EQ(tensors.count(name + ".zeros"), 0u);
+    } else {
+        expect_bytes(lin.zeros, tensors.at(name + ".zeros"));
+    }
     for (const auto &[suffix, view] : {std::pair<std::string, const uint8_t *>{".frac4", lin.frac4},
                                        std::pair<std::string, const uint8_t *>{".sign_bit", lin.sign_bit}}) {
         const auto it = tensors.find(name + suffix);
@@ -193,8 +200,9 @@ struct SpecCase {
 };
 
 ModelSpec spec_of(int32_t group, bool dense, HeadStore head, bool frac4, bool sign_bit, DType norm, DType embed,
-                  DType dense_dtype) {
+                  DType dense_dtype, int32_t bits = 4) {
     ModelSpec s;
+    s.bits = bits;
     s.group_size = group;
     s.dense_linears = dense;
     s.head = head;
@@ -212,7 +220,8 @@ class RoundTrip : public ::testing::TestWithParam<SpecCase> {};
 
 TEST_P(RoundTrip, LoadsWhatWasWrittenAndSavesItBack) {
     const SpecCase &c = GetParam();
-    const tl::ModelConfig config = tlt::small_config(c.spec.group_size);
+    tl::ModelConfig config = tlt::small_config(c.spec.group_size);
+    if (!c.spec.dense_linears || c.spec.head == HeadStore::Quantized) config.bits = c.spec.bits;
     std::mt19937_64 rng(std::random_device{}());
     const std::vector<OwnedTensor> written = tlt::make_tensors(config, c.spec, rng);
     const std::string path = tlt::temp_dir() + "/" + c.name + ".tinyloop";
@@ -275,7 +284,10 @@ INSTANTIATE_TEST_SUITE_P(Specs, RoundTrip, ::testing::Values(
   SpecCase{"dense_linears_bf16_tied", spec_of(0, true,  HS::Tied,      false, false, BF16, BF16, BF16)},
   SpecCase{"frac4_and_sign_bit",      spec_of(8, false, HS::Quantized, true,  true,  F16,  F16,  F16)},
   SpecCase{"per_row_frac4_only",      spec_of(0, false, HS::Tied,      true,  false, F32,  F16,  F16)},
-  SpecCase{"sign_bit_group_4",        spec_of(4, false, HS::Quantized, false, true,  F32,  F16,  F16)}),
+  SpecCase{"sign_bit_group_4",        spec_of(4, false, HS::Quantized, false, true,  F32,  F16,  F16)},
+  SpecCase{"int8_per_row_quantized_head", spec_of(0, false, HS::Quantized, false, false, F32, F16, F16, 8)},
+  SpecCase{"int8_per_group_tied_head",    spec_of(8, false, HS::Tied,      false, false, F16, BF16, F16, 8)},
+  SpecCase{"int8_per_group_dense_head",   spec_of(8, false, HS::Dense,     false, false, F32, F16,  F32, 8)}),
   [](const ::testing::TestParamInfo<SpecCase> &info) { return std::string(info.param.name); });
 // clang-format on
 
@@ -336,8 +348,9 @@ void expect_same_linear(const tl::Linear &got, const tl::Linear &want) {
         return;
     }
     ASSERT_EQ(got.group_size, want.group_size);
+    ASSERT_EQ(got.bits, want.bits);
     const size_t groups = size_t(want.n_groups()) * size_t(want.n);
-    same(got.codes, want.codes, kn / 2);
+    same(got.codes, want.codes, want.bits == 8 ? kn : kn / 2);
     same(got.scales, want.scales, groups * 2);
     same(got.zeros, want.zeros, groups * 2);
     same(got.frac4, want.frac4, kn / 2);
@@ -349,13 +362,17 @@ TEST(SaveModel, SyntheticModelsSurviveARoundTrip) {
     struct Variant {
         int32_t group_size;
         bool quantized, quantize_head, frac4, sign_bit;
+        int32_t bits = 4;
     };
     const Variant variants[] = {{8, true, false, false, false},
                                 {0, true, true, false, false},
                                 {8, false, false, false, false},
-                                {8, true, true, true, true}};
+                                {8, true, true, true, true},
+                                {8, true, false, false, false, 8},
+                                {0, true, true, false, false, 8}};
     for (const Variant &v : variants) {
-        const tl::ModelConfig config = tlt::small_config(v.group_size);
+        tl::ModelConfig config = tlt::small_config(v.group_size);
+        config.bits = v.bits;
         tl::SyntheticOptions options;
         options.seed = std::random_device{}();
         options.quantized = v.quantized;
@@ -737,6 +754,7 @@ TEST(ValidateConfig, AcceptsTheBoundsAndRejectsJustOutside) {
         [](tl::ModelConfig &c) { c.max_seq = 1 << 20; },
         [](tl::ModelConfig &c) { c.group_size = 0; },
         [](tl::ModelConfig &c) { c.group_size = 4; },
+        [](tl::ModelConfig &c) { c.bits = 8; },
         [](tl::ModelConfig &c) {
             c.norm_eps = 0.5f;
             c.rope_theta = 1e-3f;
@@ -777,7 +795,7 @@ TEST(ValidateConfig, AcceptsTheBoundsAndRejectsJustOutside) {
         {[](tl::ModelConfig &c) { c.loops = 1025; }, "loops"},
         {[](tl::ModelConfig &c) { c.max_seq = 1; }, "max_seq"},
         {[](tl::ModelConfig &c) { c.max_seq = (1 << 20) + 1; }, "max_seq"},
-        {[](tl::ModelConfig &c) { c.bits = 8; }, "bits"},
+        {[](tl::ModelConfig &c) { c.bits = 16; }, "bits"},
         {[](tl::ModelConfig &c) { c.bits = 3; }, "bits"},
         {[](tl::ModelConfig &c) { c.group_size = -8; }, "group_size"},
         {[](tl::ModelConfig &c) { c.group_size = 12; }, "group_size"},  // divides 24 but not 16 or 40
@@ -877,3 +895,64 @@ TEST(Writer, RejectsBadTensorLists) {
 }
 
 }  // namespace
+
+// A mixed file (INT8 looped block, INT4 elsewhere) through the C API: the model reports bits 8, each weight its own
+// width, an INT8 weight dequantizes to q * s, scoring works on the CPU, and tl_quant_gemm refuses INT8 by name.
+TEST(Int8, MixedModelThroughTheCApi) {
+    tl::ModelConfig config = tlt::small_config(8);
+    tl::SyntheticOptions options;
+    options.seed = std::random_device{}();
+    auto model = tl::make_synthetic_model(config, options);
+    config.bits = 8;
+    const auto int8 = tl::make_synthetic_model(config, options);
+    model->loop = int8->loop;
+    model->config.bits = 8;
+    const std::string path = tlt::temp_dir() + "/mixed_int8.tinyloop";
+    tl::save_model(path, *model);
+
+    tl_model *m = nullptr;
+    ASSERT_EQ(tl_model_load(path.c_str(), nullptr, &m), TL_OK) << tl_last_error_message();
+    tl_model_properties p;
+    p.struct_size = sizeof p;
+    ASSERT_EQ(tl_model_info(m, &p), TL_OK);
+    EXPECT_EQ(p.bits, 8);
+    EXPECT_EQ(p.format_version, 1);
+    size_t count = 0, n_int8 = 0;
+    ASSERT_EQ(tl_model_weight_count(m, &count), TL_OK);
+    ASSERT_EQ(count, 15u);
+    for (size_t i = 0; i < count; ++i) {
+        const tl_weight *w = nullptr;
+        ASSERT_EQ(tl_model_weight_at(m, i, &w), TL_OK);
+        tl_weight_properties wp;
+        wp.struct_size = sizeof wp;
+        ASSERT_EQ(tl_weight_info(w, &wp), TL_OK);
+        const bool in_loop = std::string(wp.name).rfind("loop.", 0) == 0;
+        EXPECT_EQ(wp.bits, in_loop ? 8 : 4) << wp.name;
+        if (wp.bits != 8) continue;
+        ++n_int8;
+        EXPECT_EQ(wp.bytes, uint64_t(wp.k) * wp.n + uint64_t(wp.n) * wp.n_groups * 2) << wp.name;
+        std::vector<float> got(size_t(wp.k) * wp.n), want(got.size());
+        ASSERT_EQ(tl_weight_dequantize(w, got.data(), got.size()), TL_OK);
+        const tl::Linear *src = nullptr;
+        for (const tl::Linear *l : model->linears())
+            if (l->name == wp.name) src = l;
+        ASSERT_NE(src, nullptr);
+        tl::dequantize_rows(*src, 0, src->n, want.data());
+        EXPECT_EQ(got, want) << wp.name;
+        uint16_t x[16] = {}, y[16] = {};
+        EXPECT_EQ(tl_quant_gemm(w, x, y, 1, nullptr, nullptr, 0), TL_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(tl_last_error_message()).find("is INT8"), std::string::npos) << tl_last_error_message();
+    }
+    EXPECT_EQ(n_int8, 5u);
+    std::vector<int32_t> tokens(30);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + 1) % size_t(config.vocab));
+    tl_score_options so;
+    ASSERT_EQ(tl_score_options_init(&so, sizeof so), TL_OK);
+    so.backend = TL_BACKEND_CPU;
+    tl_score_result result;
+    ASSERT_EQ(tl_score_result_init(&result, sizeof result), TL_OK);
+    ASSERT_EQ(tl_score(m, tokens.data(), tokens.size(), &so, &result), TL_OK) << tl_last_error_message();
+    tl::ScoreOptions cpu;
+    EXPECT_NEAR(result.nll_sum, tl::score_cpu(*model, tokens.data(), tokens.size(), cpu).nll_sum, 1e-9);
+    tl_model_free(m);
+}

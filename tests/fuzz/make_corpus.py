@@ -23,6 +23,9 @@ VALID = {
     "valid_frac4_sign_bit": ["--pre", "1", "--loops", "3", "--group-size", "8", "--frac4", "--sign-bit"],
     "valid_symmetric": ["--pre", "0", "--loops", "2", "--group-size", "16", "--symmetric"],
     "valid_dense": ["--pre", "0", "--loops", "1", "--group-size", "0", "--dense"],
+    "valid_int8_grouped": ["--pre", "1", "--loops", "2", "--group-size", "8", "--bits", "8"],
+    "valid_int8_per_row_quantized_head": ["--pre", "0", "--loops", "1", "--group-size", "0", "--bits", "8",
+                                          "--quantize-head"],
 }
 
 

@@ -50,7 +50,8 @@ def read(path):
 
 def import_seeds(checkpoints, out):
     quantize_config = json.dumps({"bits": 4, "group_size": 32, "desc_act": False, "sym": False}).encode()
-    for variant in ["gptq_per_row", "awq", "gptq_act_order", "gptq", "dense_f16_tied", "dense_bf16_untied_gqa"]:
+    for variant in ["gptq_per_row", "awq", "gptq_act_order", "gptq", "dense_f16_tied", "dense_bf16_untied_gqa",
+                    "gptq8_per_row"]:
         folder = os.path.join(checkpoints, variant)
         config, weights = read(os.path.join(folder, "config.json")), read(os.path.join(folder, "model.safetensors"))
         write(out, variant, config + SEPARATOR + SEPARATOR + weights)

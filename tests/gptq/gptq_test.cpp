@@ -270,6 +270,55 @@ TEST(Gptq, RejectsBadArguments) {
               TL_ERR_INVALID_ARGUMENT);
 }
 
+// INT8 (symmetric, maxq 127): with a diagonal Hessian GPTQ is the INT8 min-max rule, codes in [-127, 127]; on
+// structured activations it beats min-max as at 4 bits.
+TEST(Gptq, Int8IsMinMaxWithoutCorrelationsAndBetterWithThem) {
+    const uint64_t seed = gptq_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int32_t k = 256, n = 48;
+    for (int32_t group_size : {64, 0}) {
+        SCOPED_TRACE("group " + std::to_string(group_size));
+        const std::vector<float> w = random_weights(rng, k, n);
+        const tl::QuantizedMatrix minmax =
+            tl::quantize_minmax(w.data(), k, n, group_size, QuantMethod::Symmetric, 8);
+        ASSERT_EQ(minmax.bits, 8);
+        ASSERT_TRUE(minmax.zeros.empty());
+        std::vector<double> identity(static_cast<size_t>(k) * k, 0.0);
+        for (int32_t i = 0; i < k; ++i) identity[i * k + i] = 1.0;
+        tl::GptqOptions options;
+        options.method = QuantMethod::Symmetric;
+        options.bits = 8;
+        options.group_size = group_size;
+        options.damp = 0.0;
+        const tl::QuantizedMatrix plain = tl::quantize_gptq(w.data(), k, n, identity.data(), options);
+        EXPECT_EQ(plain.bits, 8);
+        expect_same_storage(plain, minmax);
+
+        const std::vector<float> x = low_rank_inputs(rng, 1024, k, 32);
+        options.damp = 0.01;
+        const tl::QuantizedMatrix q = tl::quantize_gptq(w.data(), k, n, hessian_of(x, k).data(), options);
+        for (uint8_t c : q.codes) ASSERT_NE(c, 0x80) << "code -128";
+        const double gptq = gptq_test::output_error(x, w.data(), q), mm = gptq_test::output_error(x, w.data(), minmax);
+        EXPECT_LT(gptq, 0.5 * mm) << "GPTQ " << gptq << ", min-max " << mm;
+        // INT8 has 16 times the levels of INT4: its min-max error is far below INT4's.
+        const double int4 = gptq_test::output_error(
+            x, w.data(), tl::quantize_minmax(w.data(), k, n, group_size, QuantMethod::Symmetric));
+        EXPECT_LT(mm, 0.1 * int4);
+    }
+    tl::GptqOptions asymmetric;
+    asymmetric.bits = 8;
+    const std::vector<float> w = random_weights(rng, k, n);
+    std::vector<double> identity(static_cast<size_t>(k) * k, 0.0);
+    for (int32_t i = 0; i < k; ++i) identity[i * k + i] = 1.0;
+    try {
+        tl::quantize_gptq(w.data(), k, n, identity.data(), asymmetric);
+        ADD_FAILURE() << "asymmetric INT8 accepted";
+    } catch (const tl::Error &e) {
+        EXPECT_EQ(e.code(), TL_ERR_INVALID_ARGUMENT) << e.what();
+    }
+}
+
 // The point of GPTQ: on activations with structure it reconstructs the layer's output better than min-max.
 class LowerOutputError : public ::testing::TestWithParam<Shape> {};
 

@@ -58,14 +58,16 @@ inline std::vector<float> captured_inputs(const tl::Model &model, const std::vec
 }
 
 inline int code_of(const tl::QuantizedMatrix &m, int32_t nn, int32_t kk) {
+    if (m.bits == 8) return static_cast<int8_t>(m.codes[static_cast<size_t>(nn) * m.k + kk]);
     const uint8_t byte = m.codes[static_cast<size_t>(nn) * (m.k / 2) + kk / 2];
     return (kk % 2 == 0) ? (byte & 0xF) : (byte >> 4);
 }
 
-// W[kk, nn] = q*s + z in float64 from the FP16 s and z.
+// W[kk, nn] = q*s + z (INT8: q*s) in float64 from the FP16 s and z.
 inline double value_of(const tl::QuantizedMatrix &m, int32_t nn, int32_t kk) {
     const size_t g = static_cast<size_t>(nn) * (m.k / m.group_size) + kk / m.group_size;
-    return code_of(m, nn, kk) * static_cast<double>(tl::half_to_float(m.scales[g])) + tl::half_to_float(m.zeros[g]);
+    const double z = m.zeros.empty() ? 0.0 : tl::half_to_float(m.zeros[g]);
+    return code_of(m, nn, kk) * static_cast<double>(tl::half_to_float(m.scales[g])) + z;
 }
 
 // ||X W - X Ŵ||_F in float64, with x [rows][k] and w [n][k] (row n = output column n).

@@ -37,10 +37,14 @@ void expect_same_linear(const tl::Linear &a, const tl::Linear &b) {
     SCOPED_TRACE(a.name);
     ASSERT_TRUE(a.quantized && b.quantized);
     ASSERT_EQ(a.group_size, b.group_size);
+    ASSERT_EQ(a.bits, b.bits);
     const size_t kn = static_cast<size_t>(a.k) * a.n, groups = static_cast<size_t>(a.n) * a.n_groups();
-    EXPECT_EQ(std::memcmp(a.codes, b.codes, kn / 2), 0);
+    EXPECT_EQ(std::memcmp(a.codes, b.codes, a.code_row_bytes() * a.n), 0);
     EXPECT_EQ(std::memcmp(a.scales, b.scales, groups * 2), 0);
-    EXPECT_EQ(std::memcmp(a.zeros, b.zeros, groups * 2), 0);
+    ASSERT_EQ(a.zeros == nullptr, b.zeros == nullptr);  // INT8 has none
+    if (a.zeros) {
+        EXPECT_EQ(std::memcmp(a.zeros, b.zeros, groups * 2), 0);
+    }
     ASSERT_EQ(a.frac4 == nullptr, b.frac4 == nullptr);
     ASSERT_EQ(a.sign_bit == nullptr, b.sign_bit == nullptr);
     if (a.frac4) {
@@ -111,6 +115,22 @@ TEST(Pipeline, CalibrationSeesEveryRowOfEveryIteration) {
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * scale) << "entry " << i;
 }
 
+// `model` written to a temporary file and loaded back: the same linears, the same scores on `text`.
+std::unique_ptr<tl::Model> saved_and_loaded(const tl::Model &model, const std::string &name,
+                                            const std::vector<int32_t> &text) {
+    const std::string path = ::testing::TempDir() + name + ".tinyloop";
+    tl::save_model(path, model);
+    auto loaded = tl::load_model(path, tl::LoadOptions{});
+    std::remove(path.c_str());
+    const auto a = model.linears(), b = loaded->linears();
+    EXPECT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) expect_same_linear(*a[i], *b[i]);
+    const tl::ScoreOptions score;
+    EXPECT_EQ(tl::score_cpu(model, text.data(), text.size(), score).nll_sum,
+              tl::score_cpu(*loaded, text.data(), text.size(), score).nll_sum);
+    return loaded;
+}
+
 TEST(Pipeline, GptqModelRoundTripsThroughTheFile) {
     const uint64_t seed = gptq_test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -129,17 +149,57 @@ TEST(Pipeline, GptqModelRoundTripsThroughTheFile) {
         options.frac4 = v.frac4;
         options.sign_bit = v.sign_bit;
         tl::quantize_model(*model, options, text);
-        const std::string path = ::testing::TempDir() + "gptq_roundtrip_" + std::to_string(seed) + ".tinyloop";
-        tl::save_model(path, *model);
-        const auto loaded = tl::load_model(path, tl::LoadOptions{});
-        std::remove(path.c_str());
+        const auto loaded = saved_and_loaded(*model, "gptq_roundtrip_" + std::to_string(seed), text);
         EXPECT_EQ(loaded->config.group_size, v.group_size);
-        const auto a = model->linears(), b = loaded->linears();
-        ASSERT_EQ(a.size(), b.size());
-        for (size_t i = 0; i < a.size(); ++i) expect_same_linear(*a[i], *b[i]);
-        const tl::ScoreOptions score;
-        EXPECT_EQ(tl::score_cpu(*model, text.data(), text.size(), score).nll_sum,
-                  tl::score_cpu(*loaded, text.data(), text.size(), score).nll_sum);
+    }
+}
+
+// Mean |NLL - dense NLL| per token of `model` on `text`.
+double mean_abs_delta(const tl::Model &model, const std::vector<int32_t> &text, const std::vector<float> &dense) {
+    std::vector<float> nll(text.size() - 1);
+    tl::ScoreOptions score;
+    score.token_nll = nll.data();
+    tl::score_cpu(model, text.data(), text.size(), score);
+    double sum = 0.0;
+    for (size_t i = 0; i < nll.size(); ++i) sum += std::fabs(static_cast<double>(nll[i]) - dense[i]);
+    return sum / static_cast<double>(nll.size());
+}
+
+// --bits 8: every block linear INT8 (min-max and GPTQ alike), config.bits 8, the file loads back the same, and both
+// follow the dense model's per-token NLLs far more closely than INT4 min-max of the same weights does.
+TEST(Pipeline, Int8ModelsRoundTripThroughTheFile) {
+    const uint64_t seed = gptq_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::vector<int32_t> text = demo_text(400);
+    std::vector<float> dense(text.size() - 1);
+    tl::ScoreOptions score;
+    score.token_nll = dense.data();
+    tl::score_cpu(*dense_model(seed, 128), text.data(), text.size(), score);
+    auto int4 = dense_model(seed, 128);
+    tl::QuantizeOptions int4_options;
+    int4_options.gptq.group_size = 64;
+    tl::quantize_model(*int4, int4_options, text);
+    const double int4_delta = mean_abs_delta(*int4, text, dense);
+    for (const tl::Quantizer quantizer : {tl::Quantizer::MinMax, tl::Quantizer::Gptq}) {
+        auto model = dense_model(seed, 128);
+        tl::QuantizeOptions options;
+        options.quantizer = quantizer;
+        options.gptq.bits = 8;
+        options.gptq.method = tl::QuantMethod::Symmetric;
+        options.gptq.group_size = quantizer == tl::Quantizer::Gptq ? 0 : 64;
+        tl::quantize_model(*model, options, text);
+        EXPECT_EQ(model->config.bits, 8);
+        for (const tl::Linear *l : model->linears()) {
+            EXPECT_TRUE(l->quantized && l->bits == 8 && l->zeros == nullptr) << l->name;
+        }
+        const auto loaded = saved_and_loaded(*model, "int8_roundtrip_" + std::to_string(seed), text);
+        EXPECT_EQ(loaded->config.bits, 8);
+        EXPECT_EQ(loaded->config.group_size, options.gptq.group_size);
+        // 16 times INT4's levels: a quarter of INT4's deviation leaves a wide margin.
+        const double delta = mean_abs_delta(*loaded, text, dense);
+        RecordProperty(quantizer == tl::Quantizer::Gptq ? "gptq8_over_minmax4" : "minmax8_over_minmax4",
+                       std::to_string(delta / int4_delta));
+        EXPECT_LT(delta, 0.25 * int4_delta) << "INT8 " << delta << ", INT4 min-max " << int4_delta;
     }
 }
 
@@ -162,6 +222,14 @@ TEST(Pipeline, RejectsWhatItCannotQuantize) {
     const auto quantized = tl::make_synthetic_model(gptq_test::small_config(128), synth);
     options.gptq.group_size = 128;
     EXPECT_EQ(code_of([&] { tl::quantize_model(*quantized, options, demo_text(50)); }), TL_ERR_INVALID_ARGUMENT);
+    options.gptq.bits = 8;  // INT8 is symmetric: the default asymmetric method is refused
+    EXPECT_EQ(code_of([&] { tl::quantize_model(*model, options, demo_text(50)); }), TL_ERR_INVALID_ARGUMENT);
+    options.gptq.method = tl::QuantMethod::Symmetric;
+    options.frac4 = true;  // rounding channels describe INT4 codes
+    EXPECT_EQ(code_of([&] { tl::quantize_model(*model, options, demo_text(50)); }), TL_ERR_INVALID_ARGUMENT);
+    options.frac4 = false;
+    options.gptq.bits = 6;
+    EXPECT_EQ(code_of([&] { tl::quantize_model(*model, options, demo_text(50)); }), TL_ERR_INVALID_ARGUMENT);
 }
 
 // ---- The CLI ----
@@ -210,6 +278,34 @@ TEST(Cli, QuantizeEndToEnd) {
     }
     EXPECT_LT(std::abs(ppl[2] - ppl[0]), std::abs(ppl[1] - ppl[0]))
         << "dense " << ppl[0] << ", min-max " << ppl[1] << ", GPTQ " << ppl[2];
+}
+
+// --bits 8 through the tool: quantize (min-max per row, GPTQ per group), info reports INT8, and score and compare run
+// on the result; make-model --bits 8 writes an INT8 model directly, and --bits 8 refuses rounding channels.
+TEST(Cli, QuantizeInt8) {
+    const std::string dir = ::testing::TempDir() + "int8_cli_" + std::to_string(gptq_test::fresh_seed()) + "_";
+    const std::string text = std::string(TL_SOURCE_DIR) + "/data/demo.txt";
+    run_cli_ok("make-model --preset tiny --dense --out " + dir + "dense.tinyloop");
+    run_cli_ok("quantize " + dir + "dense.tinyloop " + dir + "mm8.tinyloop --bits 8 --group-size 0");
+    run_cli_ok("quantize " + dir + "dense.tinyloop " + dir + "gq8.tinyloop --bits 8 --method gptq --group-size 32 "
+               "--calib " + text);
+    run_cli_ok("make-model --preset tiny --bits 8 --out " + dir + "made8.tinyloop");
+    for (const char *name : {"mm8", "gq8", "made8"}) {
+        const std::string path = dir + name + ".tinyloop";
+        const std::string info = run_cli_ok("info --json " + path);
+        EXPECT_NE(info.find("\"bits\":8"), std::string::npos) << info;
+        EXPECT_NE(info.find("\"n_int8_weights\":10"), std::string::npos) << info;
+        EXPECT_NE(run_cli_ok("info " + path).find("INT8"), std::string::npos);
+        const double ppl = perplexity_of(run_cli_ok("score " + path + " --backend cpu --text " + text));
+        EXPECT_TRUE(std::isfinite(ppl) && ppl > 1.0) << name << ": " << ppl;
+    }
+    const std::string compared =
+        run_cli_ok("compare " + dir + "dense.tinyloop " + dir + "gq8.tinyloop --backend cpu -q --text " + text);
+    EXPECT_NE(compared.find("Mean    KLD"), std::string::npos) << compared;
+    const auto [status, out] = run_cli("quantize " + dir + "dense.tinyloop " + dir + "never.tinyloop --bits 8 --frac4");
+    EXPECT_NE(status, 0);
+    EXPECT_NE(out.find("frac4 and sign_bit channels describe INT4 codes"), std::string::npos) << out;
+    for (const char *name : {"dense", "mm8", "gq8", "made8"}) std::remove((dir + name + ".tinyloop").c_str());
 }
 
 TEST(Cli, GptqWithoutCalibrationTextIsRefused) {

@@ -806,3 +806,55 @@ TEST(ScoreConcurrency, ModelsScoredFromEightThreadsAtOnce) {
 }
 
 }  // namespace
+
+// ---- INT8 weights ------------------------------------------------------------------------------------------------
+
+// INT8 linears load as dense FP16 (the INT8 dequantization kernel at load) and run through cuBLAS: the GPU scores an
+// INT8 model, and one mixing INT8 (the looped block) with INT4 (the rest), as the CPU backend does within FP16 error.
+TEST(ScoreInt8, MatchesCpuWithinFp16Error) {
+    for (const int32_t group_size : {32, 0}) {
+        for (const bool mixed : {false, true}) {
+            const std::string name =
+                std::string(mixed ? "mixed_int4_int8" : "int8") + "_g" + std::to_string(group_size);
+            SCOPED_TRACE(name);
+            tl::ModelConfig c = tiny_config();
+            c.group_size = group_size;
+            c.bits = 8;
+            tl::SyntheticOptions options;
+            options.seed = rng()();
+            options.quantize_head = true;
+            std::unique_ptr<tl::Model> model = tl::make_synthetic_model(c, options);
+            uint64_t int8_linears = 6, int4_gemms_per_window = 0;
+            if (mixed) {
+                c.bits = 4;
+                std::unique_ptr<tl::Model> int4 = tl::make_synthetic_model(c, options);
+                int4->loop = model->loop;  // Linear copies share their storage's ownership
+                int4->config.bits = 8;
+                model = std::move(int4);
+                int8_linears = 5;
+                int4_gemms_per_window = 4 + 1;  // pre.0's qkv, out, gate|up, down; the head (one chunk or more)
+            }
+            ASSERT_EQ(model->loop.mlp_up.bits, 8);
+            const std::vector<int32_t> tokens = random_tokens(300, c.vocab);
+            const Reference cpu = cpu_score(*model, tokens, 128);
+            tl::GpuModelOptions gpu_options;
+            gpu_options.head_chunk_rows = kChunkRows;
+            tl::GpuModel gm(*model, 0, gpu_options);
+            const GpuRun run = gpu_score(gm, tokens, 128);
+            EXPECT_TRUE(agree(run.nll, run.result.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff,
+                              name + " GPU vs CPU"));
+            EXPECT_EQ(run.result.n_windows, cpu.windows);
+            // Every INT8 GEMM is a dense one; the INT4 ones go through the quantized dispatcher.
+            EXPECT_GE(run.delta.cublas_dense, static_cast<uint64_t>(cpu.windows) * int8_linears);
+            const uint64_t quant = run.delta.dispatch.fp16_body + run.delta.dispatch.marlin_fused +
+                                   run.delta.dispatch.marlin_correction + run.delta.dispatch.dequant_cublas +
+                                   run.delta.dispatch.native;
+            if (mixed) {
+                EXPECT_GE(quant, static_cast<uint64_t>(cpu.windows) * int4_gemms_per_window);
+            } else {
+                EXPECT_EQ(quant, 0u);
+            }
+            EXPECT_EQ(run.delta.dispatch.fallbacks, 0u);
+        }
+    }
+}

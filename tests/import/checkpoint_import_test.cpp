@@ -141,6 +141,29 @@ void expect_int4_close(const std::map<std::string, Tensor> &file, const std::str
     EXPECT_EQ(mismatches, 0u) << name;
 }
 
+// An INT8 linear of the file (I8 codes [N][K], scales [N][G], no zeros): W = q * s, exactly the script's (q - 128) * s.
+void expect_int8_equal(const std::map<std::string, Tensor> &file, const std::string &name, const Tensor &want) {
+    ASSERT_EQ(file.count(name + ".qweight"), 1u) << name << " is not quantized in the file";
+    EXPECT_EQ(file.count(name + ".zeros"), 0u) << name << ": an INT8 linear has no zeros";
+    const Tensor &codes = file.at(name + ".qweight"), &scales = file.at(name + ".scales");
+    const size_t n = static_cast<size_t>(want.shape[0]), k = static_cast<size_t>(want.shape[1]);
+    ASSERT_EQ(codes.shape, (std::vector<int64_t>{static_cast<int64_t>(n), static_cast<int64_t>(k)})) << name;
+    ASSERT_EQ(scales.shape.size(), 2u);
+    const size_t groups = static_cast<size_t>(scales.shape[1]);
+    const int8_t *q = codes.as<int8_t>("I8");
+    size_t mismatches = 0;
+    for (size_t nn = 0; nn < n; ++nn) {
+        for (size_t kk = 0; kk < k; ++kk) {
+            const float got = static_cast<float>(q[nn * k + kk]) * value_at(scales, nn * groups + kk / (k / groups));
+            const float e = value_at(want, nn * k + kk);
+            if (got != e && mismatches++ == 0) {
+                ADD_FAILURE() << name << " W[" << kk << ", " << nn << "] = " << got << ", expected " << e;
+            }
+        }
+    }
+    EXPECT_EQ(mismatches, 0u) << name;
+}
+
 // One tl_score call over `tokens` on `backend` (two threads on the CPU).
 tl_score_result score_tokens(const tl_model *model, const std::vector<int32_t> &tokens, int32_t backend) {
     tl_score_options so;
@@ -212,6 +235,10 @@ void check_round_trip(const std::string &variant, const tl_import_options *optio
             expect_int4_close(file, name, expected.at(name), expected.at(name + ".offset"));
             tensors += 3 + file.count(name + ".k_perm");
             ++n_int4;
+        } else if (storage == "INT8") {
+            expect_int8_equal(file, name, expected.at(name));
+            tensors += 2;
+            ++n_int4;
         } else {
             ASSERT_EQ(file.count(name + ".weight"), 1u) << name << " is not dense in the file";
             expect_dense_equal(file.at(name + ".weight"), storage, expected.at(name), name);
@@ -250,6 +277,8 @@ TEST(CheckpointImport, DenseF32ShardedMixedQkvDtypes) { check_round_trip("dense_
 TEST(CheckpointImport, GptqMisalignedWithDenseLinear) { check_round_trip("gptq"); }
 TEST(CheckpointImport, GptqPerRowWithoutGIdx) { check_round_trip("gptq_per_row"); }
 TEST(CheckpointImport, AwqGqa) { check_round_trip("awq"); }
+TEST(CheckpointImport, Gptq8BitSymmetricWithDenseLinear) { check_round_trip("gptq8"); }
+TEST(CheckpointImport, Gptq8BitPerRowTied) { check_round_trip("gptq8_per_row"); }
 TEST(CheckpointImport, GptqSettingsInQuantizeConfigJson) { check_round_trip("gptq_quantize_config"); }
 TEST(CheckpointImport, Qwen2QkvBiasesGqa) { check_round_trip("qwen2_bias"); }
 TEST(CheckpointImport, GptqAttentionAndMlpBiases) { check_round_trip("gptq_biases"); }
@@ -488,6 +517,14 @@ TEST(CheckpointImportRefuses, ActOrderQkvInDifferentOrders) {
                    "'model.layers.2.self_attn.q_proj.g_idx'");
 }
 
+TEST(CheckpointImportRefuses, Gptq8BitAsymmetricOrCodeZero) {
+    EXPECT_REFUSED(convert(kData + "/bad/gptq8_asymmetric", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
+                   "model.layers.1.self_attn.o_proj.", "column 0 of group 0 the zero point 101",
+                   "asymmetric 8-bit GPTQ cannot be imported");
+    EXPECT_REFUSED(convert(kData + "/bad/gptq8_code_zero", scratch("out.tinyloop")), TL_ERR_UNSUPPORTED,
+                   "model.layers.2.mlp.up_proj.", "code 0 at row 0, column 5", "-128");
+}
+
 TEST(CheckpointImportRefuses, NonFiniteScale) {
     EXPECT_REFUSED(convert(kData + "/bad/infinite_scale", scratch("out.tinyloop")), TL_ERR_FORMAT,
                    "model.layers.1.mlp.gate_proj.scales[0][0]", "not finite");
@@ -580,8 +617,12 @@ TEST(CheckpointImportRefuses, ConfigFields) {
          {"missing tensor 'lm_head.weight'", "tie_word_embeddings is false"}},
         {"tied with a different lm_head", "dense_bf16_untied_gqa", [](json &c) { c["tie_word_embeddings"] = true; },
          TL_ERR_FORMAT, {"tensor 'lm_head.weight'", "differs from model.embed_tokens.weight"}},
-        {"bits 8", "gptq", [](json &c) { c["quantization_config"]["bits"] = 8; }, TL_ERR_UNSUPPORTED,
-         {"field 'quantization_config.bits' = 8", "only 4-bit"}},
+        {"bits 3", "gptq", [](json &c) { c["quantization_config"]["bits"] = 3; }, TL_ERR_UNSUPPORTED,
+         {"field 'quantization_config.bits' = 3", "only 4-bit checkpoints, and 8-bit GPTQ ones"}},
+        {"awq bits 8", "awq", [](json &c) { c["quantization_config"]["bits"] = 8; }, TL_ERR_UNSUPPORTED,
+         {"field 'quantization_config.bits' = 8"}},
+        {"bits 8 on 4-bit tensors", "gptq", [](json &c) { c["quantization_config"]["bits"] = 8; }, TL_ERR_FORMAT,
+         {".qweight'", "[K/4, N] (8-bit GPTQ)"}},
         {"desc_act not a boolean", "gptq", [](json &c) { c["quantization_config"]["desc_act"] = "yes"; },
          TL_ERR_FORMAT, {"field 'quantization_config.desc_act' must be true or false"}},
         {"gptq v2", "gptq", [](json &c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; },

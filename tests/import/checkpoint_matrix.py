@@ -452,8 +452,8 @@ def refused():
             edit(fam.config)
         return apply
 
-    def bits8(c):
-        c["quantization_config"]["bits"] = 8
+    def bits3(c):
+        c["quantization_config"]["bits"] = 3
 
     return [
         ("gemma", "llama_dense_f16", config_edit(lambda c: c.update(model_type="gemma")), "TL_ERR_UNSUPPORTED",
@@ -478,8 +478,8 @@ def refused():
          config_edit(lambda c: c.update(rope_scaling={"type": "dynamic", "factor": 2.0,
                                                       "original_max_position_embeddings": 64})),
          "TL_ERR_UNSUPPORTED", ["'dynamic'", "longer than 64 tokens"]),
-        ("gptq_8bit", "looped_gptq", config_edit(bits8), "TL_ERR_UNSUPPORTED",
-         ["field 'quantization_config.bits' = 8"]),
+        ("gptq_3bit", "looped_gptq", config_edit(bits3), "TL_ERR_UNSUPPORTED",
+         ["field 'quantization_config.bits' = 3"]),
         ("gptq_v2", "looped_gptq",
          config_edit(lambda c: c["quantization_config"].update(checkpoint_format="gptq_v2")), "TL_ERR_UNSUPPORTED",
          ["checkpoint_format", "gptq_v2"]),

@@ -39,20 +39,33 @@ def to_half(x):
     return struct.unpack("<e", struct.pack("<H", bits))[0], bits
 
 
-def pack8(values):
-    """8 nibbles, values[i] in bits 4i..4i+3, as a signed int32 (what the checkpoint's int32 tensor holds)."""
+def pack(values, bits=4):
+    """32 / bits codes, values[i] in bits bits*i .. bits*i + bits - 1, as a signed int32 (what the checkpoint's int32
+    tensor holds): 8 nibbles at 4 bits, 4 bytes at 8 bits."""
     word = 0
     for i, v in enumerate(values):
-        assert 0 <= v <= 15
-        word |= v << (4 * i)
+        assert 0 <= v < (1 << bits)
+        word |= v << (bits * i)
     return word - (1 << 32) if word >= (1 << 31) else word
 
 
+def unpack(word, i, bits=4):
+    return ((word & 0xFFFFFFFF) >> (bits * i)) & ((1 << bits) - 1)
+
+
+def pack8(values):
+    return pack(values, 4)
+
+
 def nibble(word, i):
-    return ((word & 0xFFFFFFFF) >> (4 * i)) & 0xF
+    return unpack(word, i, 4)
 
 
-def make_layer(rng, layout, k, n, group_size):
+def make_layer(rng, layout, k, n, group_size, bits=4):
+    """bits=8 (GPTQ only): symmetric 8-bit GPTQ, codes 1..255 (0 would be -128 after the zero point), zero points 128
+    (stored as 127), 4 codes per int32, low byte first."""
+    if bits == 8:
+        return make_layer8(rng, k, n, group_size)
     gs = group_size if group_size else k
     groups = k // gs
     q = [[rng.randrange(16) for _ in range(n)] for _ in range(k)]  # q[k][n]
@@ -61,16 +74,7 @@ def make_layer(rng, layout, k, n, group_size):
         z = [[rng.randrange(1, 17) for _ in range(n)] for _ in range(groups)]
     else:
         z = [[rng.randrange(16) for _ in range(n)] for _ in range(groups)]
-    s_val, s_bits = [], []
-    for _ in range(groups):
-        row_v, row_b = [], []
-        for _ in range(n):
-            magnitude = 2.0 ** rng.uniform(-12.0, -1.0)
-            v, b = to_half(-magnitude if rng.random() < 0.05 else magnitude)  # a few negative scales too
-            row_v.append(v)
-            row_b.append(b)
-        s_val.append(row_v)
-        s_bits.append(row_b)
+    s_val, s_bits = random_scales(rng, groups, n)
 
     # Pack as the layout does.
     if layout == "gptq":
@@ -121,6 +125,44 @@ def make_layer(rng, layout, k, n, group_size):
     if layout == "gptq":
         tensors[f"{name}.g_idx"] = ("I32", [k], [kk // gs for kk in range(k)])
     return tensors
+
+
+def random_scales(rng, groups, n):
+    s_val, s_bits = [], []
+    for _ in range(groups):
+        row_v, row_b = [], []
+        for _ in range(n):
+            magnitude = 2.0 ** rng.uniform(-12.0, -1.0)
+            v, b = to_half(-magnitude if rng.random() < 0.05 else magnitude)  # a few negative scales too
+            row_v.append(v)
+            row_b.append(b)
+        s_val.append(row_v)
+        s_bits.append(row_b)
+    return s_val, s_bits
+
+
+def make_layer8(rng, k, n, group_size):
+    gs = group_size if group_size else k
+    groups = k // gs
+    q = [[rng.randrange(1, 256) for _ in range(n)] for _ in range(k)]
+    z = [[128] * n for _ in range(groups)]
+    s_val, s_bits = random_scales(rng, groups, n)
+    qweight = [[pack([q[4 * r + i][c] for i in range(4)], 8) for c in range(n)] for r in range(k // 4)]
+    qzeros = [[pack([z[g][4 * c + i] - 1 for i in range(4)], 8) for c in range(n // 4)] for g in range(groups)]
+    # Unpacked again with plain loops.
+    uq = [[unpack(qweight[kk // 4][c], kk % 4, 8) for c in range(n)] for kk in range(k)]
+    uz = [[unpack(qzeros[g][c // 4], c % 4, 8) + 1 for c in range(n)] for g in range(groups)]
+    assert uq == q and uz == z, "pack/unpack round trip"
+    expected = [[(uq[kk][c] - uz[kk // gs][c]) * s_val[kk // gs][c] for c in range(n)] for kk in range(k)]
+    name = f"k{k}_n{n}_" + (f"g{group_size}" if group_size else "row") + "_int8"
+    return {
+        f"{name}.qweight": ("I32", [k // 4, n], [x for row in qweight for x in row]),
+        f"{name}.qzeros": ("I32", [groups, n // 4], [x for row in qzeros for x in row]),
+        f"{name}.scales": ("F16", [groups, n], [x for row in s_bits for x in row]),
+        f"{name}.expected": ("F32", [k, n], [x for row in expected for x in row]),
+        f"{name}.zero": ("I32", [groups, n], [x for row in uz for x in row]),
+        f"{name}.g_idx": ("I32", [k], [kk // gs for kk in range(k)]),
+    }
 
 
 def make_act_order(tensors, name, perm, group_size):

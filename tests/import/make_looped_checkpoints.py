@@ -57,7 +57,7 @@ def encode(dtype, x):
 class Variant:
     def __init__(self, name, dtype="F16", tied=True, head_dim=None, kv_heads=None, quant=None, group=GROUP,
                  dense_linears=(), dtype_of=None, head_dtype=None, defaults=False, act_order=False, plain=False,
-                 biases=None):
+                 biases=None, bits=4):
         self.name = name
         self.rng = random.Random(f"{SEED}-{name}")
         self.dtype = dtype
@@ -65,6 +65,7 @@ class Variant:
         self.hd = head_dim or D // H
         self.kv = kv_heads or H
         self.quant = quant  # None, "gptq" or "awq"
+        self.bits = bits  # 8: symmetric 8-bit GPTQ, stored as INT8 linears
         self.group = group  # 0 = per row
         self.dense_linears = set(dense_linears)  # HF linear names kept dense in a quantized checkpoint
         self.dtype_of = dtype_of or {}  # HF proj key ("k", ...) -> dtype, overriding `dtype` for dense linears
@@ -108,14 +109,14 @@ class Variant:
         if kv_heads:
             self.config["num_key_value_heads"] = kv_heads
         if quant == "gptq":
-            self.config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group or -1,
-                                                  "desc_act": False, "sym": False, "checkpoint_format": "gptq"}
+            self.config["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group or -1,
+                                                  "desc_act": False, "sym": bits == 8, "checkpoint_format": "gptq"}
         elif quant == "awq":
             self.config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group or -1,
                                                   "version": "gemm", "zero_point": True}
         self.tl_config = {"d_model": D, "n_heads": H, "head_dim": self.hd, "ffn": F, "vocab": V, "pre": P,
                           "loops": 1 if plain else LOOPS, "max_seq": max_seq, "group_size": group if quant else 0,
-                          "bits": 4,
+                          "bits": bits,
                           "rope_theta": rope_theta, "norm_eps": eps}
         if self.kv != H:
             self.tl_config["n_kv_heads"] = self.kv
@@ -145,7 +146,7 @@ class Variant:
 
     def weight(self, hf, k, n, proj):
         if self.quant and hf not in self.dense_linears:
-            layer = int4.make_layer(self.rng, self.quant, k, n, self.group)
+            layer = int4.make_layer(self.rng, self.quant, k, n, self.group, self.bits)
             if self.act_order:
                 # q, k and v share their input, and so do gate and up: GPTQ orders them alike.
                 shared = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "gate": "mlp_in", "up": "mlp_in"}
@@ -167,6 +168,8 @@ class Variant:
             offsets = [[abs(zero[g * n + nn] * struct.unpack("<e", struct.pack("<H", scale_bits[g * n + nn]))[0])
                         for g in range(groups)] for nn in range(n)]
             self.dense_twin[hf] = ("F32", [n, k], [x for row in rows for x in row])
+            if self.bits == 8:  # exact: (q - 128) * s is the INT8 code times the scale, no offset to round
+                return rows, None, "INT8"
             return rows, offsets, "INT4"
         rows, dtype = self.dense(f"{hf}.weight", n, k, 1.0 / k ** 0.5, dtype=self.dtype_of.get(proj))
         return rows, None, dtype
@@ -284,6 +287,10 @@ def main():
     twin.tensors = {name: value for name, value in act.tensors.items() if name.rsplit(".", 1)[0] not in act.dense_twin}
     twin.tensors.update({hf + ".weight": value for hf, value in act.dense_twin.items()})
     twin.write(out, checkpoint_only=True)
+    # Symmetric 8-bit GPTQ, group 32, one linear left dense, a dense head; and per row, tied.
+    gptq8 = Variant("gptq8", tied=False, quant="gptq", bits=8, dense_linears={"model.layers.0.mlp.down_proj"}).build()
+    gptq8.write(out)
+    Variant("gptq8_per_row", quant="gptq", bits=8, group=0).build().write(out)
     # AWQ GEMM, group 32, grouped-query attention (the INT4 K/V rows repeated), a BF16 head.
     Variant("awq", tied=False, quant="awq", kv_heads=2, head_dtype="BF16").build().write(out)
     # Qwen2-style: q, k and v with biases (BF16, as the weights), grouped-query attention.
@@ -365,6 +372,16 @@ def main():
         dtype, shape, items = v.tensors["model.layers.1.mlp.gate_proj.scales"]
         v.tensors["model.layers.1.mlp.gate_proj.scales"] = (dtype, shape, [0x7C00] + items[1:])
     variant_from(gptq, "infinite_scale", bad_scales)
+
+    def asymmetric8(v):  # one zero point of 8-bit GPTQ that is not 128: asymmetric, no INT8 storage
+        dtype, shape, items = v.tensors["model.layers.1.self_attn.o_proj.qzeros"]
+        v.tensors["model.layers.1.self_attn.o_proj.qzeros"] = (dtype, shape, [items[0] - 27] + items[1:])
+    variant_from(gptq8, "gptq8_asymmetric", asymmetric8)
+
+    def code_zero8(v):  # one code 0: -128 after the zero point, outside the INT8 codes
+        dtype, shape, items = v.tensors["model.layers.2.mlp.up_proj.qweight"]
+        v.tensors["model.layers.2.mlp.up_proj.qweight"] = (dtype, shape, items[:5] + [items[5] & ~0xFF] + items[6:])
+    variant_from(gptq8, "gptq8_code_zero", code_zero8)
 
     def bias(v):  # a bias no config field announces
         v.tensors["model.layers.0.self_attn.q_proj.bias"] = ("F16", [D], [0] * D)

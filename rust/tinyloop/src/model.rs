@@ -70,7 +70,8 @@ pub struct ModelInfo {
     pub max_seq: usize,
     /// Quantization group size along K; 0 means per row.
     pub group_size: usize,
-    /// Bits per quantized code.
+    /// Bits per quantized code: 4 or 8, the widest among the quantized linears (a file may mix INT4 and INT8
+    /// linears; [`crate::WeightInfo`]'s `bits` gives each one's).
     pub bits: u32,
     /// RoPE base frequency.
     pub rope_theta: f32,

@@ -24,7 +24,8 @@ pub struct WeightInfo {
     pub group_size: usize,
     /// Groups along K (`k / group_size`).
     pub n_groups: usize,
-    /// Bits per code (4).
+    /// Bits per code: 4, or 8 for a model's INT8 weight (which `quant_gemm` refuses: INT8 runs on the GPU only
+    /// inside a model's scoring).
     pub bits: u32,
     /// Whether the weight carries a frac4 channel (the next 4 bits below each code).
     pub has_frac4: bool,
