@@ -464,18 +464,6 @@ public:
         }
     }
 
-    // INT8 codes are symmetric, in [-127, 127]: -128 has no negation, and no writer of the format makes it.
-    void check_int8_codes(const TensorEntry &t) const {
-        if (!options_.validate_values) return;
-        const size_t count = static_cast<size_t>(t.end - t.begin);
-        for (size_t i = 0; i < count; ++i) {
-            if (t.bytes[i] == 0x80) {
-                fail(TL_ERR_FORMAT, "tensor " + quoted(t.name) + ": code -128 at index " + std::to_string(i) +
-                                        "; INT8 codes are in [-127, 127]");
-            }
-        }
-    }
-
     // The tensor's data at an address aligned for its dtype: in place when the file allows, else a copy (files
     // from other writers need not align tensors, and a misaligned typed read is undefined behaviour).
     const void *aligned(const TensorEntry &t) const {
@@ -577,7 +565,6 @@ public:
             check(*zeros, {DType::F16}, {n, groups}, "([N, G] " + kn + ")");
             check_finite(*zeros);
         }
-        if (int8) check_int8_codes(*qweight);
         lin.quantized = true;
         lin.bits = int8 ? 8 : 4;
         lin.group_size = group_size;

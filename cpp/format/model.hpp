@@ -73,7 +73,7 @@ struct ModelConfig {
 
 // Y[m, n] = sum_k X[m, k] * W[k, n]. Storage is out-major ("[N, K]", like a PyTorch Linear weight):
 //   quantized, bits 4: codes [n][k/2] (low nibble = even k), scales/zeros [n][groups] FP16, W = q*s + z;
-//   quantized, bits 8: codes [n][k] int8 in [-127, 127], scales [n][groups] FP16, no zeros, W = q*s;
+//   quantized, bits 8: codes [n][k] int8 (any value; the quantizers write [-127, 127]), scales [n][groups] FP16, no zeros, W = q*s;
 //   dense:     values [n][k] in F16, BF16 or F32.
 struct Linear {
     std::string name;  // e.g. "pre.0.attn_qkv", "loop.mlp_down", "head"

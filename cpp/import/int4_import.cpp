@@ -72,11 +72,6 @@ QuantizedMatrix import_int8_gptq(const Int4Checkpoint &c, int32_t gs, std::vecto
             for (int i = 0; i < 4; ++i) {
                 const int q = byte_of(word, i);
                 const size_t kk = 4 * r + static_cast<size_t>(i);
-                if (q == 0) {
-                    fail(TL_ERR_UNSUPPORTED, p + "qweight holds the code 0 at row " + std::to_string(kk) + ", column " +
-                                                 std::to_string(nn) + ": minus the zero point 128 that is -128, "
-                                                 "outside the INT8 codes [-127, 127] of the format");
-                }
                 const size_t row = stored.empty() ? kk : static_cast<size_t>(stored[kk]);
                 m.codes[nn * k + row] = static_cast<uint8_t>(static_cast<int8_t>(q - kInt8GptqZero));
             }

@@ -62,8 +62,9 @@ def nibble(word, i):
 
 
 def make_layer(rng, layout, k, n, group_size, bits=4):
-    """bits=8 (GPTQ only): symmetric 8-bit GPTQ, codes 1..255 (0 would be -128 after the zero point), zero points 128
-    (stored as 127), 4 codes per int32, low byte first."""
+    """bits=8 (GPTQ only): symmetric 8-bit GPTQ, codes 0..255 (0 is -128 after the zero point, which GPTQ's rounding
+    gives a group's most negative weight when it is the largest in magnitude), zero points 128 (stored as 127), 4 codes
+    per int32, low byte first."""
     if bits == 8:
         return make_layer8(rng, k, n, group_size)
     gs = group_size if group_size else k
@@ -144,7 +145,8 @@ def random_scales(rng, groups, n):
 def make_layer8(rng, k, n, group_size):
     gs = group_size if group_size else k
     groups = k // gs
-    q = [[rng.randrange(1, 256) for _ in range(n)] for _ in range(k)]
+    q = [[rng.randrange(256) for _ in range(n)] for _ in range(k)]
+    q[0][0] = 0  # at least one -128
     z = [[128] * n for _ in range(groups)]
     s_val, s_bits = random_scales(rng, groups, n)
     qweight = [[pack([q[4 * r + i][c] for i in range(4)], 8) for c in range(n)] for r in range(k // 4)]

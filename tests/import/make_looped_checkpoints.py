@@ -378,10 +378,6 @@ def main():
         v.tensors["model.layers.1.self_attn.o_proj.qzeros"] = (dtype, shape, [items[0] - 27] + items[1:])
     variant_from(gptq8, "gptq8_asymmetric", asymmetric8)
 
-    def code_zero8(v):  # one code 0: -128 after the zero point, outside the INT8 codes
-        dtype, shape, items = v.tensors["model.layers.2.mlp.up_proj.qweight"]
-        v.tensors["model.layers.2.mlp.up_proj.qweight"] = (dtype, shape, items[:5] + [items[5] & ~0xFF] + items[6:])
-    variant_from(gptq8, "gptq8_code_zero", code_zero8)
 
     def bias(v):  # a bias no config field announces
         v.tensors["model.layers.0.self_attn.q_proj.bias"] = ("F16", [D], [0] * D)
