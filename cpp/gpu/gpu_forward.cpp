@@ -305,6 +305,7 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
     if (options.cross_iter_round && s.loop_has_rounding_channels) {
         fail(TL_ERR_UNSUPPORTED, "cross-iteration rounding is not implemented on the GPU");
     }
+    require_gpu_activations(options.activations);
     return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
 }
 

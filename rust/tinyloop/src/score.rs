@@ -453,6 +453,8 @@ impl Model {
                     Error::InvalidArgument(format!("empty_context_bos token {id} is above i32::MAX"))
                 })?,
             },
+            activations: sys::TL_ACTIVATIONS_FP16,
+            reserved: 0,
         };
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };

@@ -1,0 +1,409 @@
+#include "cpu/act_quant.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "quant/quant.hpp"
+#include "util/error.hpp"
+#include "util/half.hpp"
+
+// The FP32 outer sums follow the documented order only if no multiply-add is fused (a build with FMA enabled would).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TL_ACT_QUANT_AVX2 1
+#endif
+
+namespace tl {
+
+namespace {
+
+constexpr float kInt8Max = 127.0f;
+constexpr float kE4m3Max = 448.0f;
+// The largest K whose sums stay exact: INT4 codes x INT8 (15 * 127 * 2^20 < 2^31) and FP8 in double; a dense
+// weight's INT8 x INT8 products (127 * 127 * 2^17 < 2^31).
+constexpr int32_t kMaxQuantizedK = 1 << 20;
+constexpr int32_t kMaxDenseK = 1 << 17;
+constexpr int kRowBlock = 4;  // input rows sharing each load of a weight column
+
+// The largest |x[k]|, or NaN when a value is Inf or NaN.
+float row_abs_max(const float *x, int32_t k) {
+    float m = 0.0f;
+    bool finite = true;
+    for (int32_t i = 0; i < k; ++i) {
+        const float a = std::fabs(x[i]);
+        finite = finite && a <= FLT_MAX;
+        m = std::max(m, a);
+    }
+    return finite ? m : std::numeric_limits<float>::quiet_NaN();
+}
+
+// ---- Dot products of one weight column with up to kRowBlock input rows ----
+
+// out[r] = sum_i w[i] * x[r * ldx + i] in int32, for r < rows.
+using DotInt8Fn = void (*)(const int8_t *w, const int8_t *x, size_t ldx, int rows, int32_t len, int32_t *out);
+
+void dot_int8_portable(const int8_t *w, const int8_t *x, size_t ldx, int rows, int32_t len, int32_t *out) {
+    for (int r = 0; r < rows; ++r) {
+        const int8_t *xr = x + r * ldx;
+        int32_t sum = 0;
+        for (int32_t i = 0; i < len; ++i) sum += static_cast<int32_t>(w[i]) * xr[i];
+        out[r] = sum;
+    }
+}
+
+#ifdef TL_ACT_QUANT_AVX2
+__attribute__((target("avx2"))) inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// 32 products per step: maddubs multiplies unsigned by signed bytes, so |w| meets x carrying w's sign (sign_epi8);
+// a pair's sum is at most 2 * 127 * 127 < 2^15, so its int16 never saturates (x is never -128).
+template <int R>
+__attribute__((target("avx2"))) void dot_int8_avx2_rows(const int8_t *w, const int8_t *x, size_t ldx, int32_t len,
+                                                        int32_t *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    int32_t i = 0;
+    for (; i + 32 <= len; i += 32) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
+        const __m256i wa = _mm256_sign_epi8(wv, wv);
+        for (int r = 0; r < R; ++r) {
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
+            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        int32_t sum = hsum_epi32(acc[r]);
+        for (int32_t j = i; j < len; ++j) sum += static_cast<int32_t>(w[j]) * x[r * ldx + j];
+        out[r] = sum;
+    }
+}
+
+__attribute__((target("avx2"))) void dot_int8_avx2(const int8_t *w, const int8_t *x, size_t ldx, int rows,
+                                                   int32_t len, int32_t *out) {
+    switch (rows) {
+        case 4: return dot_int8_avx2_rows<4>(w, x, ldx, len, out);
+        case 3: return dot_int8_avx2_rows<3>(w, x, ldx, len, out);
+        case 2: return dot_int8_avx2_rows<2>(w, x, ldx, len, out);
+        default: return dot_int8_avx2_rows<1>(w, x, ldx, len, out);
+    }
+}
+#endif
+
+
+// FP8 with INT4 codes, in integers: out[r] = sum_i w[i] * x[r * ldx + i] with x in units of 2^-9, exact (products
+// below 15 * 448 * 2^9 < 2^22, at most 2^20 of them in int64).
+using DotFp8Fn = void (*)(const int8_t *w, const int32_t *x, size_t ldx, int rows, int32_t len, int64_t *out);
+
+void dot_fp8_portable(const int8_t *w, const int32_t *x, size_t ldx, int rows, int32_t len, int64_t *out) {
+    for (int r = 0; r < rows; ++r) {
+        const int32_t *xr = x + r * ldx;
+        int64_t sum = 0;
+        for (int32_t i = 0; i < len; ++i) sum += static_cast<int64_t>(w[i]) * xr[i];
+        out[r] = sum;
+    }
+}
+
+#ifdef TL_ACT_QUANT_AVX2
+// 8 int32 lanes; each lane adds at most kChunk / 8 products below 2^22 before it is emptied into int64, so it never
+// overflows.
+template <int R>
+__attribute__((target("avx2"))) void dot_fp8_avx2_rows(const int8_t *w, const int32_t *x, size_t ldx, int32_t len,
+                                                       int64_t *out) {
+    constexpr int32_t kChunk = 2048;
+    for (int r = 0; r < R; ++r) out[r] = 0;
+    int32_t i = 0;
+    while (i + 8 <= len) {
+        const int32_t end = std::min(len, i + kChunk) & ~7;
+        __m256i acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+        for (; i + 8 <= end; i += 8) {
+            const __m256i wv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(w + i)));
+            for (int r = 0; r < R; ++r) {
+                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_mullo_epi32(wv, xv));
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            alignas(32) int32_t lanes[8];
+            _mm256_store_si256(reinterpret_cast<__m256i *>(lanes), acc[r]);
+            for (int32_t lane : lanes) out[r] += lane;
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int32_t j = i; j < len; ++j) out[r] += static_cast<int64_t>(w[j]) * x[r * ldx + j];
+}
+
+__attribute__((target("avx2"))) void dot_fp8_avx2(const int8_t *w, const int32_t *x, size_t ldx, int rows,
+                                                  int32_t len, int64_t *out) {
+    switch (rows) {
+        case 4: return dot_fp8_avx2_rows<4>(w, x, ldx, len, out);
+        case 3: return dot_fp8_avx2_rows<3>(w, x, ldx, len, out);
+        case 2: return dot_fp8_avx2_rows<2>(w, x, ldx, len, out);
+        default: return dot_fp8_avx2_rows<1>(w, x, ldx, len, out);
+    }
+}
+#endif
+
+// FP8 with a dense weight's e4m3 values: out[r] = sum_i w[i] * x[r * ldx + i], each sum exact in double (every
+// product is a multiple of 2^-18 below 2^18 and there are at most 2^17 of them, kMaxDenseK), so the order of the
+// additions does not matter.
+void dot_fp8_dense(const float *w, const float *x, size_t ldx, int rows, int32_t len, double *out) {
+    for (int r = 0; r < rows; ++r) {
+        const float *xr = x + r * ldx;
+        double s[4] = {0, 0, 0, 0};
+        int32_t i = 0;
+        for (; i + 4 <= len; i += 4)
+            for (int j = 0; j < 4; ++j) s[j] += static_cast<double>(w[i + j]) * xr[i + j];
+        for (; i < len; ++i) s[0] += static_cast<double>(w[i]) * xr[i];
+        out[r] = (s[0] + s[1]) + (s[2] + s[3]);
+    }
+}
+
+std::atomic<bool> g_portable{false};
+
+bool cpu_has_avx2() {
+#ifdef TL_ACT_QUANT_AVX2
+    static const bool avx2 = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") != 0;
+    }();
+    return avx2 && !g_portable.load(std::memory_order_relaxed);
+#else
+    return false;
+#endif
+}
+
+DotInt8Fn dot_int8_kernel() {
+#ifdef TL_ACT_QUANT_AVX2
+    if (cpu_has_avx2()) return &dot_int8_avx2;
+#endif
+    return &dot_int8_portable;
+}
+
+DotFp8Fn dot_fp8_kernel() {
+#ifdef TL_ACT_QUANT_AVX2
+    if (cpu_has_avx2()) return &dot_fp8_avx2;
+#endif
+    return &dot_fp8_portable;
+}
+
+// The weight's columns [n0, n1) as the integer path reads them: INT4 codes as int8 (or their values as floats for
+// FP8), FP32 scales and zero offsets per group; a dense weight quantized per column with one group and z = 0.
+void load_weight_tile(const Linear &w, ActivationMode mode, int32_t n0, int32_t n1, int32_t groups,
+                      QuantTileScratch &t) {
+    const size_t K = static_cast<size_t>(w.k), cols = static_cast<size_t>(n1 - n0);
+    const bool fp8 = mode == ActivationMode::Fp8;
+    t.scales.resize(cols * groups);
+    t.zeros.resize(cols * groups);
+    if (fp8 && !w.quantized) {
+        t.values.resize(cols * K);
+    } else {
+        t.codes.resize(cols * K);
+    }
+    if (w.quantized) {
+        for (size_t c = 0; c < cols; ++c) {
+            const size_t n = n0 + c;
+            const uint8_t *bytes = w.codes + n * (K / 2);
+            for (size_t i = 0; i < K / 2; ++i) {
+                t.codes[c * K + 2 * i] = static_cast<int8_t>(bytes[i] & 0x0F);
+                t.codes[c * K + 2 * i + 1] = static_cast<int8_t>(bytes[i] >> 4);
+            }
+            for (int32_t g = 0; g < groups; ++g) {
+                t.scales[c * groups + g] = half_to_float(w.scales[n * groups + g]);
+                t.zeros[c * groups + g] = half_to_float(w.zeros[n * groups + g]);
+            }
+        }
+        return;
+    }
+    // Dense: W8A8's per-output-channel symmetric quantization of the weight, the activations' rule per column.
+    std::vector<float> column(K);
+    for (size_t c = 0; c < cols; ++c) {
+        dequantize_rows(w, static_cast<int32_t>(n0 + c), static_cast<int32_t>(n0 + c + 1), column.data());
+        t.scales[c] = fp8 ? quantize_row_fp8(column.data(), w.k, t.values.data() + c * K)
+                          : quantize_row_int8(column.data(), w.k, t.codes.data() + c * K);
+        t.zeros[c] = 0.0f;
+    }
+}
+
+}  // namespace
+
+float round_half_even(float x) {
+    float r = std::floor(x);
+    const float d = x - r;  // exact: x and floor(x) share their exponent or x is already an integer
+    if (d > 0.5f || (d == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
+    return r;
+}
+
+float round_to_e4m3(float v) {
+    const float a = std::fabs(v);
+    if (a >= kE4m3Max) return std::copysign(kE4m3Max, v);
+    if (a == 0.0f) return 0.0f;
+    int e = 0;
+    std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+    // 3 fraction bits: spacing 2^(e-1-3) in a normal binade, 2^-9 below 2^-6 (the subnormals).
+    const int spacing = std::max(e - 1, -6) - 3;
+    const float r = std::ldexp(round_half_even(std::ldexp(a, -spacing)), spacing);
+    return r == 0.0f ? 0.0f : std::copysign(r, v);
+}
+
+float quantize_row_int8(const float *x, int32_t k, int8_t *q) {
+    const float s = row_abs_max(x, k) / kInt8Max;
+    if (!(s > 0.0f)) {  // all zeros (or a maximum so small that s underflows), or Inf / NaN: no division at all
+        std::fill(q, q + k, int8_t{0});
+        return s;
+    }
+    for (int32_t i = 0; i < k; ++i) {
+        q[i] = static_cast<int8_t>(std::clamp(round_half_even(x[i] / s), -kInt8Max, kInt8Max));
+    }
+    return s;
+}
+
+float quantize_row_fp8(const float *x, int32_t k, float *e) {
+    const float s = row_abs_max(x, k) / kE4m3Max;
+    if (!(s > 0.0f)) {
+        std::fill(e, e + k, 0.0f);
+        return s;
+    }
+    for (int32_t i = 0; i < k; ++i) e[i] = round_to_e4m3(x[i] / s);
+    return s;
+}
+
+void prepare_quantized_input(const Linear &w, int32_t rows, ActivationMode mode, QuantizedInput &in) {
+    if (mode != ActivationMode::Int8 && mode != ActivationMode::Fp8) {
+        fail(TL_ERR_INTERNAL, "prepare_quantized_input: activations " + std::string(activation_mode_name(mode)));
+    }
+    if (w.quantized && w.bits != 4) {
+        fail(TL_ERR_UNSUPPORTED, "activations " + std::string(activation_mode_name(mode)) + ": " + w.name + " has " +
+                                     std::to_string(w.bits) + "-bit weights; quantized activations take 4-bit ones");
+    }
+    const int32_t max_k = w.quantized ? kMaxQuantizedK : kMaxDenseK;
+    if (w.k > max_k) {
+        fail(TL_ERR_UNSUPPORTED, "activations " + std::string(activation_mode_name(mode)) + ": " + w.name + " has K = " +
+                                     std::to_string(w.k) + ", above " + std::to_string(max_k) +
+                                     " (its integer sums could overflow)");
+    }
+    in.mode = mode;
+    in.rows = rows;
+    in.k = w.k;
+    in.group_size = w.quantized ? w.group_size : w.k;
+    in.groups = w.k / in.group_size;
+    const size_t elements = static_cast<size_t>(rows) * w.k, sums = static_cast<size_t>(rows) * in.groups;
+    in.scale.resize(rows);
+    if (mode == ActivationMode::Int8) {
+        in.q.resize(elements);
+        in.group_sum.resize(sums);
+    } else {
+        in.e.resize(elements);
+        in.e_units.resize(elements);
+        in.group_sum_f.resize(sums);
+    }
+}
+
+void quantize_input_rows(const Linear &w, const float *x, int32_t r0, int32_t r1, QuantizedInput &in) {
+    const size_t K = static_cast<size_t>(in.k);
+    const int32_t gs = in.group_size;
+    std::vector<float> permuted(w.k_perm != nullptr ? K : 0);
+    for (int32_t r = r0; r < r1; ++r) {
+        const float *row = x + r * K;
+        if (w.k_perm != nullptr) {  // stored row kk multiplies input column k_perm[kk]
+            for (size_t kk = 0; kk < K; ++kk) permuted[kk] = row[w.k_perm[kk]];
+            row = permuted.data();
+        }
+        if (in.mode == ActivationMode::Int8) {
+            int8_t *q = in.q.data() + r * K;
+            in.scale[r] = quantize_row_int8(row, in.k, q);
+            for (int32_t g = 0; g < in.groups; ++g) {
+                int32_t sum = 0;
+                for (int32_t i = g * gs; i < (g + 1) * gs; ++i) sum += q[i];
+                in.group_sum[static_cast<size_t>(r) * in.groups + g] = sum;
+            }
+        } else {
+            float *e = in.e.data() + r * K;
+            in.scale[r] = quantize_row_fp8(row, in.k, e);
+            int32_t *units = in.e_units.data() + r * K;
+            for (size_t i = 0; i < K; ++i) units[i] = static_cast<int32_t>(std::ldexp(e[i], 9));  // exact
+            for (int32_t g = 0; g < in.groups; ++g) {
+                double sum = 0.0;  // exact: multiples of 2^-9 below 2^9, at most 2^20 of them
+                for (int32_t i = g * gs; i < (g + 1) * gs; ++i) sum += e[i];
+                in.group_sum_f[static_cast<size_t>(r) * in.groups + g] = static_cast<float>(sum);
+            }
+        }
+    }
+}
+
+void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0, int32_t n1, float *y, size_t ldy,
+                          QuantTileScratch &t) {
+    const int32_t G = in.groups, gs = in.group_size, cols = n1 - n0;
+    const size_t K = static_cast<size_t>(in.k);
+    const bool fp8 = in.mode == ActivationMode::Fp8;
+    load_weight_tile(w, in.mode, n0, n1, G, t);
+    const DotInt8Fn dot_int8 = dot_int8_kernel();
+    const DotFp8Fn dot_fp8 = dot_fp8_kernel();
+    const float *bias = w.bias_values();
+    std::vector<float> dots(static_cast<size_t>(kRowBlock) * G);  // D[r][g] as FP32
+    for (int32_t m = 0; m < in.rows; m += kRowBlock) {
+        const int rows = std::min(kRowBlock, in.rows - m);
+        for (int32_t c = 0; c < cols; ++c) {
+            for (int32_t g = 0; g < G; ++g) {
+                const size_t at = static_cast<size_t>(m) * K + static_cast<size_t>(g) * gs;
+                if (fp8 && w.quantized) {  // D in units of 2^-9: rounding it to FP32 and scaling commute
+                    int64_t d[kRowBlock];
+                    dot_fp8(t.codes.data() + c * K + g * gs, in.e_units.data() + at, K, rows, gs, d);
+                    for (int r = 0; r < rows; ++r) dots[r * G + g] = std::ldexp(static_cast<float>(d[r]), -9);
+                } else if (fp8) {
+                    double d[kRowBlock];
+                    dot_fp8_dense(t.values.data() + c * K + g * gs, in.e.data() + at, K, rows, gs, d);
+                    for (int r = 0; r < rows; ++r) dots[r * G + g] = static_cast<float>(d[r]);
+                } else {
+                    int32_t d[kRowBlock];
+                    dot_int8(t.codes.data() + c * K + g * gs, in.q.data() + at, K, rows, gs, d);
+                    for (int r = 0; r < rows; ++r) dots[r * G + g] = static_cast<float>(d[r]);
+                }
+            }
+            const float *s = t.scales.data() + static_cast<size_t>(c) * G, *z = t.zeros.data() + static_cast<size_t>(c) * G;
+            for (int r = 0; r < rows; ++r) {
+                const size_t row = static_cast<size_t>(m + r);
+                // The documented order: per group s*D + z*S, each product and the sum rounded to FP32, then added to
+                // the row's total group by group; the token's scale last.
+                float acc = 0.0f;
+                for (int32_t g = 0; g < G; ++g) {
+                    const float sum = fp8 ? in.group_sum_f[row * G + g] : static_cast<float>(in.group_sum[row * G + g]);
+                    const float term = s[g] * dots[r * G + g] + z[g] * sum;
+                    acc += term;
+                }
+                float out = in.scale[row] * acc;
+                if (bias != nullptr) out += bias[n0 + c];
+                y[row * ldy + n0 + c] = out;
+            }
+        }
+    }
+}
+
+void use_portable_act_quant_kernel(bool portable) { g_portable.store(portable, std::memory_order_relaxed); }
+
+uint64_t act_quant_bytes(int32_t rows, int32_t k_max, int32_t workers, int32_t tile_cols) {
+    const uint64_t K = static_cast<uint64_t>(k_max);
+    // Per row: FP8's values and units (INT8's codes are smaller), its scale, and group sums (at most K / 2 groups).
+    const uint64_t per_row = 8 * K + 4 + 4 * (K / 2);
+    // Per worker: a tile's FP8 values (or codes), scales and zeros, and a dense column.
+    const uint64_t per_worker = static_cast<uint64_t>(tile_cols) * (4 * K + 8 * (K / 2)) + 4 * K;
+    return static_cast<uint64_t>(rows) * per_row + static_cast<uint64_t>(workers) * per_worker;
+}
+
+}  // namespace tl
