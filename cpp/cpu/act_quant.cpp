@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -47,17 +48,36 @@ float row_abs_max(const float *x, int32_t k) {
     return finite ? m : std::numeric_limits<float>::quiet_NaN();
 }
 
-// ---- Dot products of one weight column with up to kRowBlock input rows ----
+// ---- Group sums of one weight column with up to kRowBlock input rows ----
 
-// out[r] = sum_i w[i] * x[r * ldx + i] in int32, for r < rows.
-using DotInt8Fn = void (*)(const int8_t *w, const int8_t *x, size_t ldx, int rows, int32_t len, int32_t *out);
+// out[r * groups + g] = sum_{i in group g} w[i] * x[r * ldx + i] for r < rows, groups of gs: X = int8_t, Acc = int32_t
+// for INT8 activations; X = int32_t (e4m3 values in units of 2^-9), Acc = int64_t for FP8.
+template <class X, class Acc>
+using GroupDotFn = void (*)(const int8_t *w, const X *x, size_t ldx, int rows, int32_t gs, int32_t groups, Acc *out);
 
-void dot_int8_portable(const int8_t *w, const int8_t *x, size_t ldx, int rows, int32_t len, int32_t *out) {
-    for (int r = 0; r < rows; ++r) {
-        const int8_t *xr = x + r * ldx;
-        int32_t sum = 0;
-        for (int32_t i = 0; i < len; ++i) sum += static_cast<int32_t>(w[i]) * xr[i];
-        out[r] = sum;
+template <class X, class Acc>
+void group_dot_portable(const int8_t *w, const X *x, size_t ldx, int rows, int32_t gs, int32_t groups, Acc *out) {
+    for (int r = 0; r < rows; ++r)
+        for (int32_t g = 0; g < groups; ++g) {
+            const int8_t *wg = w + static_cast<size_t>(g) * gs;
+            const X *xg = x + r * ldx + static_cast<size_t>(g) * gs;
+            Acc sum = 0;
+            for (int32_t i = 0; i < gs; ++i) sum += static_cast<Acc>(wg[i]) * xg[i];
+            out[r * groups + g] = sum;
+        }
+}
+
+// Kernel<R>::run for a run-time rows in [1, kRowBlock]: R accumulators of a compile-time count stay in registers.
+template <template <int> class Kernel, class X, class Acc>
+void dispatch_rows(const int8_t *w, const X *x, size_t ldx, int rows, int32_t gs, int32_t groups, Acc *out) {
+    for (int32_t g = 0; g < groups; ++g) {
+        const size_t at = static_cast<size_t>(g) * gs;
+        switch (rows) {
+            case 4: Kernel<4>::run(w + at, x + at, ldx, gs, out + g, groups); break;
+            case 3: Kernel<3>::run(w + at, x + at, ldx, gs, out + g, groups); break;
+            case 2: Kernel<2>::run(w + at, x + at, ldx, gs, out + g, groups); break;
+            default: Kernel<1>::run(w + at, x + at, ldx, gs, out + g, groups); break;
+        }
     }
 }
 
@@ -72,92 +92,97 @@ __attribute__((target("avx2"))) inline int32_t hsum_epi32(__m256i v) {
 // 32 products per step: maddubs multiplies unsigned by signed bytes, so |w| meets x carrying w's sign (sign_epi8);
 // a pair's sum is at most 2 * 127 * 127 < 2^15, so its int16 never saturates (x is never -128).
 template <int R>
-__attribute__((target("avx2"))) void dot_int8_avx2_rows(const int8_t *w, const int8_t *x, size_t ldx, int32_t len,
-                                                        int32_t *out) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-    int32_t i = 0;
-    for (; i + 32 <= len; i += 32) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
-        const __m256i wa = _mm256_sign_epi8(wv, wv);
-        for (int r = 0; r < R; ++r) {
-            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
-            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
-        }
-    }
-    for (int r = 0; r < R; ++r) {
-        int32_t sum = hsum_epi32(acc[r]);
-        for (int32_t j = i; j < len; ++j) sum += static_cast<int32_t>(w[j]) * x[r * ldx + j];
-        out[r] = sum;
-    }
-}
-
-__attribute__((target("avx2"))) void dot_int8_avx2(const int8_t *w, const int8_t *x, size_t ldx, int rows,
-                                                   int32_t len, int32_t *out) {
-    switch (rows) {
-        case 4: return dot_int8_avx2_rows<4>(w, x, ldx, len, out);
-        case 3: return dot_int8_avx2_rows<3>(w, x, ldx, len, out);
-        case 2: return dot_int8_avx2_rows<2>(w, x, ldx, len, out);
-        default: return dot_int8_avx2_rows<1>(w, x, ldx, len, out);
-    }
-}
-#endif
-
-
-// FP8 with INT4 codes, in integers: out[r] = sum_i w[i] * x[r * ldx + i] with x in units of 2^-9, exact (products
-// below 15 * 448 * 2^9 < 2^22, at most 2^20 of them in int64).
-using DotFp8Fn = void (*)(const int8_t *w, const int32_t *x, size_t ldx, int rows, int32_t len, int64_t *out);
-
-void dot_fp8_portable(const int8_t *w, const int32_t *x, size_t ldx, int rows, int32_t len, int64_t *out) {
-    for (int r = 0; r < rows; ++r) {
-        const int32_t *xr = x + r * ldx;
-        int64_t sum = 0;
-        for (int32_t i = 0; i < len; ++i) sum += static_cast<int64_t>(w[i]) * xr[i];
-        out[r] = sum;
-    }
-}
-
-#ifdef TL_ACT_QUANT_AVX2
-// 8 int32 lanes; each lane adds at most kChunk / 8 products below 2^22 before it is emptied into int64, so it never
-// overflows.
-template <int R>
-__attribute__((target("avx2"))) void dot_fp8_avx2_rows(const int8_t *w, const int32_t *x, size_t ldx, int32_t len,
-                                                       int64_t *out) {
-    constexpr int32_t kChunk = 2048;
-    for (int r = 0; r < R; ++r) out[r] = 0;
-    int32_t i = 0;
-    while (i + 8 <= len) {
-        const int32_t end = std::min(len, i + kChunk) & ~7;
+struct DotInt8Avx2 {
+    // out[r * stride] = sum_{i < len} w[i] * x[r * ldx + i]
+    __attribute__((target("avx2"))) static void run(const int8_t *w, const int8_t *x, size_t ldx, int32_t len,
+                                                    int32_t *out, int32_t stride) {
+        const __m256i ones = _mm256_set1_epi16(1);
         __m256i acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-        for (; i + 8 <= end; i += 8) {
-            const __m256i wv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(w + i)));
+        int32_t i = 0;
+        for (; i + 32 <= len; i += 32) {
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
+            const __m256i wa = _mm256_sign_epi8(wv, wv);
             for (int r = 0; r < R; ++r) {
                 const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
-                acc[r] = _mm256_add_epi32(acc[r], _mm256_mullo_epi32(wv, xv));
+                const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
             }
         }
         for (int r = 0; r < R; ++r) {
-            alignas(32) int32_t lanes[8];
-            _mm256_store_si256(reinterpret_cast<__m256i *>(lanes), acc[r]);
-            for (int32_t lane : lanes) out[r] += lane;
+            int32_t sum = hsum_epi32(acc[r]);
+            for (int32_t j = i; j < len; ++j) sum += static_cast<int32_t>(w[j]) * x[r * ldx + j];
+            out[r * stride] = sum;
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int32_t j = i; j < len; ++j) out[r] += static_cast<int64_t>(w[j]) * x[r * ldx + j];
-}
+};
 
-__attribute__((target("avx2"))) void dot_fp8_avx2(const int8_t *w, const int32_t *x, size_t ldx, int rows,
-                                                  int32_t len, int64_t *out) {
-    switch (rows) {
-        case 4: return dot_fp8_avx2_rows<4>(w, x, ldx, len, out);
-        case 3: return dot_fp8_avx2_rows<3>(w, x, ldx, len, out);
-        case 2: return dot_fp8_avx2_rows<2>(w, x, ldx, len, out);
-        default: return dot_fp8_avx2_rows<1>(w, x, ldx, len, out);
+// INT4 codes (0..15) need no sign trick, and a pair's sum is at most 2 * 15 * 127 = 3810, so 8 steps of maddubs
+// (30480 < 2^15) add up in int16 before each widening to int32.
+template <int R>
+struct DotCodesAvx2 {
+    __attribute__((target("avx2"))) static void run(const int8_t *w, const int8_t *x, size_t ldx, int32_t len,
+                                                    int32_t *out, int32_t stride) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+        int32_t i = 0;
+        while (i + 32 <= len) {
+            const int32_t end = i + std::min<int32_t>((len - i) & ~31, 256);
+            __m256i acc16[R];
+            for (int r = 0; r < R; ++r) acc16[r] = _mm256_setzero_si256();
+            for (; i < end; i += 32) {
+                const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
+                for (int r = 0; r < R; ++r) {
+                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
+                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(wv, xv));
+                }
+            }
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(acc16[r], ones));
+        }
+        for (int r = 0; r < R; ++r) {
+            int32_t sum = hsum_epi32(acc[r]);
+            for (int32_t j = i; j < len; ++j) sum += static_cast<int32_t>(w[j]) * x[r * ldx + j];
+            out[r * stride] = sum;
+        }
     }
-}
+};
+#endif
+
+#ifdef TL_ACT_QUANT_AVX2
+// FP8 with INT4 codes, in integers: x in units of 2^-9, products below 15 * 448 * 2^9 < 2^22, so the sums are exact
+// in int64. 8 int32 lanes; each lane adds at most kChunk / 8 products before it is emptied into int64, so it never
+// overflows.
+template <int R>
+struct DotFp8Avx2 {
+    __attribute__((target("avx2"))) static void run(const int8_t *w, const int32_t *x, size_t ldx, int32_t len,
+                                                    int64_t *out, int32_t stride) {
+        constexpr int32_t kChunk = 2048;
+        int64_t total[R] = {};
+        int32_t i = 0;
+        while (i + 8 <= len) {
+            const int32_t end = std::min(len, i + kChunk) & ~7;
+            __m256i acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+            for (; i + 8 <= end; i += 8) {
+                const __m256i wv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(w + i)));
+                for (int r = 0; r < R; ++r) {
+                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_mullo_epi32(wv, xv));
+                }
+            }
+            for (int r = 0; r < R; ++r) {
+                alignas(32) int32_t lanes[8];
+                _mm256_store_si256(reinterpret_cast<__m256i *>(lanes), acc[r]);
+                for (int32_t lane : lanes) total[r] += lane;
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            for (int32_t j = i; j < len; ++j) total[r] += static_cast<int64_t>(w[j]) * x[r * ldx + j];
+            out[r * stride] = total[r];
+        }
+    }
+};
 #endif
 
 // FP8 with a dense weight's e4m3 values: out[r] = sum_i w[i] * x[r * ldx + i], each sum exact in double (every
@@ -189,18 +214,42 @@ bool cpu_has_avx2() {
 #endif
 }
 
-DotInt8Fn dot_int8_kernel() {
 #ifdef TL_ACT_QUANT_AVX2
-    if (cpu_has_avx2()) return &dot_int8_avx2;
+// q[i] = clamp(round_half_even(x[i] / s), -127, 127) for the first multiple of 8 of k values; returns how many. The
+// division is IEEE's like the scalar one, and the rounding the instruction's own (to nearest even, whatever the
+// environment's mode), so the codes are the same bits.
+__attribute__((target("avx2"))) int32_t quantize_int8_avx2(const float *x, int32_t k, float s, int8_t *q) {
+    const __m256 scale = _mm256_set1_ps(s), hi = _mm256_set1_ps(kInt8Max), lo = _mm256_set1_ps(-kInt8Max);
+    int32_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), scale);
+        v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(lanes), _mm256_cvttps_epi32(v));
+        for (int j = 0; j < 8; ++j) q[i + j] = static_cast<int8_t>(lanes[j]);
+    }
+    return i;
+}
 #endif
-    return &dot_int8_portable;
+
+// `codes`: the weight is INT4 codes (0..15), else a dense weight's signed INT8 codes.
+GroupDotFn<int8_t, int32_t> group_dot_int8(bool codes) {
+#ifdef TL_ACT_QUANT_AVX2
+    if (cpu_has_avx2()) {
+        return codes ? &dispatch_rows<DotCodesAvx2, int8_t, int32_t> : &dispatch_rows<DotInt8Avx2, int8_t, int32_t>;
+    }
+#else
+    (void)codes;
+#endif
+    return &group_dot_portable<int8_t, int32_t>;
 }
 
-DotFp8Fn dot_fp8_kernel() {
+GroupDotFn<int32_t, int64_t> group_dot_fp8() {
 #ifdef TL_ACT_QUANT_AVX2
-    if (cpu_has_avx2()) return &dot_fp8_avx2;
+    if (cpu_has_avx2()) return &dispatch_rows<DotFp8Avx2, int32_t, int64_t>;
 #endif
-    return &dot_fp8_portable;
+    return &group_dot_portable<int32_t, int64_t>;
 }
 
 // The weight's columns [n0, n1) as the integer path reads them: INT4 codes as int8 (or their values as floats for
@@ -243,22 +292,39 @@ void load_weight_tile(const Linear &w, ActivationMode mode, int32_t n0, int32_t 
 
 }  // namespace
 
+// Both roundings run once per activation, so they avoid libm (floor, frexp and ldexp are calls on baseline x86-64):
+// truncation to an integer and exponent bits are exact and independent of the rounding mode.
 float round_half_even(float x) {
-    float r = std::floor(x);
-    const float d = x - r;  // exact: x and floor(x) share their exponent or x is already an integer
-    if (d > 0.5f || (d == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
-    return r;
+    if (!(std::fabs(x) < 8388608.0f)) return x;  // 2^23 and above: already an integer
+    const int32_t t = static_cast<int32_t>(x);    // toward zero
+    const float d = x - static_cast<float>(t);    // exact, in (-1, 1)
+    int32_t r = t;
+    if (d > 0.5f || (d == 0.5f && (t & 1) != 0)) ++r;
+    if (d < -0.5f || (d == -0.5f && (t & 1) != 0)) --r;
+    return static_cast<float>(r);
 }
+
+namespace {
+// 2^k for -126 <= k <= 127.
+float power_of_two(int k) {
+    const uint32_t bits = static_cast<uint32_t>(k + 127) << 23;
+    float p;
+    std::memcpy(&p, &bits, sizeof p);
+    return p;
+}
+}  // namespace
 
 float round_to_e4m3(float v) {
     const float a = std::fabs(v);
     if (a >= kE4m3Max) return std::copysign(kE4m3Max, v);
     if (a == 0.0f) return 0.0f;
-    int e = 0;
-    std::frexp(a, &e);  // a in [2^(e-1), 2^e)
-    // 3 fraction bits: spacing 2^(e-1-3) in a normal binade, 2^-9 below 2^-6 (the subnormals).
-    const int spacing = std::max(e - 1, -6) - 3;
-    const float r = std::ldexp(round_half_even(std::ldexp(a, -spacing)), spacing);
+    uint32_t bits;
+    std::memcpy(&bits, &a, sizeof bits);
+    const int e = static_cast<int>(bits >> 23) - 127;  // a in [2^e, 2^(e+1)) (FP32 subnormals: e = -127)
+    // 3 fraction bits: spacing 2^(e-3) in a normal binade, 2^-9 below 2^-6 (the subnormals). Scaling by powers of two
+    // in this range is exact.
+    const int spacing = std::max(e, -6) - 3;
+    const float r = round_half_even(a * power_of_two(-spacing)) * power_of_two(spacing);
     return r == 0.0f ? 0.0f : std::copysign(r, v);
 }
 
@@ -268,9 +334,11 @@ float quantize_row_int8(const float *x, int32_t k, int8_t *q) {
         std::fill(q, q + k, int8_t{0});
         return s;
     }
-    for (int32_t i = 0; i < k; ++i) {
-        q[i] = static_cast<int8_t>(std::clamp(round_half_even(x[i] / s), -kInt8Max, kInt8Max));
-    }
+    int32_t i = 0;
+#ifdef TL_ACT_QUANT_AVX2
+    if (cpu_has_avx2()) i = quantize_int8_avx2(x, k, s, q);
+#endif
+    for (; i < k; ++i) q[i] = static_cast<int8_t>(std::clamp(round_half_even(x[i] / s), -kInt8Max, kInt8Max));
     return s;
 }
 
@@ -337,7 +405,7 @@ void quantize_input_rows(const Linear &w, const float *x, int32_t r0, int32_t r1
             float *e = in.e.data() + r * K;
             in.scale[r] = quantize_row_fp8(row, in.k, e);
             int32_t *units = in.e_units.data() + r * K;
-            for (size_t i = 0; i < K; ++i) units[i] = static_cast<int32_t>(std::ldexp(e[i], 9));  // exact
+            for (size_t i = 0; i < K; ++i) units[i] = static_cast<int32_t>(e[i] * 512.0f);  // exact
             for (int32_t g = 0; g < in.groups; ++g) {
                 double sum = 0.0;  // exact: multiples of 2^-9 below 2^9, at most 2^20 of them
                 for (int32_t i = g * gs; i < (g + 1) * gs; ++i) sum += e[i];
@@ -353,28 +421,28 @@ void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0,
     const size_t K = static_cast<size_t>(in.k);
     const bool fp8 = in.mode == ActivationMode::Fp8;
     load_weight_tile(w, in.mode, n0, n1, G, t);
-    const DotInt8Fn dot_int8 = dot_int8_kernel();
-    const DotFp8Fn dot_fp8 = dot_fp8_kernel();
+    const GroupDotFn<int8_t, int32_t> dot_int8 = group_dot_int8(w.quantized);
+    const GroupDotFn<int32_t, int64_t> dot_fp8 = group_dot_fp8();
     const float *bias = w.bias_values();
-    std::vector<float> dots(static_cast<size_t>(kRowBlock) * G);  // D[r][g] as FP32
+    const size_t block = static_cast<size_t>(kRowBlock) * G;
+    std::vector<float> dots(block);  // D[r][g] as FP32
+    std::vector<int32_t> dots_i32(fp8 ? 0 : block);
+    std::vector<int64_t> dots_i64(fp8 && w.quantized ? block : 0);
     for (int32_t m = 0; m < in.rows; m += kRowBlock) {
         const int rows = std::min(kRowBlock, in.rows - m);
+        const size_t at = static_cast<size_t>(m) * K;
         for (int32_t c = 0; c < cols; ++c) {
-            for (int32_t g = 0; g < G; ++g) {
-                const size_t at = static_cast<size_t>(m) * K + static_cast<size_t>(g) * gs;
-                if (fp8 && w.quantized) {  // D in units of 2^-9: rounding it to FP32 and scaling commute
-                    int64_t d[kRowBlock];
-                    dot_fp8(t.codes.data() + c * K + g * gs, in.e_units.data() + at, K, rows, gs, d);
-                    for (int r = 0; r < rows; ++r) dots[r * G + g] = std::ldexp(static_cast<float>(d[r]), -9);
-                } else if (fp8) {
-                    double d[kRowBlock];
-                    dot_fp8_dense(t.values.data() + c * K + g * gs, in.e.data() + at, K, rows, gs, d);
-                    for (int r = 0; r < rows; ++r) dots[r * G + g] = static_cast<float>(d[r]);
-                } else {
-                    int32_t d[kRowBlock];
-                    dot_int8(t.codes.data() + c * K + g * gs, in.q.data() + at, K, rows, gs, d);
-                    for (int r = 0; r < rows; ++r) dots[r * G + g] = static_cast<float>(d[r]);
-                }
+            const size_t n_dots = static_cast<size_t>(rows) * G;
+            if (fp8 && w.quantized) {  // D in units of 2^-9: rounding it to FP32 and scaling commute
+                dot_fp8(t.codes.data() + c * K, in.e_units.data() + at, K, rows, gs, G, dots_i64.data());
+                for (size_t i = 0; i < n_dots; ++i) dots[i] = static_cast<float>(dots_i64[i]) * 0x1p-9f;
+            } else if (fp8) {  // dense: one group
+                double d[kRowBlock];
+                dot_fp8_dense(t.values.data() + c * K, in.e.data() + at, K, rows, gs, d);
+                for (int r = 0; r < rows; ++r) dots[r] = static_cast<float>(d[r]);
+            } else {
+                dot_int8(t.codes.data() + c * K, in.q.data() + at, K, rows, gs, G, dots_i32.data());
+                for (size_t i = 0; i < n_dots; ++i) dots[i] = static_cast<float>(dots_i32[i]);
             }
             const float *s = t.scales.data() + static_cast<size_t>(c) * G, *z = t.zeros.data() + static_cast<size_t>(c) * G;
             for (int r = 0; r < rows; ++r) {

@@ -128,10 +128,6 @@ std::vector<float> ref_linear(const tl::Linear &w, const std::vector<float> &x, 
     return y;
 }
 
-std::vector<float> random_matrix(std::mt19937_64 &rng, size_t n, double scale) {
-    return ref::random_floats(rng, n, scale);
-}
-
 }  // namespace
 
 TEST(ActQuant, RoundHalfEvenIgnoresTheRoundingMode) {
@@ -183,8 +179,8 @@ TEST(ActQuant, E4m3RoundingMatchesTheValueTable) {
 TEST(ActQuant, RowQuantizersFollowTheRule) {
     std::mt19937_64 rng(ref::fresh_seed());
     const int32_t K = 77;
-    std::vector<std::vector<float>> rows = {random_matrix(rng, K, 3.0), std::vector<float>(K, 0.0f),
-                                            random_matrix(rng, K, 1e-3), random_matrix(rng, K, 1.0)};
+    std::vector<std::vector<float>> rows = {ref::random_floats(rng, K, 3.0), std::vector<float>(K, 0.0f),
+                                            ref::random_floats(rng, K, 1e-3), ref::random_floats(rng, K, 1.0)};
     rows[3][5] = 3e38f;  // one huge value: the rest round to 0
     rows.push_back(std::vector<float>(K, 0.0f));
     rows.back()[3] = std::numeric_limits<float>::denorm_min();  // s underflows to 0: zeros, no division
@@ -227,8 +223,8 @@ TEST(ActQuant, LinearMatchesTheScalarRuleBitForBit) {
     };
     for (const Shape sh : {Shape{1, 64, 37, 32}, Shape{13, 40, 70, 8}, Shape{6, 72, 33, 0}, Shape{9, 256, 100, 64},
                            Shape{5, 512, 19, 0}}) {
-        const std::vector<float> w = random_matrix(rng, static_cast<size_t>(sh.K) * sh.N, 1.0 / std::sqrt(sh.K));
-        std::vector<float> x = random_matrix(rng, static_cast<size_t>(sh.M) * sh.K, 2.0);
+        const std::vector<float> w = ref::random_floats(rng, static_cast<size_t>(sh.K) * sh.N, 1.0 / std::sqrt(sh.K));
+        std::vector<float> x = ref::random_floats(rng, static_cast<size_t>(sh.M) * sh.K, 2.0);
         if (sh.M > 2) {
             std::fill(x.begin() + sh.K, x.begin() + 2 * sh.K, 0.0f);  // row 1: all zero
             x[2 * static_cast<size_t>(sh.K) + 1] = 1e30f;            // row 2: one huge value
@@ -246,7 +242,7 @@ TEST(ActQuant, LinearMatchesTheScalarRuleBitForBit) {
         linears.push_back(tl::make_dense_linear("dense", w.data(), sh.K, sh.N));
         tl::Linear biased = tl::make_quantized_linear(
             "biased", tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Asymmetric));
-        biased.bias = std::make_shared<const std::vector<float>>(random_matrix(rng, sh.N, 0.5));
+        biased.bias = std::make_shared<const std::vector<float>>(ref::random_floats(rng, sh.N, 0.5));
         linears.push_back(biased);
         for (const tl::Linear &lin : linears) {
             for (ActivationMode mode : {ActivationMode::Int8, ActivationMode::Fp8}) {
@@ -273,13 +269,53 @@ TEST(ActQuant, LinearMatchesTheScalarRuleBitForBit) {
     }
 }
 
+// The largest products everywhere: every code 15 against rows of +-127 (and mixed signs), per row over K = 1024 and in
+// groups of 512, so every int16 and int32 partial sum of the kernels is at its bound; the sums must still be exact.
+TEST(ActQuant, ExtremeCodesAndActivationsStayExact) {
+    const int32_t M = 5, K = 1024, N = 9;
+    for (int32_t group_size : {0, 512}) {
+        tl::QuantizedMatrix m;
+        m.k = K, m.n = N, m.group_size = group_size == 0 ? K : group_size;
+        m.codes.assign(static_cast<size_t>(N) * K / 2, 0xFF);
+        const size_t groups = static_cast<size_t>(N) * (K / m.group_size);
+        m.scales.assign(groups, tl::float_to_half(0.5f));
+        m.zeros.assign(groups, tl::float_to_half(-3.0f));
+        const tl::Linear lin = tl::make_quantized_linear("extreme", m);
+        std::vector<float> x(static_cast<size_t>(M) * K);
+        for (int32_t k = 0; k < K; ++k) {
+            x[k] = 1.0f;                              // all +127
+            x[K + k] = -2.0f;                         // all -127
+            x[2 * K + k] = k % 2 ? 448.0f : -448.0f;  // alternating
+            x[3 * K + k] = 1e-30f * (k + 1);          // tiny values
+            x[4 * K + k] = k < K / 2 ? 3.0f : -3.0f;
+        }
+        for (ActivationMode mode : {ActivationMode::Int8, ActivationMode::Fp8}) {
+            const std::vector<float> want = ref_linear(lin, x, M, mode);
+            std::vector<float> y(want.size());
+            tl::linear_forward(lin, x.data(), y.data(), M, 2, mode);
+            for (size_t i = 0; i < y.size(); ++i) {
+                ASSERT_TRUE(float_bits_equal_or_both_nan(y[i], want[i]))
+                    << tl::activation_mode_name(mode) << " group " << group_size << " element " << i << ": " << y[i]
+                    << " vs " << want[i];
+            }
+            // Row 0: D = 15 * 127 * K per group (INT8) exactly; y = s_x * sum_g (0.5 D + (-3) S).
+            if (mode == ActivationMode::Int8) {
+                const float s_x = 1.0f / 127.0f;
+                const float g = static_cast<float>(K / m.group_size);
+                const float per_group = 0.5f * (15.0f * 127.0f * m.group_size) - 3.0f * (127.0f * m.group_size);
+                EXPECT_EQ(y[0], s_x * (g * per_group)) << "group " << group_size;
+            }
+        }
+    }
+}
+
 // Quantized activations stay close to the FP32 ones: the relative output error of a random layer is a few percent at
 // most for INT8 and FP8 (and not zero: something was quantized).
 TEST(ActQuant, LinearStaysCloseToFullPrecision) {
     std::mt19937_64 rng(ref::fresh_seed());
     const int32_t M = 16, K = 256, N = 64;
-    const std::vector<float> w = random_matrix(rng, static_cast<size_t>(K) * N, 1.0 / std::sqrt(K));
-    const std::vector<float> x = random_matrix(rng, static_cast<size_t>(M) * K, 1.0);
+    const std::vector<float> w = ref::random_floats(rng, static_cast<size_t>(K) * N, 1.0 / std::sqrt(K));
+    const std::vector<float> x = ref::random_floats(rng, static_cast<size_t>(M) * K, 1.0);
     const tl::Linear lin =
         tl::make_quantized_linear("w", tl::quantize_minmax(w.data(), K, N, 64, tl::QuantMethod::Asymmetric));
     std::vector<float> full(static_cast<size_t>(M) * N);
