@@ -87,7 +87,7 @@ void check_run_options(const Options &opts) {
 // top-k, and a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
 tl_score_options read_score_options(const tl_score_options *options) {
     tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
-    // A fourth-version struct ends in 4 bytes of tail padding where `activations` now lies: not a field of its.
+    // A fourth-version struct ends in the 4 bytes of tail padding where `activations` now lies: they are not read.
     if (options != nullptr && options->struct_size == kMiddleVersionSizes<tl_score_options>[2]) {
         opts.activations = TL_ACTIVATIONS_FP16;
     }

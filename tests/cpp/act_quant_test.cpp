@@ -382,6 +382,7 @@ TEST(ActQuant, DemoModelPerplexityMovesLittleAndIsThreadIndependent) {
     RecordProperty("fp8", std::to_string(fp8));
     EXPECT_NE(int8, fp16);
     EXPECT_NE(fp8, fp16);
-    EXPECT_LT(std::fabs(int8 / fp16 - 1.0), 0.01) << "fp16 " << fp16 << ", int8 " << int8;
-    EXPECT_LT(std::fabs(fp8 / fp16 - 1.0), 0.03) << "fp16 " << fp16 << ", fp8 " << fp8;
+    // Measured on this text: -0.17% (int8) and -0.07% (fp8).
+    EXPECT_LT(std::fabs(int8 / fp16 - 1.0), 0.005) << "fp16 " << fp16 << ", int8 " << int8;
+    EXPECT_LT(std::fabs(fp8 / fp16 - 1.0), 0.005) << "fp16 " << fp16 << ", fp8 " << fp8;
 }
