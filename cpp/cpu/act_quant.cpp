@@ -89,53 +89,30 @@ __attribute__((target("avx2"))) inline int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-// 32 products per step: maddubs multiplies unsigned by signed bytes, so |w| meets x carrying w's sign (sign_epi8);
-// a pair's sum is at most 2 * 127 * 127 < 2^15, so its int16 never saturates (x is never -128).
-template <int R>
-struct DotInt8Avx2 {
-    // out[r * stride] = sum_{i < len} w[i] * x[r * ldx + i]
+// out[r * stride] = sum_{i < len} w[i] * x[r * ldx + i], 32 byte products per step. maddubs multiplies unsigned by
+// signed bytes: a dense weight's signed codes enter as |w| with x carrying w's sign (sign_epi8); INT4 codes (0..15)
+// enter as they are. A pair's sum is at most 2 * 127 * 127 < 2^15 for signed codes (x is never -128), so each step
+// widens to int32 at once; 2 * 15 * 127 = 3810 for INT4 codes, so 8 steps (30480 < 2^15) add up in int16 first.
+template <int R, bool kCodes>
+struct DotBytesAvx2 {
     __attribute__((target("avx2"))) static void run(const int8_t *w, const int8_t *x, size_t ldx, int32_t len,
                                                     int32_t *out, int32_t stride) {
-        const __m256i ones = _mm256_set1_epi16(1);
-        __m256i acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-        int32_t i = 0;
-        for (; i + 32 <= len; i += 32) {
-            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
-            const __m256i wa = _mm256_sign_epi8(wv, wv);
-            for (int r = 0; r < R; ++r) {
-                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
-                const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
-                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
-            }
-        }
-        for (int r = 0; r < R; ++r) {
-            int32_t sum = hsum_epi32(acc[r]);
-            for (int32_t j = i; j < len; ++j) sum += static_cast<int32_t>(w[j]) * x[r * ldx + j];
-            out[r * stride] = sum;
-        }
-    }
-};
-
-// INT4 codes (0..15) need no sign trick, and a pair's sum is at most 2 * 15 * 127 = 3810, so 8 steps of maddubs
-// (30480 < 2^15) add up in int16 before each widening to int32.
-template <int R>
-struct DotCodesAvx2 {
-    __attribute__((target("avx2"))) static void run(const int8_t *w, const int8_t *x, size_t ldx, int32_t len,
-                                                    int32_t *out, int32_t stride) {
+        constexpr int32_t kStepsInt16 = kCodes ? 8 : 1;
         const __m256i ones = _mm256_set1_epi16(1);
         __m256i acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
         int32_t i = 0;
         while (i + 32 <= len) {
-            const int32_t end = i + std::min<int32_t>((len - i) & ~31, 256);
+            const int32_t end = i + std::min<int32_t>((len - i) & ~31, 32 * kStepsInt16);
             __m256i acc16[R];
             for (int r = 0; r < R; ++r) acc16[r] = _mm256_setzero_si256();
             for (; i < end; i += 32) {
                 const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + i));
+                const __m256i wa = kCodes ? wv : _mm256_sign_epi8(wv, wv);
                 for (int r = 0; r < R; ++r) {
-                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
-                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(wv, xv));
+                    __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
+                    if (!kCodes) xv = _mm256_sign_epi8(xv, wv);
+                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(wa, xv));
                 }
             }
             for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(acc16[r], ones));
@@ -147,6 +124,10 @@ struct DotCodesAvx2 {
         }
     }
 };
+template <int R>
+using DotInt8Avx2 = DotBytesAvx2<R, false>;
+template <int R>
+using DotCodesAvx2 = DotBytesAvx2<R, true>;
 #endif
 
 #ifdef TL_ACT_QUANT_AVX2
