@@ -767,7 +767,8 @@ int cmd_score(const ScoreArgs &a) {
             {"nll_mean", r.nll_sum / static_cast<double>(r.tokens_scored)}, {"perplexity", r.perplexity},
             {"perplexity_stderr", ppl_stderr},  // NaN (fewer than 2 tokens scored) is written as null
             {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"}, {"activations", a.activations},
-            {"windows", r.n_windows}, {"seconds", r.seconds}, {"load_seconds", load_seconds}, {"setup_seconds", r.setup_seconds},
+            {"windows", r.n_windows}, {"seconds", r.seconds}, {"load_seconds", load_seconds},
+            {"setup_seconds", r.setup_seconds},
             {"graph_capture_seconds", r.graph_capture_seconds}, {"scoring_seconds", scoring_seconds},
             {"tokens_per_second", tokens_per_second},
             {"gemm_paths",
@@ -947,8 +948,8 @@ int cmd_compare(const CompareArgs &a) {
                 static_cast<unsigned long long>(r.tokens_scored), tokens.size(), r.n_windows,
                 r.n_windows == 1 ? "" : "s");
     std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
-    std::printf("reference     %s%s: PPL %.4f\n", a.reference.c_str(), activations_note(a.reference_activations).c_str(),
-                r.perplexity_reference);
+    std::printf("reference     %s%s: PPL %.4f\n", a.reference.c_str(),
+                activations_note(a.reference_activations).c_str(), r.perplexity_reference);
     std::printf("test          %s%s: PPL %.4f\n", a.test.c_str(), activations_note(a.activations).c_str(),
                 r.perplexity_test);
     std::printf("PPL(test) - PPL(ref)   %+.4f\n", r.delta_perplexity);

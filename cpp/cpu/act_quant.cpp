@@ -50,19 +50,25 @@ float row_abs_max(const float *x, int32_t k) {
 
 // ---- Group sums of one weight column with up to kRowBlock input rows ----
 
-// out[r * groups + g] = sum_{i in group g} w[i] * x[r * ldx + i] for r < rows, groups of gs: X = int8_t, Acc = int32_t
-// for INT8 activations; X = int32_t (e4m3 values in units of 2^-9), Acc = int64_t for FP8.
+// out[r * groups + g] = sum_{i in group g} w[i] * x_r[i] for r < rows, groups of gs. X = int8_t, Acc = int32_t: INT8
+// activations, x_r = x + r * ldx. X = int16_t, Acc = int64_t: FP8 activations in units of 2^-9, each unit count
+// u = 512 * hi + lo (hi in [-448, 448], lo in [0, 512)) stored as a row of k his then k los (ldx = 2k), so that both
+// halves fit int16 multiply-adds.
 template <class X, class Acc>
 using GroupDotFn = void (*)(const int8_t *w, const X *x, size_t ldx, int rows, int32_t gs, int32_t groups, Acc *out);
 
 template <class X, class Acc>
 void group_dot_portable(const int8_t *w, const X *x, size_t ldx, int rows, int32_t gs, int32_t groups, Acc *out) {
+    constexpr bool kSplit = sizeof(X) == 2;
     for (int r = 0; r < rows; ++r)
         for (int32_t g = 0; g < groups; ++g) {
             const int8_t *wg = w + static_cast<size_t>(g) * gs;
             const X *xg = x + r * ldx + static_cast<size_t>(g) * gs;
             Acc sum = 0;
-            for (int32_t i = 0; i < gs; ++i) sum += static_cast<Acc>(wg[i]) * xg[i];
+            for (int32_t i = 0; i < gs; ++i) {
+                const Acc value = kSplit ? 512 * static_cast<Acc>(xg[i]) + xg[i + ldx / 2] : static_cast<Acc>(xg[i]);
+                sum += static_cast<Acc>(wg[i]) * value;
+            }
             out[r * groups + g] = sum;
         }
 }
@@ -131,36 +137,43 @@ using DotCodesAvx2 = DotBytesAvx2<R, true>;
 #endif
 
 #ifdef TL_ACT_QUANT_AVX2
-// FP8 with INT4 codes, in integers: x in units of 2^-9, products below 15 * 448 * 2^9 < 2^22, so the sums are exact
-// in int64. 8 int32 lanes; each lane adds at most kChunk / 8 products before it is emptied into int64, so it never
-// overflows.
+// FP8 with INT4 codes, in integers: sum w * (512 hi + lo) = 512 sum w hi + sum w lo, each by int16 multiply-adds (a
+// pair's sum is at most 2 * 15 * 511 < 2^14) into int32 lanes, which add at most 2^16 pairs (K <= 2^20) and so stay
+// below 2^30; lanes and halves are then added in int64, exact.
+// The 8 int32 lanes of v as 4 int64 lanes (lane i + lane i + 4), and the sum of 4 int64 lanes.
+__attribute__((target("avx2"))) inline __m256i widen_pairs(__m256i v) {
+    return _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                            _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
+}
+__attribute__((target("avx2"))) inline int64_t hsum_epi64(__m256i v) {
+    const __m128i s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_cvtsi128_si64(s) + _mm_extract_epi64(s, 1);
+}
+
 template <int R>
 struct DotFp8Avx2 {
-    __attribute__((target("avx2"))) static void run(const int8_t *w, const int32_t *x, size_t ldx, int32_t len,
+    __attribute__((target("avx2"))) static void run(const int8_t *w, const int16_t *x, size_t ldx, int32_t len,
                                                     int64_t *out, int32_t stride) {
-        constexpr int32_t kChunk = 2048;
-        int64_t total[R] = {};
+        const int16_t *lo = x + ldx / 2;
+        __m256i acc_hi[R], acc_lo[R];
+        for (int r = 0; r < R; ++r) acc_hi[r] = acc_lo[r] = _mm256_setzero_si256();
         int32_t i = 0;
-        while (i + 8 <= len) {
-            const int32_t end = std::min(len, i + kChunk) & ~7;
-            __m256i acc[R];
-            for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-            for (; i + 8 <= end; i += 8) {
-                const __m256i wv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(w + i)));
-                for (int r = 0; r < R; ++r) {
-                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_mullo_epi32(wv, xv));
-                }
-            }
+        for (; i + 16 <= len; i += 16) {
+            const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + i)));
             for (int r = 0; r < R; ++r) {
-                alignas(32) int32_t lanes[8];
-                _mm256_store_si256(reinterpret_cast<__m256i *>(lanes), acc[r]);
-                for (int32_t lane : lanes) total[r] += lane;
+                const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + r * ldx + i));
+                const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(lo + r * ldx + i));
+                acc_hi[r] = _mm256_add_epi32(acc_hi[r], _mm256_madd_epi16(wv, h));
+                acc_lo[r] = _mm256_add_epi32(acc_lo[r], _mm256_madd_epi16(wv, l));
             }
         }
         for (int r = 0; r < R; ++r) {
-            for (int32_t j = i; j < len; ++j) total[r] += static_cast<int64_t>(w[j]) * x[r * ldx + j];
-            out[r * stride] = total[r];
+            int64_t sum = hsum_epi64(_mm256_add_epi64(_mm256_slli_epi64(widen_pairs(acc_hi[r]), 9),
+                                                      widen_pairs(acc_lo[r])));
+            for (int32_t j = i; j < len; ++j) {
+                sum += static_cast<int64_t>(w[j]) * (512 * x[r * ldx + j] + lo[r * ldx + j]);
+            }
+            out[r * stride] = sum;
         }
     }
 };
@@ -226,11 +239,11 @@ GroupDotFn<int8_t, int32_t> group_dot_int8(bool codes) {
     return &group_dot_portable<int8_t, int32_t>;
 }
 
-GroupDotFn<int32_t, int64_t> group_dot_fp8() {
+GroupDotFn<int16_t, int64_t> group_dot_fp8() {
 #ifdef TL_ACT_QUANT_AVX2
-    if (cpu_has_avx2()) return &dispatch_rows<DotFp8Avx2, int32_t, int64_t>;
+    if (cpu_has_avx2()) return &dispatch_rows<DotFp8Avx2, int16_t, int64_t>;
 #endif
-    return &group_dot_portable<int32_t, int64_t>;
+    return &group_dot_portable<int16_t, int64_t>;
 }
 
 // The weight's columns [n0, n1) as the integer path reads them: INT4 codes as int8 (or their values as floats for
@@ -343,8 +356,8 @@ void prepare_quantized_input(const Linear &w, int32_t rows, ActivationMode mode,
     }
     const int32_t max_k = w.quantized ? kMaxQuantizedK : kMaxDenseK;
     if (w.k > max_k) {
-        fail(TL_ERR_UNSUPPORTED, "activations " + std::string(activation_mode_name(mode)) + ": " + w.name + " has K = " +
-                                     std::to_string(w.k) + ", above " + std::to_string(max_k) +
+        fail(TL_ERR_UNSUPPORTED, "activations " + std::string(activation_mode_name(mode)) + ": " + w.name +
+                                     " has K = " + std::to_string(w.k) + ", above " + std::to_string(max_k) +
                                      " (its integer sums could overflow)");
     }
     in.mode = mode;
@@ -359,7 +372,7 @@ void prepare_quantized_input(const Linear &w, int32_t rows, ActivationMode mode,
         in.group_sum.resize(sums);
     } else {
         in.e.resize(elements);
-        in.e_units.resize(elements);
+        in.e_units.resize(2 * elements);
         in.group_sum_f.resize(sums);
     }
 }
@@ -385,8 +398,12 @@ void quantize_input_rows(const Linear &w, const float *x, int32_t r0, int32_t r1
         } else {
             float *e = in.e.data() + r * K;
             in.scale[r] = quantize_row_fp8(row, in.k, e);
-            int32_t *units = in.e_units.data() + r * K;
-            for (size_t i = 0; i < K; ++i) units[i] = static_cast<int32_t>(e[i] * 512.0f);  // exact
+            int16_t *hi = in.e_units.data() + 2 * r * K, *lo = hi + K;
+            for (size_t i = 0; i < K; ++i) {
+                const int32_t units = static_cast<int32_t>(e[i] * 512.0f);  // exact
+                hi[i] = static_cast<int16_t>(units >> 9);  // floor: lo = units - 512 * hi is in [0, 512)
+                lo[i] = static_cast<int16_t>(units & 511);
+            }
             for (int32_t g = 0; g < in.groups; ++g) {
                 double sum = 0.0;  // exact: multiples of 2^-9 below 2^9, at most 2^20 of them
                 for (int32_t i = g * gs; i < (g + 1) * gs; ++i) sum += e[i];
@@ -403,7 +420,7 @@ void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0,
     const bool fp8 = in.mode == ActivationMode::Fp8;
     load_weight_tile(w, in.mode, n0, n1, G, t);
     const GroupDotFn<int8_t, int32_t> dot_int8 = group_dot_int8(w.quantized);
-    const GroupDotFn<int32_t, int64_t> dot_fp8 = group_dot_fp8();
+    const GroupDotFn<int16_t, int64_t> dot_fp8 = group_dot_fp8();
     const float *bias = w.bias_values();
     const size_t block = static_cast<size_t>(kRowBlock) * G;
     std::vector<float> dots(block);  // D[r][g] as FP32
@@ -415,7 +432,7 @@ void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0,
         for (int32_t c = 0; c < cols; ++c) {
             const size_t n_dots = static_cast<size_t>(rows) * G;
             if (fp8 && w.quantized) {  // D in units of 2^-9: rounding it to FP32 and scaling commute
-                dot_fp8(t.codes.data() + c * K, in.e_units.data() + at, K, rows, gs, G, dots_i64.data());
+                dot_fp8(t.codes.data() + c * K, in.e_units.data() + 2 * at, 2 * K, rows, gs, G, dots_i64.data());
                 for (size_t i = 0; i < n_dots; ++i) dots[i] = static_cast<float>(dots_i64[i]) * 0x1p-9f;
             } else if (fp8) {  // dense: one group
                 double d[kRowBlock];
@@ -425,7 +442,8 @@ void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0,
                 dot_int8(t.codes.data() + c * K, in.q.data() + at, K, rows, gs, G, dots_i32.data());
                 for (size_t i = 0; i < n_dots; ++i) dots[i] = static_cast<float>(dots_i32[i]);
             }
-            const float *s = t.scales.data() + static_cast<size_t>(c) * G, *z = t.zeros.data() + static_cast<size_t>(c) * G;
+            const float *s = t.scales.data() + static_cast<size_t>(c) * G;
+            const float *z = t.zeros.data() + static_cast<size_t>(c) * G;
             for (int r = 0; r < rows; ++r) {
                 const size_t row = static_cast<size_t>(m + r);
                 // The documented order: per group s*D + z*S, each product and the sum rounded to FP32, then added to

@@ -34,7 +34,9 @@ struct QuantizedInput {
     int32_t rows = 0, k = 0, group_size = 0, groups = 0;
     std::vector<int8_t> q;            // INT8: [rows][k]
     std::vector<float> e;             // FP8: [rows][k]
-    std::vector<int32_t> e_units;     // FP8: [rows][k], e * 2^9 (every e4m3 value is an integer multiple of 2^-9)
+    // FP8: [rows][2k], e * 2^9 (every e4m3 value is an integer multiple of 2^-9) split as 512 * hi + lo, lo in
+    // [0, 512): each row's k his, then its k los.
+    std::vector<int16_t> e_units;
     std::vector<float> scale;         // [rows]
     std::vector<int32_t> group_sum;   // INT8: [rows][groups]
     std::vector<float> group_sum_f;   // FP8: [rows][groups]

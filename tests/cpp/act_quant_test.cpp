@@ -45,7 +45,8 @@ float nearest_e4m3(float x) {
     const float a = std::fabs(x);
     size_t best = 0;
     for (size_t i = 1; i < table.size(); ++i) {
-        const double d = std::fabs(static_cast<double>(table[i]) - a), db = std::fabs(static_cast<double>(table[best]) - a);
+        const double d = std::fabs(static_cast<double>(table[i]) - a);
+        const double db = std::fabs(static_cast<double>(table[best]) - a);
         if (d < db || (d == db && i % 2 == 0)) best = i;
     }
     const float r = table[best];
@@ -90,7 +91,9 @@ std::vector<float> ref_linear(const tl::Linear &w, const std::vector<float> &x, 
     std::vector<float> y(static_cast<size_t>(M) * N);
     std::vector<float> permuted(K), column(K);
     for (int32_t m = 0; m < M; ++m) {
-        for (int32_t kk = 0; kk < K; ++kk) permuted[kk] = x[static_cast<size_t>(m) * K + (w.k_perm ? w.k_perm[kk] : kk)];
+        for (int32_t kk = 0; kk < K; ++kk) {
+            permuted[kk] = x[static_cast<size_t>(m) * K + (w.k_perm ? w.k_perm[kk] : kk)];
+        }
         const RefRow xr = ref_quantize(permuted.data(), K, mode);
         for (int32_t n = 0; n < N; ++n) {
             std::vector<double> wv(K);
@@ -102,7 +105,9 @@ std::vector<float> ref_linear(const tl::Linear &w, const std::vector<float> &x, 
                     z[g] = tl::half_to_float(w.zeros[static_cast<size_t>(n) * G + g]);
                 }
             } else {
-                for (int32_t kk = 0; kk < K; ++kk) column[kk] = tl::load_float(w.dense_dtype, w.dense, static_cast<size_t>(n) * K + kk);
+                for (int32_t kk = 0; kk < K; ++kk) {
+                    column[kk] = tl::load_float(w.dense_dtype, w.dense, static_cast<size_t>(n) * K + kk);
+                }
                 const RefRow wr = ref_quantize(column.data(), K, mode);
                 wv = wr.v;
                 s[0] = wr.s;
@@ -234,7 +239,8 @@ TEST(ActQuant, LinearMatchesTheScalarRuleBitForBit) {
             "asym", tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Asymmetric)));
         linears.push_back(tl::make_quantized_linear(
             "sym", tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Symmetric)));
-        tl::QuantizedMatrix permuted = tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Asymmetric);
+        tl::QuantizedMatrix permuted =
+            tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Asymmetric);
         permuted.k_perm.resize(sh.K);
         std::iota(permuted.k_perm.begin(), permuted.k_perm.end(), 0);
         std::shuffle(permuted.k_perm.begin(), permuted.k_perm.end(), rng);
