@@ -665,11 +665,26 @@ typedef struct tl_score_options {
      *  TL_BOS_FROM_MODEL (-2): the model file's bos_token_id (tl_model_properties); a file that names none is
      *  TL_ERR_INVALID_ARGUMENT, saying to give the token id here. A value >= 0: that token id (< vocab). */
     int32_t empty_context_bos;
+    /** The precision of the activations entering the linear layers (added in the struct's fifth version), one of
+     *  TL_ACTIVATIONS_*. FP16 (the default) multiplies the activations as computed (FP32 on the CPU backend, FP16 on
+     *  the CUDA backend). INT8 and FP8 quantize each token's input to every linear layer of the transformer blocks
+     *  (not the head) with one scale per token, to INT8 or to FP8 e4m3, and multiply it with the weight's 4-bit codes
+     *  in exact group sums, scales and zero offsets applied per group in FP32 (docs/quality.md, "Activation
+     *  precision", gives the rule). The CPU backend implements all three; the CUDA backend declines INT8 and FP8
+     *  (TL_ERR_UNSUPPORTED; AUTO then scores on the CPU). Another value is TL_ERR_INVALID_ARGUMENT. */
+    int32_t activations;
+    /** Must be 0. It sets this version's size apart from the fourth's, whose tail padding `activations` fills. */
+    int32_t reserved;
 } tl_score_options;
 
 /** tl_score_options.empty_context_bos: no beginning-of-text token (the default), or the model file's. */
 static const int32_t TL_BOS_NONE = -1;
 static const int32_t TL_BOS_FROM_MODEL = -2;
+
+/** tl_score_options.activations, tl_compare_options.activations_reference / activations_test. */
+static const int32_t TL_ACTIVATIONS_FP16 = 0;
+static const int32_t TL_ACTIVATIONS_INT8 = 1;
+static const int32_t TL_ACTIVATIONS_FP8 = 2;
 
 /** Fills `options` with the defaults and sets struct_size; pass sizeof(*options) as struct_size. */
 TL_API tl_status tl_score_options_init(tl_score_options *options, uint32_t struct_size);
@@ -783,6 +798,11 @@ typedef struct tl_compare_options {
     float *token_nll_test;
     uint8_t *token_top1_match;
     size_t token_len;
+    /** Each side's activation precision, TL_ACTIVATIONS_* as tl_score_options.activations (default FP16; added in
+     *  the struct's second version). A model compared with itself at another precision measures what that
+     *  precision costs: the KL divergence of INT8 or FP8 activations against FP16 ones. */
+    int32_t activations_reference;
+    int32_t activations_test;
 } tl_compare_options;
 
 /** Fills `options` with the defaults (backend AUTO, use_graphs 1, the rest 0/NULL) and sets struct_size; pass

@@ -80,7 +80,8 @@ template <> inline constexpr uint32_t kFirstVersionSize<tl_pack_options> = sizeo
 template <> inline constexpr uint32_t kFirstVersionSize<tl_pack_report> = sizeof(tl_pack_report);
 template <>
 inline constexpr uint32_t kFirstVersionSize<tl_score_options> = offsetof(tl_score_options, max_memory_bytes);
-template <> inline constexpr uint32_t kFirstVersionSize<tl_compare_options> = sizeof(tl_compare_options);
+template <>
+inline constexpr uint32_t kFirstVersionSize<tl_compare_options> = offsetof(tl_compare_options, activations_reference);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_compare_result> = sizeof(tl_compare_result);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_score_result> = offsetof(tl_score_result, setup_seconds);
 template <>
@@ -89,13 +90,18 @@ template <> inline constexpr uint32_t kFirstVersionSize<tl_weight_properties> = 
 template <> inline constexpr uint32_t kFirstVersionSize<tl_device_properties> = sizeof(tl_device_properties);
 template <> inline constexpr uint32_t kFirstVersionSize<tl_dispatch_counts> = sizeof(tl_dispatch_counts);
 
-// The sizes of a struct's versions between its first and its current one (0: none): tl_score_options before top_k
-// and before empty_context_bos.
+// The sizes of a struct's versions between its first and its current one (0: none): tl_score_options before top_k,
+// before empty_context_bos, and with empty_context_bos (its tail padded to 8 bytes, as `activations` and `reserved`
+// were appended).
 template <class T>
-inline constexpr std::array<uint32_t, 2> kMiddleVersionSizes = {0, 0};
+inline constexpr std::array<uint32_t, 3> kMiddleVersionSizes = {0, 0, 0};
 template <>
-inline constexpr std::array<uint32_t, 2> kMiddleVersionSizes<tl_score_options> = {
-    offsetof(tl_score_options, top_k), offsetof(tl_score_options, empty_context_bos)};
+inline constexpr std::array<uint32_t, 3> kMiddleVersionSizes<tl_score_options> = {
+    offsetof(tl_score_options, top_k), offsetof(tl_score_options, empty_context_bos),
+    (offsetof(tl_score_options, activations) + alignof(tl_score_options) - 1) / alignof(tl_score_options) *
+        alignof(tl_score_options)};
+static_assert(kMiddleVersionSizes<tl_score_options>[2] < sizeof(tl_score_options),
+              "tl_score_options' fifth version must be larger than its fourth");
 
 // The struct sizes an input struct may have: one per version.
 template <class T>

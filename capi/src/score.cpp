@@ -62,6 +62,15 @@ void require_backend(int32_t backend) {
     }
 }
 
+// An activation precision of the options (TL_ACTIVATIONS_*), checked; `field` names it in the message.
+tl::ActivationMode activation_mode(int32_t value, const char *field) {
+    require(value == TL_ACTIVATIONS_FP16 || value == TL_ACTIVATIONS_INT8 || value == TL_ACTIVATIONS_FP8,
+            std::string("options->") + field +
+                " must be TL_ACTIVATIONS_FP16 (0), TL_ACTIVATIONS_INT8 (1) or TL_ACTIVATIONS_FP8 (2), got " +
+                std::to_string(value));
+    return static_cast<tl::ActivationMode>(value);
+}
+
 // The run settings tl_score_options and tl_compare_options share, checked: threads, backend, graphs.
 template <class Options>
 void check_run_options(const Options &opts) {
@@ -77,7 +86,11 @@ void check_run_options(const Options &opts) {
 // The options tl_score and tl_score_batch share, read (NULL: the defaults) and checked: threads, backend, graphs,
 // top-k, and a CUDA backend that this build or machine lacks (TL_ERR_NO_DEVICE).
 tl_score_options read_score_options(const tl_score_options *options) {
-    const tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
+    tl_score_options opts = read_input_struct(options, "options", tl_score_options_init, true);
+    // A fourth-version struct ends in the 4 bytes of tail padding where `activations` now lies: they are not read.
+    if (options != nullptr && options->struct_size == kMiddleVersionSizes<tl_score_options>[2]) {
+        opts.activations = TL_ACTIVATIONS_FP16;
+    }
     check_run_options(opts);
     require(opts.top_k >= 0 && opts.top_k <= tl::kMaxTopK,
             "options->top_k must be in [0, " + std::to_string(tl::kMaxTopK) + "] (0: none), got " +
@@ -88,6 +101,8 @@ tl_score_options read_score_options(const tl_score_options *options) {
         require(opts.top_logprobs != nullptr, "options->top_logprobs is NULL while options->top_k is " +
                                                   std::to_string(opts.top_k));
     }
+    activation_mode(opts.activations, "activations");
+    require(opts.reserved == 0, "options->reserved must be 0, got " + std::to_string(opts.reserved));
     require(opts.empty_context_bos >= TL_BOS_FROM_MODEL,
             "options->empty_context_bos must be TL_BOS_NONE (-1), TL_BOS_FROM_MODEL (-2) or a token id, got " +
                 std::to_string(opts.empty_context_bos));
@@ -143,6 +158,7 @@ tl::ScoreOptions core_score_options(const tl_model &model, const tl_score_option
     score.top_k = opts.top_k;
     score.top_ids = opts.top_ids;
     score.top_logprobs = opts.top_logprobs;
+    score.activations = static_cast<tl::ActivationMode>(opts.activations);
     if (opts.progress != nullptr) {
         const tl_progress_fn fn = opts.progress;
         void *user = opts.progress_user_data;
@@ -171,6 +187,7 @@ tl_score_result run_score(const tl_model &model, const tl_score_options &opts, c
     bool gpu = wants_gpu(opts);
     if (gpu) {
         try {
+            tl::require_gpu_activations(static_cast<tl::ActivationMode>(opts.activations));  // before any upload
             tl::GpuModel &gpu_model = gpu_model_for(model, opts.device, &result.setup_seconds);
             tl::GpuScoreStats ran;  // this call's own counts, whatever other threads run on the model
             r = on_gpu(gpu_model, &ran);
@@ -214,6 +231,7 @@ tl::ScoreOptions core_compare_options(const tl_model &reference, const tl_compar
     score.cross_iter_round = score.dispatch[tl::DispatchSetting::CrossIterRound] != 0;
     score.use_graphs = opts.use_graphs != 0;
     score.max_memory_bytes = opts.max_memory_bytes;
+    score.activations = activation_mode(opts.activations_reference, "activations_reference");
     if (opts.progress != nullptr) {
         const tl_progress_fn fn = opts.progress;
         void *user = opts.progress_user_data;
@@ -275,6 +293,7 @@ TL_API tl_status tl_score_compare(const tl_model *reference, const tl_model *tes
         std::vector<uint8_t> match(positions);
         const tl::CompareOutputs out{kl.data(), nll_ref.data(), nll_test.data(), match.data()};
         const tl::ScoreOptions score = core_compare_options(*reference, opts);
+        const tl::ActivationMode test_activations = activation_mode(opts.activations_test, "activations_test");
 
         tl_compare_result result;
         std::memset(&result, 0, sizeof result);
@@ -284,6 +303,9 @@ TL_API tl_status tl_score_compare(const tl_model *reference, const tl_model *tes
         if (gpu) {
             try {
                 double ref_setup = 0, test_setup = 0;
+                // Declined before either model is uploaded.
+                tl::require_gpu_activations(score.activations);
+                tl::require_gpu_activations(test_activations);
                 tl::GpuModel &ref_gpu = gpu_model_for(*reference, opts.device, &ref_setup);
                 tl::GpuModel &test_gpu = gpu_model_for(*test, opts.device, &test_setup);
                 result.setup_seconds = ref_setup + test_setup;
@@ -297,7 +319,7 @@ TL_API tl_status tl_score_compare(const tl_model *reference, const tl_model *tes
         }
         if (!gpu) {
             r = tl::compare_cpu(*reference->model, *test->model, tokens, n_tokens, score, test->dispatch.resolve(),
-                                out);
+                                out, test_activations);
         }
 
         const tl::CompareStats st = tl::summarize_comparison(kl.data(), nll_ref.data(), nll_test.data(),

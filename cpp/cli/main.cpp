@@ -219,12 +219,22 @@ int32_t log_progress(void *user, uint64_t done, uint64_t total) {
     return 0;
 }
 
-// The options score and score-batch start from: --backend (checked by CLI11), --threads, and progress on stderr, the
-// live bar on a terminal, else `log`'s lines every `progress_interval` seconds (a log, CI).
-tl_score_options scoring_options(const std::string &backend, int threads, bool quiet, double progress_interval,
-                                 ProgressLog &log) {
+// --activations' values (checked by CLI11) and the C API's.
+const std::map<std::string, int32_t> kActivations = {
+    {"fp16", TL_ACTIVATIONS_FP16}, {"int8", TL_ACTIVATIONS_INT8}, {"fp8", TL_ACTIVATIONS_FP8}};
+
+// " (int8 activations)" after a model's name in a report, "" for the default.
+std::string activations_note(const std::string &activations) {
+    return activations == "fp16" ? "" : " (" + activations + " activations)";
+}
+
+// The options score and score-batch start from: --backend (checked by CLI11), --threads, --activations, and progress on
+// stderr, the live bar on a terminal, else `log`'s lines every `progress_interval` seconds (a log, CI).
+tl_score_options scoring_options(const std::string &backend, int threads, const std::string &activations, bool quiet,
+                                 double progress_interval, ProgressLog &log) {
     tl_score_options opts;
     check(tl_score_options_init(&opts, sizeof opts), "score options");
+    opts.activations = kActivations.at(activations);
     static const std::map<std::string, int32_t> backends = {
         {"auto", TL_BACKEND_AUTO}, {"cpu", TL_BACKEND_CPU}, {"cuda", TL_BACKEND_CUDA}};
     opts.backend = backends.at(backend);
@@ -458,7 +468,7 @@ int cmd_import(const std::string &dir, const std::string &out, int max_seq) {
 
 // What `score` was asked: the input, where it runs, and the perplexity convention with its parameters.
 struct ScoreArgs {
-    std::string model_path, text, token_file, backend = "auto", per_token;
+    std::string model_path, text, token_file, backend = "auto", per_token, activations = "fp16";
     int threads = 0, device = 0, window = 0;
     bool quiet = false, json = false;
     uint64_t max_tokens = 0;
@@ -715,7 +725,8 @@ int cmd_score(const ScoreArgs &a) {
     tl::cli::RunningPerplexity running(passes);
     progress_log.running = &running;
     progress_log.unit = unit;
-    tl_score_options opts = scoring_options(a.backend, a.threads, a.quiet, a.progress_interval, progress_log);
+    tl_score_options opts =
+        scoring_options(a.backend, a.threads, a.activations, a.quiet, a.progress_interval, progress_log);
     opts.device = a.device;
     progress_log.start = progress_log.last = std::chrono::steady_clock::now();
     Scored s;
@@ -772,8 +783,9 @@ int cmd_score(const ScoreArgs &a) {
             {"tokens", tokens.size()}, {"tokens_scored", r.tokens_scored}, {"nll_sum", r.nll_sum},
             {"nll_mean", r.nll_sum / static_cast<double>(r.tokens_scored)}, {"perplexity", r.perplexity},
             {"perplexity_stderr", ppl_stderr},  // NaN (fewer than 2 tokens scored) is written as null
-            {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"}, {"windows", r.n_windows},
-            {"seconds", r.seconds}, {"load_seconds", load_seconds}, {"setup_seconds", r.setup_seconds},
+            {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"}, {"activations", a.activations},
+            {"windows", r.n_windows}, {"seconds", r.seconds}, {"load_seconds", load_seconds},
+            {"setup_seconds", r.setup_seconds},
             {"graph_capture_seconds", r.graph_capture_seconds}, {"scoring_seconds", scoring_seconds},
             {"tokens_per_second", tokens_per_second},
             {"gemm_paths",
@@ -815,6 +827,7 @@ int cmd_score(const ScoreArgs &a) {
                     a.bos >= 0 ? (", its first token replaced by " + std::to_string(a.bos)).c_str() : "");
     }
     std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
+    if (a.activations != "fp16") std::printf("activations   %s\n", a.activations.c_str());
     if (r.backend == TL_BACKEND_CUDA) {
         std::printf("gemm paths    marlin_fused %llu, marlin_correction %llu, dequant_cublas %llu, fp16_body %llu, "
                     "native %llu, dense_cublas %llu, fallbacks %llu\n",
@@ -875,6 +888,7 @@ int cmd_tokenize(const std::string &model_path, const std::string &text) {
 // What `compare` was asked.
 struct CompareArgs {
     std::string reference, test, text, token_file, backend = "auto", per_token;
+    std::string activations = "fp16", reference_activations = "fp16";  // the test's, the reference's
     int threads = 0, device = 0, window = 0;
     bool quiet = false, json = false;
     uint64_t max_tokens = 0;
@@ -895,7 +909,8 @@ int cmd_compare(const CompareArgs &a) {
     if (tokens.size() < 2) throw CliError("need at least 2 tokens to compare, got " + std::to_string(tokens.size()));
 
     ProgressLog progress_log;
-    const tl_score_options run = scoring_options(a.backend, a.threads, a.quiet, a.progress_interval, progress_log);
+    const tl_score_options run =
+        scoring_options(a.backend, a.threads, a.activations, a.quiet, a.progress_interval, progress_log);
     tl_compare_options opts;
     check(tl_compare_options_init(&opts, sizeof opts), "compare options");
     opts.backend = run.backend;
@@ -904,6 +919,8 @@ int cmd_compare(const CompareArgs &a) {
     opts.progress_user_data = run.progress_user_data;
     opts.device = a.device;
     opts.window = a.window;
+    opts.activations_test = run.activations;
+    opts.activations_reference = kActivations.at(a.reference_activations);
     // Per-position values only when written out: the library keeps its own for the summary.
     const size_t n = tokens.size() - 1;
     std::vector<float> kl, nll_ref, nll_test;
@@ -933,6 +950,7 @@ int cmd_compare(const CompareArgs &a) {
             {"token_file", a.token_file.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(a.token_file)},
             {"tokens", tokens.size()}, {"tokens_scored", r.tokens_scored}, {"windows", r.n_windows},
             {"backend", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu"},
+            {"activations_reference", a.reference_activations}, {"activations_test", a.activations},
             {"perplexity_reference", r.perplexity_reference}, {"perplexity_test", r.perplexity_test},
             {"delta_perplexity", r.delta_perplexity}, {"perplexity_ratio", r.perplexity_ratio},
             {"nll_correlation", r.nll_correlation},
@@ -947,8 +965,10 @@ int cmd_compare(const CompareArgs &a) {
                 static_cast<unsigned long long>(r.tokens_scored), tokens.size(), r.n_windows,
                 r.n_windows == 1 ? "" : "s");
     std::printf("backend       %s\n", r.backend == TL_BACKEND_CUDA ? "cuda" : "cpu");
-    std::printf("reference     %s: PPL %.4f\n", a.reference.c_str(), r.perplexity_reference);
-    std::printf("test          %s: PPL %.4f\n", a.test.c_str(), r.perplexity_test);
+    std::printf("reference     %s%s: PPL %.4f\n", a.reference.c_str(),
+                activations_note(a.reference_activations).c_str(), r.perplexity_reference);
+    std::printf("test          %s%s: PPL %.4f\n", a.test.c_str(), activations_note(a.activations).c_str(),
+                r.perplexity_test);
     std::printf("PPL(test) - PPL(ref)   %+.4f\n", r.delta_perplexity);
     std::printf("PPL(test) / PPL(ref)   %.5f\n", r.perplexity_ratio);
     std::printf("Cor(NLL ref, NLL test) %.2f%%\n", 100.0 * r.nll_correlation);
@@ -1066,8 +1086,8 @@ void score_chunk(const tl_model *model, const tl_score_options &base, std::vecto
 }
 
 int cmd_score_batch(const std::string &model_path, const std::string &input, const std::string &output,
-                    const std::string &backend, int threads, int device, bool quiet, double progress_interval,
-                    int64_t bos_flag, int top_k) {
+                    const std::string &backend, int threads, const std::string &activations, int device, bool quiet,
+                    double progress_interval, int64_t bos_flag, int top_k) {
     const std::string input_name = input == "-" ? "stdin" : "'" + input + "'";
     std::FILE *in = stdin;
     if (input != "-") {
@@ -1106,7 +1126,7 @@ int cmd_score_batch(const std::string &model_path, const std::string &input, con
     }
 
     ProgressLog progress_log;
-    tl_score_options opts = scoring_options(backend, threads, quiet, progress_interval, progress_log);
+    tl_score_options opts = scoring_options(backend, threads, activations, quiet, progress_interval, progress_log);
     opts.device = device;
     opts.top_k = top_k;
     ChunkProgress progress;
@@ -1372,6 +1392,12 @@ int main(int argc, char **argv) {
             ->envname("TINYLOOP_PROGRESS_INTERVAL")->capture_default_str();
     };
     add_run_options(score, "after every window");
+    std::string activations = "fp16";
+    const std::string activations_help =
+        "the precision of the transformer blocks' linear-layer inputs: fp16 (as computed), int8 or fp8 (each token "
+        "quantized with its own scale; CPU backend only, docs/quality.md 'Activation precision')";
+    const auto activations_check = CLI::IsMember({"fp16", "int8", "fp8"});
+    score->add_option("--activations", activations, activations_help)->check(activations_check)->capture_default_str();
 
     std::string input = "-", output = "-";
     auto *score_batch = app.add_subcommand(
@@ -1401,6 +1427,9 @@ int main(int argc, char **argv) {
     score_batch->add_option("--input", input, "the requests, a JSON-lines file or - for stdin")->capture_default_str();
     score_batch->add_option("--output", output, "where the results go, a file or - for stdout")->capture_default_str();
     add_run_options(score_batch, "after every forward pass");
+    score_batch->add_option("--activations", activations, activations_help)
+        ->check(activations_check)
+        ->capture_default_str();
     int64_t batch_bos = -1;
     int batch_top_k = 0;
     score_batch->add_option("--bos", batch_bos,
@@ -1442,6 +1471,15 @@ int main(int argc, char **argv) {
                         "write position, token, KL, reference NLL, test NLL and top-1 agreement (0/1) per line");
     compare->add_flag("--json", compare_args.json, "print one JSON object instead of the report");
     add_run_options(compare, "after every window");
+    compare->add_option("--activations", compare_args.activations,
+                        "the test model's activation precision: fp16, int8 or fp8 (see score --activations); with the "
+                        "same file as reference this measures what int8 or fp8 activations cost")
+        ->check(activations_check)
+        ->capture_default_str();
+    compare->add_option("--reference-activations", compare_args.reference_activations,
+                        "the reference model's activation precision: fp16, int8 or fp8")
+        ->check(activations_check)
+        ->capture_default_str();
 
     // `tinyloop help [SUBCOMMAND]` is `tinyloop [SUBCOMMAND] --help`.
     std::vector<std::string> args(argv + 1, argv + argc);
@@ -1535,13 +1573,13 @@ int main(int argc, char **argv) {
             a.convention = llama ? tl::cli::Convention::LlamaPerplexity
                            : *stride_opt ? tl::cli::Convention::Stride
                                          : tl::cli::Convention::Windows;
-            a.stride = stride, a.ctx = llama_ctx, a.bos = bos, a.top_k = top_k;
+            a.stride = stride, a.ctx = llama_ctx, a.bos = bos, a.top_k = top_k, a.activations = activations;
             check_convention_args(a);
             return cmd_score(a);
         }
         if (*score_batch) {
-            return cmd_score_batch(model_path, input, output, backend, threads, device, quiet, progress_interval,
-                                   batch_bos, batch_top_k);
+            return cmd_score_batch(model_path, input, output, backend, threads, activations, device, quiet,
+                                   progress_interval, batch_bos, batch_top_k);
         }
         if (*compare) {
             if (compare_args.text.empty() && compare_args.token_file.empty()) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 
+#include "cpu/act_quant.hpp"
 #include "quant/cross_iter.hpp"
 #include "score/compare.hpp"
 #include "score/rope.hpp"
@@ -141,10 +142,14 @@ using LinearInputHook = std::function<void(const Linear &, const float *, int32_
 // The pool and each worker's scratch, for one call.
 struct Context {
     explicit Context(int32_t n_threads, const LinearInputHook *linear_input = nullptr)
-        : pool(n_threads), tiles(pool.size()), work(pool.size()), work_test(pool.size()),
+        : pool(n_threads), tiles(pool.size()), quant_tiles(pool.size()), work(pool.size()), work_test(pool.size()),
           linear_input(linear_input) {}
     ThreadPool pool;
     std::vector<TileScratch> tiles;
+    // The blocks' linears' activation precision (the runner of the model being run sets it) and its scratch.
+    ActivationMode activations = ActivationMode::Fp16;
+    QuantizedInput quant_input;
+    std::vector<QuantTileScratch> quant_tiles;
     std::vector<std::vector<float>> work;       // attention scores, head logits
     std::vector<std::vector<float>> work_test;  // a comparison's second logits chunk
     std::vector<float> kv_panels;          // attention keys and values of every head, packed
@@ -155,16 +160,6 @@ void report_input(const Context &ctx, const Linear &w, const float *x, int32_t r
     if (ctx.linear_input != nullptr && *ctx.linear_input) (*ctx.linear_input)(w, x, rows);
 }
 
-// y = x W over all M rows, one task per column tile.
-void linear(Context &ctx, const Linear &w, const float *x, float *y, int32_t M) {
-    report_input(ctx, w, x, M);
-    const size_t n_tiles = (w.n + kTileCols - 1) / kTileCols;
-    ctx.pool.parallel_for(n_tiles, [&](size_t tile, int32_t worker) {
-        const int32_t n0 = static_cast<int32_t>(tile) * kTileCols;
-        linear_tile(w, x, M, n0, std::min(w.n, n0 + kTileCols), y, w.n, ctx.tiles[worker]);
-    });
-}
-
 // Runs fn(t0, t1) over chunks of rows [0, T) in parallel, for the cheap row-wise steps.
 template <class Fn>
 void for_row_chunks(Context &ctx, int32_t T, Fn fn) {
@@ -172,6 +167,29 @@ void for_row_chunks(Context &ctx, int32_t T, Fn fn) {
     ctx.pool.parallel_for((T + kChunk - 1) / kChunk, [&](size_t i, int32_t) {
         const int32_t t0 = static_cast<int32_t>(i) * kChunk;
         fn(t0, std::min(T, t0 + kChunk));
+    });
+}
+
+// y = x W with x quantized per row (ctx.activations INT8 or FP8): rows quantized in parallel, then one task per
+// column tile.
+void linear_quantized_activations(Context &ctx, const Linear &w, const float *x, float *y, int32_t M) {
+    prepare_quantized_input(w, M, ctx.activations, ctx.quant_input);
+    for_row_chunks(ctx, M, [&](int32_t t0, int32_t t1) { quantize_input_rows(w, x, t0, t1, ctx.quant_input); });
+    const size_t n_tiles = (w.n + kTileCols - 1) / kTileCols;
+    ctx.pool.parallel_for(n_tiles, [&](size_t tile, int32_t worker) {
+        const int32_t n0 = static_cast<int32_t>(tile) * kTileCols;
+        quantized_input_tile(w, ctx.quant_input, n0, std::min(w.n, n0 + kTileCols), y, w.n, ctx.quant_tiles[worker]);
+    });
+}
+
+// y = x W over all M rows, one task per column tile.
+void linear(Context &ctx, const Linear &w, const float *x, float *y, int32_t M) {
+    report_input(ctx, w, x, M);
+    if (ctx.activations != ActivationMode::Fp16) return linear_quantized_activations(ctx, w, x, y, M);
+    const size_t n_tiles = (w.n + kTileCols - 1) / kTileCols;
+    ctx.pool.parallel_for(n_tiles, [&](size_t tile, int32_t worker) {
+        const int32_t n0 = static_cast<int32_t>(tile) * kTileCols;
+        linear_tile(w, x, M, n0, std::min(w.n, n0 + kTileCols), y, w.n, ctx.tiles[worker]);
     });
 }
 
@@ -432,17 +450,18 @@ void forward_hidden(Context &ctx, const Model &model, const std::vector<Block> &
 // `rows`, once the memory a call scoring windows of up to `rows` tokens needs is within the options' budget.
 int32_t within_budget(const Model &model, int32_t rows, const Context &ctx, const ScoreOptions &options) {
     const uint64_t top_k_bytes = static_cast<uint64_t>(rows) * options.top_k * (sizeof(int32_t) + sizeof(float));
-    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round) +
+    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round,
+                                        options.activations) +
                             top_k_bytes,
                         options.max_memory_bytes, host_memory_bytes(), "host memory");
     return rows;
 }
 
-// One model's part of a scoring call, for windows of up to `rows` tokens: its activations and, under
-// cross-iteration rounding, its looped block per iteration.
+// One model's part of a scoring call, for windows of up to `rows` tokens: its activations, their precision in the
+// blocks' linears and, under cross-iteration rounding, its looped block per iteration.
 struct ModelRunner {
-    ModelRunner(const Model &model, int32_t rows, bool cross_iter_round)
-        : model(model), activations(model.config, rows) {
+    ModelRunner(const Model &model, int32_t rows, bool cross_iter_round, ActivationMode mode)
+        : model(model), activations(model.config, rows), mode(mode) {
         if (cross_iter_round) {
             for (int32_t l = 0; l < model.config.loops; ++l) {
                 loop_blocks.push_back(cross_iter_block(model.loop, l, model.config.loops));
@@ -451,11 +470,14 @@ struct ModelRunner {
     }
     // The window's forward pass up to the head's input, activations.xn.
     void forward(Context &ctx, const int32_t *tokens, int32_t T) {
+        ctx.activations = mode;
         forward_hidden(ctx, model, loop_blocks, tokens, T, activations);
+        ctx.activations = ActivationMode::Fp16;
     }
 
     const Model &model;
     Activations activations;
+    ActivationMode mode;
     std::vector<Block> loop_blocks;
 };
 
@@ -465,7 +487,7 @@ class WindowScorer {
 public:
     WindowScorer(const Model &model, int32_t rows, const ScoreOptions &options)
         : ctx_(options.n_threads, &options.linear_input),
-          runner_(model, within_budget(model, rows, ctx_, options), options.cross_iter_round),
+          runner_(model, within_budget(model, rows, ctx_, options), options.cross_iter_round, options.activations),
           nll_(static_cast<size_t>(rows) - 1), greedy_(nll_.size()), top_k_(options.top_k),
           top_ids_(nll_.size() * static_cast<size_t>(top_k_)), top_logprobs_(top_ids_.size()) {}
 
@@ -505,7 +527,8 @@ void report_progress(const ScoreOptions &options, uint64_t done, uint64_t total)
 
 }  // namespace
 
-uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round) {
+uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round,
+                         ActivationMode activations) {
     const ModelConfig &c = model.config;
     const uint64_t R = static_cast<uint64_t>(rows), D = c.d_model, A = c.attn_dim(), F = c.ffn;
     const uint64_t keys = (R + kPanel - 1) / kPanel * kPanel;
@@ -517,13 +540,19 @@ uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool
     const uint64_t logits = std::max<uint64_t>(1u << 20, static_cast<uint64_t>(c.vocab));  // head_nll's chunk
     floats += static_cast<uint64_t>(workers) * (2 * kTileCols * k_max + std::max<uint64_t>(logits, kRows * keys));
     uint64_t bytes = floats * sizeof(float) + R * (sizeof(double) + 1);  // + the window's NLLs and greedy flags
+    if (activations != ActivationMode::Fp16) {
+        bytes += act_quant_bytes(rows, static_cast<int32_t>(k_max), workers, kTileCols);
+    }
     if (cross_iter_round) {
         for (int32_t i = 0; i < 5; ++i) bytes += static_cast<uint64_t>(c.loops) * model.loop.linear(i)->quant_bytes();
     }
     return bytes;
 }
 
-void use_portable_cpu_kernel(bool portable) { g_portable_kernel.store(portable, std::memory_order_relaxed); }
+void use_portable_cpu_kernel(bool portable) {
+    g_portable_kernel.store(portable, std::memory_order_relaxed);
+    use_portable_act_quant_kernel(portable);
+}
 
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options) {
     check_model(model, check_cpu_storage);  // a Model may be assembled by hand: checked before any pointer is followed
@@ -590,7 +619,7 @@ ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_
 
 ScoreResult compare_cpu(const Model &reference, const Model &test, const int32_t *tokens, size_t n_tokens,
                         const ScoreOptions &options, const DispatchSettings &test_dispatch,
-                        const CompareOutputs &out) {
+                        const CompareOutputs &out, ActivationMode test_activations) {
     check_model(reference, check_cpu_storage);
     check_model(test, check_cpu_storage);
     check_same_vocabulary(reference, test);
@@ -598,16 +627,19 @@ ScoreResult compare_cpu(const Model &reference, const Model &test, const int32_t
     const int32_t L = plan.window, rows = static_cast<int32_t>(std::min<size_t>(L, n_tokens));
     const size_t stride = static_cast<size_t>(L) - 1;
     Context ctx(options.n_threads);
-    const bool same = &reference == &test;  // one forward pass serves both sides
-    const int32_t workers = static_cast<int32_t>(ctx.pool.size());
-    const uint64_t bytes = cpu_score_bytes(reference, rows, workers, options.cross_iter_round) +
-                           (same ? 0 : cpu_score_bytes(test, rows, workers, test_dispatch[DispatchSetting::CrossIterRound] != 0));
-    check_memory_budget(bytes, options.max_memory_bytes, host_memory_bytes(), "host memory");
     const bool test_cross_iter_round = test_dispatch[DispatchSetting::CrossIterRound] != 0;
-    ModelRunner ref_runner(reference, rows, options.cross_iter_round);
+    // One forward pass serves both sides when they are the same model run the same way.
+    const bool one_pass = &reference == &test && test_cross_iter_round == options.cross_iter_round &&
+                          test_activations == options.activations;
+    const int32_t workers = static_cast<int32_t>(ctx.pool.size());
+    const uint64_t bytes =
+        cpu_score_bytes(reference, rows, workers, options.cross_iter_round, options.activations) +
+        (one_pass ? 0 : cpu_score_bytes(test, rows, workers, test_cross_iter_round, test_activations));
+    check_memory_budget(bytes, options.max_memory_bytes, host_memory_bytes(), "host memory");
+    ModelRunner ref_runner(reference, rows, options.cross_iter_round, options.activations);
     std::unique_ptr<ModelRunner> test_runner;
-    if (!same || test_cross_iter_round != options.cross_iter_round) {
-        test_runner = std::make_unique<ModelRunner>(test, rows, test_cross_iter_round);
+    if (!one_pass) {
+        test_runner = std::make_unique<ModelRunner>(test, rows, test_cross_iter_round, test_activations);
     }
     ScoreResult result;
     result.n_windows = static_cast<int32_t>(plan.n_windows);
@@ -660,8 +692,10 @@ void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, 
     attention(ctx, qkv, out, T, n_heads, n_kv_heads, head_dim);
 }
 
-void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads) {
+void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads,
+                    ActivationMode activations) {
     Context ctx(n_threads);
+    ctx.activations = activations;
     linear(ctx, w, x, y, M);
 }
 

@@ -17,7 +17,9 @@ namespace tl {
 // test can check both on one machine. Process-wide; for tests and benchmarks, not a setting of the API.
 void use_portable_cpu_kernel(bool portable);
 
-uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round);
+// `activations`: the blocks' linears' input precision (quantized activations need their own scratch).
+uint64_t cpu_score_bytes(const Model &model, int32_t rows, int32_t workers, bool cross_iter_round,
+                         ActivationMode activations = ActivationMode::Fp16);
 // Validates tokens (each in [0, vocab), n >= 2; TL_ERR_INVALID_ARGUMENT naming the index) and scores them.
 ScoreResult score_cpu(const Model &model, const int32_t *tokens, size_t n_tokens, const ScoreOptions &options);
 
@@ -30,12 +32,13 @@ ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_
 // KL(P_reference || P_test), both NLLs and whether the argmaxes agree, into out's arrays of n_tokens - 1. Both
 // models' logits exist a chunk of positions at a time (head_chunk: ~2^20 floats per worker and model), never for the
 // whole text. Checks both models and that they share a vocabulary; `reference` and `test` may be the same model.
-// options: n_threads, window, progress, max_memory_bytes (both models' working memory), cross_iter_round (the
-// reference's; the test's is test_dispatch's CrossIterRound); result: tokens_scored, n_windows and the reference's
+// options: n_threads, window, progress, max_memory_bytes (both models' working memory), cross_iter_round and
+// activations (the reference's; the test's are test_dispatch's CrossIterRound and test_activations, so a model may be
+// compared with itself run at another activation precision); result: tokens_scored, n_windows and the reference's
 // nll_sum.
 ScoreResult compare_cpu(const Model &reference, const Model &test, const int32_t *tokens, size_t n_tokens,
                         const ScoreOptions &options, const DispatchSettings &test_dispatch,
-                        const CompareOutputs &out);
+                        const CompareOutputs &out, ActivationMode test_activations = ActivationMode::Fp16);
 
 // ---- Forward pieces, exposed for the unit tests. Row-major; T = sequence length. ----
 
@@ -52,7 +55,9 @@ void rope_inplace(float *x, int32_t T, int32_t n_heads, int32_t head_dim, float 
 void causal_attention(const float *qkv, float *out, int32_t T, int32_t n_heads, int32_t head_dim, int32_t n_threads,
                       int32_t n_kv_heads = 0);
 
-// y[m][n] = sum_k x[m][k] * W[k][n] with W from a Linear (dequantized exactly), FP32 accumulation.
-void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads);
+// y[m][n] = sum_k x[m][k] * W[k][n] with W from a Linear (dequantized exactly), FP32 accumulation; with activations
+// INT8 or FP8, x quantized per row and the integer path of cpu/act_quant.hpp (docs/quality.md).
+void linear_forward(const Linear &w, const float *x, float *y, int32_t M, int32_t n_threads,
+                    ActivationMode activations = ActivationMode::Fp16);
 
 }  // namespace tl

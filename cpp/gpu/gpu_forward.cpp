@@ -319,6 +319,7 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
         fail(TL_ERR_INVALID_ARGUMENT, "pass_tokens = " + std::to_string(options.pass_tokens) + " is negative");
     }
     if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
+    require_gpu_activations(options.activations);
     return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
 }
 

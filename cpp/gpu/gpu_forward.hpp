@@ -9,9 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <string>
+
 #include "gpu/gpu_model.hpp"
 #include "score/compare.hpp"
 #include "score/score_plan.hpp"
+#include "util/error.hpp"
 
 namespace tl {
 
@@ -50,5 +53,16 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
 ScoreResult compare_cuda(GpuModel &reference, GpuModel &test, const int32_t *tokens, size_t n_tokens,
                          const ScoreOptions &options, const DispatchSettings &test_dispatch, int32_t device,
                          void *stream, const CompareOutputs &out, GpuScoreStats *call_stats = nullptr);
+
+// The activation precisions the CUDA backend runs: FP16 only, as its INT8 and FP8 kernels do not exist yet. Another
+// is TL_ERR_UNSUPPORTED (so that AUTO scores on the CPU, which implements them all). score_cuda, score_batch_cuda and
+// compare_cuda check options.activations; a comparison's caller checks the test side's.
+inline void require_gpu_activations(ActivationMode mode) {
+    if (mode != ActivationMode::Fp16) {
+        fail(TL_ERR_UNSUPPORTED, std::string("activations ") + activation_mode_name(mode) +
+                                     " are implemented on the CPU backend only (the CUDA backend has no kernels for "
+                                     "quantized activations yet)");
+    }
+}
 
 }  // namespace tl

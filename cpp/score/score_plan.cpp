@@ -9,6 +9,15 @@
 
 namespace tl {
 
+const char *activation_mode_name(ActivationMode mode) {
+    switch (mode) {
+        case ActivationMode::Fp16: return "fp16";
+        case ActivationMode::Int8: return "int8";
+        case ActivationMode::Fp8: return "fp8";
+    }
+    return "unknown";
+}
+
 void check_model(const Model &model, void (*check_storage)(const Linear &w, const std::string &name)) {
     const ModelConfig &c = model.config;
     if (c.d_model <= 0 || c.ffn <= 0 || c.vocab <= 0 || c.pre < 0 || c.loops < 0) {

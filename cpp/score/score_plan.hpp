@@ -12,6 +12,14 @@
 
 namespace tl {
 
+// The precision of the transformer blocks' linear-layer inputs (docs/quality.md, "Activation precision"): as computed
+// (FP32 on the CPU, FP16 on the GPU), or quantized per token to INT8 or FP8 e4m3 with integer / exact group sums.
+// The values are the C API's TL_ACTIVATIONS_*.
+enum class ActivationMode : int32_t { Fp16 = 0, Int8 = 1, Fp8 = 2 };
+
+// "fp16", "int8", "fp8".
+const char *activation_mode_name(ActivationMode mode);
+
 struct ScoreOptions {
     int32_t n_threads = 0;  // 0 = hardware concurrency
     int32_t window = 0;     // 0 = max_seq; windows overlap by one token
@@ -27,6 +35,9 @@ struct ScoreOptions {
     // Cross-iteration rounding: the looped block's linears that carry frac4 or sign_bit channels use different codes
     // on each loop iteration (cross_iter.hpp, docs/quality.md). The C API sets it from dispatch's CrossIterRound.
     bool cross_iter_round = false;
+    // The activation precision of the blocks' linears (the head's input is never quantized). Only the CPU backend
+    // implements INT8 and FP8; the CUDA backend declines them (TL_ERR_UNSUPPORTED).
+    ActivationMode activations = ActivationMode::Fp16;
     // CUDA backend: the dispatcher settings of the call's model (its GEMM paths and attention kernel).
     DispatchSettings dispatch = default_dispatch_settings();
     // Optional: called on the calling thread with each linear layer's input x [rows][w.k] just before the layer

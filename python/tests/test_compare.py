@@ -83,3 +83,16 @@ def test_attention_and_rope_in_info(tiny):
     assert tiny.info["n_kv_heads"] == tiny.info["n_heads"]
     assert tiny.info["rope_scaling"] == "none"
     assert tiny.info["rope_scaling_factor"] == 1.0 and tiny.info["rope_original_max_positions"] == 0
+
+
+def test_compare_measures_quantized_activations(tiny):
+    """A model against itself with INT8 (or FP8) activations on one side: a small positive divergence, and the
+    quantized side's perplexity is score's at that precision."""
+    text = bytes(range(32, 127)) * 4
+    for mode in ("int8", "fp8"):
+        result = tiny.compare(tiny, text, activations=mode)
+        assert 0 < result.kl_mean < 0.05
+        assert result.perplexity_test == pytest.approx(tiny.score(text, activations=mode).perplexity, rel=1e-6)
+        assert result.perplexity_reference == pytest.approx(tiny.score(text).perplexity, rel=1e-6)
+        swapped = tiny.compare(tiny, text, reference_activations=mode)
+        assert swapped.perplexity_reference == pytest.approx(result.perplexity_test, rel=1e-12)

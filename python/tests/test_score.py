@@ -237,3 +237,33 @@ def test_devices(tinyloop):
         # auto falls back to the CPU.
         with tinyloop.Model(TINY_MODEL) as model:
             assert model.score(b"abcdef").backend == "cpu"
+
+
+def test_activations_int8_and_fp8_match_cli_and_stay_close(demo, cli, tmp_path):
+    """activations= reaches the library: the same double as the CLI's --activations, different from fp16, close to
+    it, and score_batch / top_logprobs take it too."""
+    text = EVAL_TEXT.read_bytes()[:1500]
+    path = tmp_path / "eval-head.txt"
+    path.write_bytes(text)
+    fp16 = demo.score(text)
+    for mode in ("int8", "fp8"):
+        (expected,) = cli_json(cli, "score", DEMO_MODEL, "--text", path, "--backend", "cpu", "--json",
+                               "--activations", mode)
+        assert expected["activations"] == mode
+        result = demo.score(text, activations=mode, per_token=True)
+        assert result.nll_sum == expected["nll_sum"]
+        assert result.nll_sum != fp16.nll_sum
+        assert result.perplexity == pytest.approx(fp16.perplexity, rel=0.03)
+        batch = demo.score_batch([text[:400]], activations=mode)
+        alone = demo.score(text[:400], activations=mode)
+        assert batch[0].nll_sum == pytest.approx(alone.nll_sum, rel=1e-12)
+        ids, logprobs = demo.top_logprobs(text[:300], 3, activations=mode)
+        assert ids.shape == (299, 3) and np.all(np.diff(logprobs, axis=1) <= 0)
+
+
+def test_activations_refuse_unknown_names(tiny):
+    for bad in ("int4", "INT8", 1, None):
+        with pytest.raises(ValueError, match="activations must be one of 'fp16', 'int8', 'fp8'"):
+            tiny.score(b"hello world", activations=bad)
+    with pytest.raises(ValueError, match="reference_activations"):
+        tiny.compare(tiny, b"hello world", reference_activations="bf16")

@@ -34,6 +34,13 @@ TL_BACKEND_AUTO = 0
 TL_BACKEND_CPU = 1
 TL_BACKEND_CUDA = 2
 
+# tl_score_options.activations, tl_compare_options.activations_reference / activations_test, by the names the
+# package takes.
+TL_ACTIVATIONS_FP16 = 0
+TL_ACTIVATIONS_INT8 = 1
+TL_ACTIVATIONS_FP8 = 2
+ACTIVATIONS = {"fp16": TL_ACTIVATIONS_FP16, "int8": TL_ACTIVATIONS_INT8, "fp8": TL_ACTIVATIONS_FP8}
+
 # Tokenizer kinds (tl_model_tokenizer): the names the package gives them.
 TL_TOKENIZER_BYTES = 0
 TL_TOKENIZER_HUGGINGFACE = 1
@@ -120,6 +127,8 @@ class tl_score_options(ctypes.Structure):
         ("top_logprobs", ctypes.POINTER(ctypes.c_float)),
         ("top_len", ctypes.c_size_t),
         ("empty_context_bos", ctypes.c_int32),
+        ("activations", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
     ]
 
 
@@ -177,6 +186,8 @@ class tl_compare_options(ctypes.Structure):
         ("token_nll_test", ctypes.POINTER(ctypes.c_float)),
         ("token_top1_match", ctypes.POINTER(ctypes.c_uint8)),
         ("token_len", ctypes.c_size_t),
+        ("activations_reference", ctypes.c_int32),
+        ("activations_test", ctypes.c_int32),
     ]
 
 

@@ -156,6 +156,13 @@ class _Progress:
             raise error
 
 
+def _activations(value, keyword):
+    """An activation precision by name ("fp16", "int8", "fp8") -> its TL_ACTIVATIONS_* value."""
+    if not isinstance(value, str) or value not in _capi.ACTIVATIONS:
+        raise ValueError(f"{keyword} must be one of {', '.join(repr(k) for k in _capi.ACTIVATIONS)}, got {value!r}")
+    return _capi.ACTIVATIONS[value]
+
+
 class Model:
     """A .tinyloop model loaded through libtinyloop (tl_model_load), freed by close() or `with`.
 
@@ -359,8 +366,9 @@ class Model:
         options.progress = progress.function
         return options
 
-    def _options(self, window, nll_buffer, progress):
+    def _options(self, window, nll_buffer, progress, activations):
         options = self._run_options(_capi.tl_score_options, "tl_score_options_init", window, progress)
+        options.activations = _activations(activations, "activations")
         if nll_buffer is not None:
             options.token_nll = nll_buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             options.token_nll_len = nll_buffer.size
@@ -384,18 +392,21 @@ class Model:
 
     # ---- scoring ----
 
-    def score(self, data, *, window=0, per_token=False, progress=None):
+    def score(self, data, *, window=0, per_token=False, progress=None, activations="fp16"):
         """Scores one sequence (tl_score): the NLL of each token given those before it.
 
         data: token ids (any 1-D integer array or list) or text (str / bytes: through the model's tokenizer, see
         tokenize). At least two tokens. window: the window length, 2..max_seq (0 = max_seq); a longer sequence is
         scored in windows that overlap by one token. per_token: also return each predicted token's NLL as a float32 array. progress: a
-        callable (done, total) called between windows; a true return value stops the call (Error CANCELLED)."""
+        callable (done, total) called between windows; a true return value stops the call (Error CANCELLED).
+        activations: "fp16" (default, the activations as computed), "int8" or "fp8": each token's input to the
+        blocks' linear layers quantized with its own scale (CPU backend only; docs/quality.md "Activation
+        precision")."""
         handle = self._live_handle()
         tokens = self.tokens(data)
         nll = np.zeros(max(tokens.size - 1, 1), dtype=np.float32) if per_token else None
         callback = _Progress(progress)
-        options = self._options(window, nll, callback)
+        options = self._options(window, nll, callback, activations)
         result = self._result_struct()
         status = self._lib.tl_score(handle, tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), tokens.size,
                                     ctypes.byref(options), ctypes.byref(result))
@@ -427,10 +438,10 @@ class Model:
             return np.concatenate([context, continuation]), context.size
         return self.tokens(request, what), 0
 
-    def top_logprobs(self, data, k, *, window=0, progress=None):
+    def top_logprobs(self, data, k, *, window=0, progress=None, activations="fp16"):
         """The k most likely tokens at each predicted position and their log-probabilities (tl_score's top_k):
         (ids, logprobs), int32 and float32 arrays of shape (n_tokens - 1, k), row i for the prediction of token i + 1,
-        most likely first. data and window as for score; 1 <= k <= 20. The library reduces the logits a chunk of
+        most likely first. data, window and activations as for score; 1 <= k <= 20. The library reduces the logits a chunk of
         positions at a time: nothing of size positions x vocab is made."""
         handle = self._live_handle()
         k = int(k)
@@ -441,7 +452,7 @@ class Model:
         ids = np.zeros((positions, k), dtype=np.int32)
         logprobs = np.zeros((positions, k), dtype=np.float32)
         callback = _Progress(progress)
-        options = self._options(window, None, callback)
+        options = self._options(window, None, callback, activations)
         options.top_k = k
         options.top_ids = ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         options.top_logprobs = logprobs.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
@@ -453,17 +464,22 @@ class Model:
         check(self._lib, "tl_score", status)
         return ids, logprobs
 
-    def compare(self, other, data, *, window=0, per_token=False, progress=None):
+    def compare(self, other, data, *, window=0, per_token=False, progress=None, activations="fp16",
+                reference_activations="fp16"):
         """Compares `other` (the test model) with this one (the reference) on the same tokens (tl_score_compare): KL
         divergence KL(P_self || P_other) per position, top-1 agreement and both perplexities, as a CompareResult.
         Both models run on this model's device settings; they must share a vocabulary. data and window as for score
-        (text goes through this model's tokenizer); per_token also returns the per-position arrays."""
+        (text goes through this model's tokenizer); per_token also returns the per-position arrays. activations: the
+        test side's precision, reference_activations this model's ("fp16", "int8", "fp8", as for score):
+        model.compare(model, text, activations="int8") measures what INT8 activations cost."""
         handle = self._live_handle()
         other_handle = other._live_handle()
         tokens = self.tokens(data)
         n = max(tokens.size - 1, 1)
         callback = _Progress(progress)
         options = self._run_options(_capi.tl_compare_options, "tl_compare_options_init", window, callback)
+        options.activations_test = _activations(activations, "activations")
+        options.activations_reference = _activations(reference_activations, "reference_activations")
         arrays = {}
         if per_token:
             arrays = {"token_kl": np.zeros(n, np.float32), "token_nll_reference": np.zeros(n, np.float32),
@@ -490,7 +506,7 @@ class Model:
         """The beginning-of-text token the model file names, or -1 (none)."""
         return self._info["bos_token_id"]
 
-    def score_batch(self, requests, *, per_token=False, progress=None):
+    def score_batch(self, requests, *, per_token=False, progress=None, activations="fp16"):
         """Scores independent sequences in one call (tl_score_batch); returns a BatchResult, a list of SequenceScore.
 
         Each request is one of: token ids (the whole sequence is scored, its first token only as context);
@@ -498,7 +514,8 @@ class Model:
         or text (the continuation is scored given the context; text is tokenized, context and continuation each on
         its own; an empty context becomes the model file's BOS token, bos_token_id, and without one is refused, since the
         first token has nothing to be predicted from). Each sequence must fit max_seq. per_token: each SequenceScore also gets
-        the NLLs of all its predicted tokens, context tokens included. progress: as for score, in scored tokens."""
+        the NLLs of all its predicted tokens, context tokens included. progress: as for score, in scored tokens.
+        activations: as for score."""
         handle = self._live_handle()
         parsed = [self._request(request, i) for i, request in enumerate(requests)]
         sequences = (_capi.tl_sequence * max(len(parsed), 1))()
@@ -510,7 +527,7 @@ class Model:
         predicted = [max(tokens.size - 1, 0) for tokens, _ in parsed]
         nll = np.zeros(max(sum(predicted), 1), dtype=np.float32) if per_token else None
         callback = _Progress(progress)
-        options = self._options(0, nll, callback)
+        options = self._options(0, nll, callback, activations)
         result = self._result_struct()
         status = self._lib.tl_score_batch(handle, sequences, len(parsed), ctypes.byref(options), scores,
                                           ctypes.byref(result))

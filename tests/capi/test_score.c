@@ -481,6 +481,9 @@ Test(score, older_options_sizes_are_accepted) {
     ASSERT_OK(tl_score(model, tokens, N, &options, &result));
     options.struct_size = (uint32_t)offsetof(tl_score_options, empty_context_bos);
     ASSERT_OK(tl_score(model, tokens, N, &options, &result));
+    /* The fourth ends after empty_context_bos and its tail padding. */
+    options.struct_size = (uint32_t)((offsetof(tl_score_options, activations) + 7) / 8 * 8);
+    ASSERT_OK(tl_score(model, tokens, N, &options, &result));
     options.struct_size = (uint32_t)offsetof(tl_score_options, top_ids);
     ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT, "struct_size");
 }
@@ -532,4 +535,105 @@ Test(score, compare_with_itself_has_no_divergence) {
                         "token_len");
     ASSERT_FAILS_NAMING(tl_score_compare(model, NULL, tokens, N, NULL, &result), TL_ERR_INVALID_ARGUMENT, "test");
     ASSERT_FAILS_NAMING(tl_score_compare(model, model, tokens, 1, NULL, &result), TL_ERR_INVALID_ARGUMENT, "n_tokens");
+}
+
+/* Activation precision: INT8 and FP8 score on the CPU close to FP16 (and differently), tl_score_batch as tl_score; an
+ * unknown value or a non-zero `reserved` is refused naming the field; a fourth-version struct, whose tail padding
+ * `activations` fills, is read without it. */
+Test(score, activations_int8_and_fp8) {
+    enum { N = 40 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    float nll[N - 1];
+    tl_score_options options = cpu_options(nll, N - 1);
+    cr_assert_eq(options.activations, TL_ACTIVATIONS_FP16);
+    cr_assert_eq(options.reserved, 0);
+    tl_score_result fp16 = fresh_result(), quantized = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &fp16));
+    const int32_t modes[2] = {TL_ACTIVATIONS_INT8, TL_ACTIVATIONS_FP8};
+    for (int i = 0; i < 2; ++i) {
+        options.activations = modes[i];
+        ASSERT_OK(tl_score(model, tokens, N, &options, &quantized));
+        cr_assert_neq(quantized.nll_sum, fp16.nll_sum, "activations %d changed nothing", modes[i]);
+        assert_close(quantized.perplexity, fp16.perplexity, 0.05, "perplexity with quantized activations");
+        /* One sequence through tl_score_batch: the same forward pass, the same NLLs. */
+        const tl_sequence sequence = {tokens, N, 0};
+        tl_sequence_score score;
+        float batch_nll[N - 1];
+        tl_score_options batch_options = options;
+        batch_options.token_nll = batch_nll;
+        ASSERT_OK(tl_score_batch(model, &sequence, 1, &batch_options, &score, NULL));
+        for (size_t t = 0; t + 1 < N; ++t) cr_assert_eq(batch_nll[t], nll[t], "position %zu", t);
+    }
+    options.activations = 3;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &quantized), TL_ERR_INVALID_ARGUMENT, "activations");
+    options.activations = -1;
+    ASSERT_FAILS_NAMING(tl_score_batch(model, NULL, 0, &options, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "activations");
+    options.activations = TL_ACTIVATIONS_INT8;
+    options.reserved = 1;
+    ASSERT_FAILS_NAMING(tl_score(model, tokens, N, &options, &quantized), TL_ERR_INVALID_ARGUMENT, "reserved");
+    options.reserved = 0;
+    /* The fourth version: its size ends right after empty_context_bos's padding; what lies there is not read. */
+    const uint32_t fourth = (uint32_t)((offsetof(tl_score_options, activations) + 7) / 8 * 8);
+    cr_assert_lt(fourth, sizeof(tl_score_options));
+    options.struct_size = fourth;
+    options.activations = 77;
+    tl_score_result old = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &options, &old));
+    cr_assert_eq(old.nll_sum, fp16.nll_sum);
+    /* A CUDA request: NO_DEVICE without CUDA, or the GPU declines (UNSUPPORTED) naming the activations. */
+    options = cpu_options(NULL, 0);
+    options.backend = TL_BACKEND_CUDA;
+    options.activations = TL_ACTIVATIONS_INT8;
+    const tl_status status = tl_score(model, tokens, N, &options, &quantized);
+    cr_assert(status == TL_ERR_NO_DEVICE || status == TL_ERR_UNSUPPORTED, "status %d: %s", status,
+              tl_last_error_message());
+    if (status == TL_ERR_UNSUPPORTED) cr_assert(strstr(tl_last_error_message(), "activations") != NULL);
+}
+
+/* A model compared with itself at INT8 (or FP8) activations: a small, positive divergence, each side's perplexity as
+ * tl_score's at that precision; the first version of tl_compare_options (without the activation fields) still works;
+ * a bad value is refused naming its field. */
+Test(score, compare_activations_against_fp16) {
+    enum { N = 50 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, FIXTURE_VOCAB);
+    tl_compare_options options;
+    ASSERT_OK(tl_compare_options_init(&options, sizeof options));
+    cr_assert_eq(options.activations_reference, TL_ACTIVATIONS_FP16);
+    cr_assert_eq(options.activations_test, TL_ACTIVATIONS_FP16);
+    options.backend = TL_BACKEND_CPU;
+    tl_compare_result result;
+    ASSERT_OK(tl_compare_result_init(&result, sizeof result));
+    tl_score_options score_options = cpu_options(NULL, 0);
+    tl_score_result fp16 = fresh_result(), quantized = fresh_result();
+    ASSERT_OK(tl_score(model, tokens, N, &score_options, &fp16));
+    const int32_t modes[2] = {TL_ACTIVATIONS_INT8, TL_ACTIVATIONS_FP8};
+    for (int i = 0; i < 2; ++i) {
+        options.activations_test = modes[i];
+        ASSERT_OK(tl_score_compare(model, model, tokens, N, &options, &result));
+        cr_assert(result.kl_mean > 0 && result.kl_mean < 0.05, "KL %g", result.kl_mean);
+        score_options.activations = modes[i];
+        ASSERT_OK(tl_score(model, tokens, N, &score_options, &quantized));
+        assert_close(result.perplexity_test, quantized.perplexity, 1e-5, "test side");
+        assert_close(result.perplexity_reference, fp16.perplexity, 1e-5, "reference side");
+        /* Swapped sides: the reference runs quantized. */
+        options.activations_reference = modes[i];
+        options.activations_test = TL_ACTIVATIONS_FP16;
+        ASSERT_OK(tl_score_compare(model, model, tokens, N, &options, &result));
+        assert_close(result.perplexity_reference, quantized.perplexity, 1e-5, "reference side, swapped");
+        options.activations_reference = TL_ACTIVATIONS_FP16;
+    }
+    options.activations_test = TL_ACTIVATIONS_INT8;
+    options.struct_size = (uint32_t)offsetof(tl_compare_options, activations_reference);
+    ASSERT_OK(tl_score_compare(model, model, tokens, N, &options, &result));
+    cr_assert_eq(result.kl_mean, 0.0, "the first version has no activation fields: FP16 on both sides");
+    options.struct_size = sizeof options;
+    options.activations_test = 9;
+    ASSERT_FAILS_NAMING(tl_score_compare(model, model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT,
+                        "activations_test");
+    options.activations_test = TL_ACTIVATIONS_FP16;
+    options.activations_reference = -3;
+    ASSERT_FAILS_NAMING(tl_score_compare(model, model, tokens, N, &options, &result), TL_ERR_INVALID_ARGUMENT,
+                        "activations_reference");
 }

@@ -202,8 +202,18 @@ TEST_F(Score, MemoryBudgetIsEnforced) {
     o.window = 16;
     o.max_memory_bytes = tl::cpu_score_bytes(*model_, 16, 1, false);
     EXPECT_EQ(tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o).tokens_scored, tokens_.size() - 1);
-    // A batch has no window: its message points at what sets a batch's rows.
+    // Quantized activations need their own scratch, and the budget counts it.
     o.window = 0;
+    o.activations = tl::ActivationMode::Int8;
+    const uint64_t quantized = tl::cpu_score_bytes(*model_, 64, 1, false, tl::ActivationMode::Int8);
+    EXPECT_GT(quantized, needed);
+    o.max_memory_bytes = quantized - 1;
+    EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o); }).first,
+              TL_ERR_OUT_OF_MEMORY);
+    o.max_memory_bytes = quantized;
+    EXPECT_EQ(tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o).tokens_scored, tokens_.size() - 1);
+    o.activations = tl::ActivationMode::Fp16;
+    // A batch has no window: its message points at what sets a batch's rows.
     o.max_memory_bytes = tl::cpu_score_bytes(*model_, 64, 1, false) - 1;
     const tl::Sequence sequence{tokens_.data(), 64, 0};
     tl::SequenceScore score;

@@ -466,6 +466,13 @@ TEST_F(ScoreApi, RejectsBadArguments) {
     o.window = 0;
     o.linear_input = [](const tl::Linear &, const float *, int32_t) {};
     EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "linear_input", [&] { score(tokens.data(), 10, 0); }));
+    o.linear_input = nullptr;
+    // Quantized activations: no GPU kernels yet, declined (AUTO then scores on the CPU).
+    for (tl::ActivationMode mode : {tl::ActivationMode::Int8, tl::ActivationMode::Fp8}) {
+        o.activations = mode;
+        EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "CPU backend only", [&] { score(tokens.data(), 10, 0); }));
+    }
+    o.activations = tl::ActivationMode::Fp16;
     // A model the GPU attention cannot run is refused when the GpuModel is built.
     tl::ModelConfig wide = tiny_config();
     wide.n_heads = 1, wide.head_dim = 320, wide.d_model = 64;

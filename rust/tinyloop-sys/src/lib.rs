@@ -238,6 +238,13 @@ c_constants! {
     /// `tl_score_options.empty_context_bos`: the model file's `bos_token_id`.
     pub const TL_BOS_FROM_MODEL: i32 = -2;
 
+    /// `tl_score_options.activations`, `tl_compare_options.activations_*`: the activations as computed (default).
+    pub const TL_ACTIVATIONS_FP16: i32 = 0;
+    /// Each token's linear-layer input quantized to INT8 (one scale per token).
+    pub const TL_ACTIVATIONS_INT8: i32 = 1;
+    /// Each token's linear-layer input quantized to FP8 e4m3 (one scale per token).
+    pub const TL_ACTIVATIONS_FP8: i32 = 2;
+
     /// `tl_model_properties.rope_scaling`: plain RoPE.
     pub const TL_ROPE_SCALING_NONE: i32 = 0;
     /// `tl_model_properties.rope_scaling`: every inverse frequency divided by the factor.
@@ -442,6 +449,11 @@ c_structs! {
         /// `tl_score_batch`: the token standing for an empty context (`n_context` 0), `TL_BOS_NONE` (the default),
         /// `TL_BOS_FROM_MODEL` (the model file's `bos_token_id`) or a token id.
         pub empty_context_bos: i32,
+        /// A `TL_ACTIVATIONS_*` value: the precision of the blocks' linear-layer inputs (CPU backend only for INT8
+        /// and FP8).
+        pub activations: i32,
+        /// Must be 0 (sets the struct's fifth version apart from its fourth).
+        pub reserved: i32,
     }
 
     /// What `tl_score` reports.
@@ -506,6 +518,9 @@ c_structs! {
         pub token_nll_test: *mut f32,
         pub token_top1_match: *mut u8,
         pub token_len: usize,
+        /// Each side's `TL_ACTIVATIONS_*` value.
+        pub activations_reference: i32,
+        pub activations_test: i32,
     }
 
     /// What `tl_score_compare` reports: KL(P_reference || P_test) per position summarized, top-1 agreement, both

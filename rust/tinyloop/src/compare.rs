@@ -5,7 +5,7 @@ use tinyloop_sys as sys;
 
 use crate::error::{check, Error, Result};
 use crate::model::Model;
-use crate::score::{c_ids, Backend, TokenId};
+use crate::score::{c_ids, Activations, Backend, TokenId};
 use crate::to_c_int;
 
 /// Options of [`Model::compare`]; `Default` gives the library's defaults and no per-position output.
@@ -25,6 +25,11 @@ pub struct CompareOptions {
     pub max_memory_bytes: u64,
     /// Return the per-position values in [`CompareResult::per_position`] (default `false`).
     pub per_position: bool,
+    /// The test model's activation precision (default [`Activations::Fp16`]): a model compared with itself at
+    /// `Int8` or `Fp8` measures what that precision costs.
+    pub activations: Activations,
+    /// The reference's activation precision (default [`Activations::Fp16`]).
+    pub reference_activations: Activations,
 }
 
 impl Default for CompareOptions {
@@ -37,6 +42,8 @@ impl Default for CompareOptions {
             use_graphs: true,
             max_memory_bytes: 0,
             per_position: false,
+            activations: Activations::Fp16,
+            reference_activations: Activations::Fp16,
         }
     }
 }
@@ -118,6 +125,8 @@ impl Model {
         c_options.device = to_c_int(options.device, "device")?;
         c_options.use_graphs = options.use_graphs.into();
         c_options.max_memory_bytes = options.max_memory_bytes;
+        c_options.activations_test = options.activations.to_c();
+        c_options.activations_reference = options.reference_activations.to_c();
         if let Some((kl, nll_reference, nll_test, top1)) = positions.as_mut() {
             c_options.token_kl = kl.as_mut_ptr();
             c_options.token_nll_reference = nll_reference.as_mut_ptr();

@@ -94,7 +94,7 @@ pub use half::bf16;
 pub use half::f16;
 pub use logging::{clear_log_callback, set_log_callback, LogLevel};
 pub use model::{import_checkpoint, HeadKind, ImportOptions, LoadOptions, Model, ModelInfo, RopeScaling};
-pub use score::{Backend, EmptyContextBos, ScoreOptions, ScoreResult, Sequence, SequenceScore, TokenId};
+pub use score::{Activations, Backend, EmptyContextBos, ScoreOptions, ScoreResult, Sequence, SequenceScore, TokenId};
 pub use text::{TokenizerInfo, TokenizerKind};
 pub use weight::{QuantMethod, QuantizeOptions, Weight, WeightDesc, WeightInfo, WeightRef};
 
@@ -189,6 +189,7 @@ mod tests {
         assert_eq!((ours.device as i32, i32::from(ours.use_graphs)), (score.device, score.use_graphs));
         assert!(score.stream.is_null());
         assert_eq!(ours.max_memory_bytes, score.max_memory_bytes);
+        assert_eq!((ours.activations.to_c(), score.reserved), (score.activations, 0));
 
         let mut pack: sys::tl_pack_options = unsafe { std::mem::zeroed() };
         assert_eq!(

@@ -37,6 +37,32 @@ impl Backend {
     }
 }
 
+/// The precision of the activations entering the linear layers of the transformer blocks (`tl_score_options.activations`;
+/// the rule: docs/quality.md, "Activation precision"). The head's input is never quantized.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// The activations as computed: FP32 on the CPU backend, FP16 on the CUDA backend (the default).
+    #[default]
+    Fp16,
+    /// Each token's input quantized to INT8 with its own scale (max |x| / 127), multiplied with the weights' codes
+    /// in exact int32 group sums. CPU backend only: the CUDA backend declines it ([`Error::Unsupported`]; `Auto`
+    /// then runs on the CPU).
+    Int8,
+    /// Each token's input quantized to FP8 e4m3 with its own scale (max |x| / 448), exact group sums. CPU backend
+    /// only, as `Int8`.
+    Fp8,
+}
+
+impl Activations {
+    pub(crate) fn to_c(self) -> i32 {
+        match self {
+            Activations::Fp16 => sys::TL_ACTIVATIONS_FP16,
+            Activations::Int8 => sys::TL_ACTIVATIONS_INT8,
+            Activations::Fp8 => sys::TL_ACTIVATIONS_FP8,
+        }
+    }
+}
+
 /// What [`Model::score_batch`] puts in place of an empty context (a sequence with `n_context` 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EmptyContextBos {
@@ -77,6 +103,8 @@ pub struct ScoreOptions {
     /// sequence with `n_context` 0 scores every one of its tokens, and its `token_nll` entries are its `len()`
     /// tokens' NLLs.
     pub empty_context_bos: EmptyContextBos,
+    /// The precision of the blocks' linear-layer inputs (default [`Activations::Fp16`]).
+    pub activations: Activations,
 }
 
 impl Default for ScoreOptions {
@@ -90,6 +118,7 @@ impl Default for ScoreOptions {
             use_graphs: true,
             max_memory_bytes: 0,
             empty_context_bos: EmptyContextBos::None,
+            activations: Activations::Fp16,
         }
     }
 }
@@ -453,6 +482,8 @@ impl Model {
                     Error::InvalidArgument(format!("empty_context_bos token {id} is above i32::MAX"))
                 })?,
             },
+            activations: options.activations.to_c(),
+            reserved: 0,
         };
         // SAFETY: tl_score_result is integers and floats, for which all-zero bytes are valid.
         let mut result: sys::tl_score_result = unsafe { std::mem::zeroed() };

@@ -3,7 +3,7 @@
 mod common;
 
 use common::fixture;
-use tinyloop::{Backend, CompareOptions, Error, Model, ScoreOptions};
+use tinyloop::{Activations, Backend, CompareOptions, Error, Model, ScoreOptions};
 
 fn tokens(n: usize) -> Vec<i32> {
     (0..n).map(|i| ((i * 37 + 11) % 256) as i32).collect()
@@ -66,4 +66,24 @@ fn the_fixture_names_no_bos_nor_grouped_heads_nor_rope_scaling() {
     assert_eq!(info.bos_token_id, None);
     assert_eq!(info.n_kv_heads, Some(info.n_heads));
     assert_eq!(info.rope_scaling, Some(tinyloop::RopeScaling::None));
+}
+
+#[test]
+fn quantized_activations_score_close_to_fp16_and_compare_measures_them() {
+    let model = Model::load(fixture()).unwrap();
+    let cpu = ScoreOptions { backend: Backend::Cpu, ..ScoreOptions::default() };
+    let fp16 = model.score(&tokens(120), &cpu).unwrap();
+    for mode in [Activations::Int8, Activations::Fp8] {
+        let quantized = model.score(&tokens(120), &ScoreOptions { activations: mode, ..cpu }).unwrap();
+        assert_ne!(quantized.nll_sum, fp16.nll_sum, "{mode:?} changed nothing");
+        assert!((quantized.perplexity / fp16.perplexity - 1.0).abs() < 0.05, "{mode:?}");
+        let options = CompareOptions { backend: Backend::Cpu, activations: mode, ..CompareOptions::default() };
+        let result = model.compare(&model, &tokens(120), &options).unwrap();
+        assert!(result.kl_mean > 0.0 && result.kl_mean < 0.05, "{mode:?}: KL {}", result.kl_mean);
+        assert!((result.perplexity_test - quantized.perplexity).abs() <= 1e-6 * quantized.perplexity);
+        assert!((result.perplexity_reference - fp16.perplexity).abs() <= 1e-6 * fp16.perplexity);
+    }
+    // The CUDA backend declines quantized activations, or there is no device.
+    let cuda = ScoreOptions { backend: Backend::Cuda, activations: Activations::Int8, ..ScoreOptions::default() };
+    assert!(matches!(model.score(&tokens(20), &cuda), Err(Error::Unsupported(_) | Error::NoDevice(_))));
 }
