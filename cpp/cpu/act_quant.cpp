@@ -97,7 +97,8 @@ __attribute__((target("avx2"))) inline int32_t hsum_epi32(__m256i v) {
 
 // out[r * stride] = sum_{i < len} w[i] * x[r * ldx + i], 32 byte products per step. maddubs multiplies unsigned by
 // signed bytes: a dense weight's signed codes enter as |w| with x carrying w's sign (sign_epi8); INT4 codes (0..15)
-// enter as they are. A pair's sum is at most 2 * 127 * 127 < 2^15 for signed codes (x is never -128), so each step
+// enter as they are. A pair's sum is at most 2 * 128 * 127 < 2^15 for signed codes (an INT8 weight's -128 enters as
+// 128; x is never -128), so each step
 // widens to int32 at once; 2 * 15 * 127 = 3810 for INT4 codes, so 8 steps (30480 < 2^15) add up in int16 first.
 template <int R, bool kCodes>
 struct DotBytesAvx2 {
@@ -227,7 +228,8 @@ __attribute__((target("avx2"))) int32_t quantize_int8_avx2(const float *x, int32
 }
 #endif
 
-// `codes`: the weight is INT4 codes (0..15), else a dense weight's signed INT8 codes.
+// `codes`: the weight is INT4 codes (0..15), else signed INT8 codes (a dense weight's, or an INT8 weight's, -128
+// included: the kernel's |w| is unsigned).
 GroupDotFn<int8_t, int32_t> group_dot_int8(bool codes) {
 #ifdef TL_ACT_QUANT_AVX2
     if (cpu_has_avx2()) {
@@ -258,6 +260,17 @@ void load_weight_tile(const Linear &w, ActivationMode mode, int32_t n0, int32_t 
         t.values.resize(cols * K);
     } else {
         t.codes.resize(cols * K);
+    }
+    if (w.quantized && w.bits == 8) {  // INT8 codes as they are, z = 0
+        for (size_t c = 0; c < cols; ++c) {
+            const size_t n = n0 + c;
+            std::memcpy(t.codes.data() + c * K, w.codes + n * K, K);
+            for (int32_t g = 0; g < groups; ++g) {
+                t.scales[c * groups + g] = half_to_float(w.scales[n * groups + g]);
+                t.zeros[c * groups + g] = 0.0f;
+            }
+        }
+        return;
     }
     if (w.quantized) {
         for (size_t c = 0; c < cols; ++c) {
@@ -350,11 +363,18 @@ void prepare_quantized_input(const Linear &w, int32_t rows, ActivationMode mode,
     if (mode != ActivationMode::Int8 && mode != ActivationMode::Fp8) {
         fail(TL_ERR_INTERNAL, "prepare_quantized_input: activations " + std::string(activation_mode_name(mode)));
     }
-    if (w.quantized && w.bits != 4) {
+    const bool int8_weight = w.quantized && w.bits == 8;
+    // INT8 codes are not exact in e4m3 (which holds integers up to 16 only), so FP8 activations take INT4 and dense
+    // weights.
+    if (w.quantized && w.bits != 4 && !(int8_weight && mode == ActivationMode::Int8)) {
         fail(TL_ERR_UNSUPPORTED, "activations " + std::string(activation_mode_name(mode)) + ": " + w.name + " has " +
-                                     std::to_string(w.bits) + "-bit weights; quantized activations take 4-bit ones");
+                                     std::to_string(w.bits) + "-bit weights; " +
+                                     (int8_weight ? "FP8 activations take 4-bit or dense ones (INT8 codes are not "
+                                                    "exact in e4m3)"
+                                                  : "quantized activations take 4- and 8-bit ones"));
     }
-    const int32_t max_k = w.quantized ? kMaxQuantizedK : kMaxDenseK;
+    // INT8 codes reach -128: 128 * 127 * 2^17 < 2^31 too.
+    const int32_t max_k = w.quantized && !int8_weight ? kMaxQuantizedK : kMaxDenseK;
     if (w.k > max_k) {
         fail(TL_ERR_UNSUPPORTED, "activations " + std::string(activation_mode_name(mode)) + ": " + w.name +
                                      " has K = " + std::to_string(w.k) + ", above " + std::to_string(max_k) +
@@ -419,7 +439,7 @@ void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0,
     const size_t K = static_cast<size_t>(in.k);
     const bool fp8 = in.mode == ActivationMode::Fp8;
     load_weight_tile(w, in.mode, n0, n1, G, t);
-    const GroupDotFn<int8_t, int32_t> dot_int8 = group_dot_int8(w.quantized);
+    const GroupDotFn<int8_t, int32_t> dot_int8 = group_dot_int8(w.quantized && w.bits == 4);
     const GroupDotFn<int16_t, int64_t> dot_fp8 = group_dot_fp8();
     const float *bias = w.bias_values();
     const size_t block = static_cast<size_t>(kRowBlock) * G;

@@ -19,7 +19,7 @@ struct QuantizedMatrix {
     int32_t n = 0;
     int32_t group_size = 0;  // actual, == k for per-row
     int32_t bits = 4;
-    std::vector<uint8_t> codes;    // bits 4: [n][k/2] nibbles; bits 8: [n][k] int8 (two's complement) in [-127, 127]
+    std::vector<uint8_t> codes;    // bits 4: [n][k/2] nibbles; bits 8: [n][k] int8 (two's complement)
     std::vector<uint16_t> scales;  // [n][k/group_size] FP16 bits
     std::vector<uint16_t> zeros;   // bits 4: [n][k/group_size] FP16 bits; bits 8: empty
     std::vector<uint8_t> frac4;    // empty or [n][k/2]

@@ -98,7 +98,10 @@ std::vector<float> ref_linear(const tl::Linear &w, const std::vector<float> &x, 
         for (int32_t n = 0; n < N; ++n) {
             std::vector<double> wv(K);
             std::vector<float> s(G), z(G);
-            if (w.quantized) {
+            if (w.quantized && w.bits == 8) {
+                for (int32_t kk = 0; kk < K; ++kk) wv[kk] = static_cast<int8_t>(w.codes[static_cast<size_t>(n) * K + kk]);
+                for (int32_t g = 0; g < G; ++g) s[g] = tl::half_to_float(w.scales[static_cast<size_t>(n) * G + g]);
+            } else if (w.quantized) {
                 for (int32_t kk = 0; kk < K; ++kk) wv[kk] = tl::code_at(w, kk, n);
                 for (int32_t g = 0; g < G; ++g) {
                     s[g] = tl::half_to_float(w.scales[static_cast<size_t>(n) * G + g]);
@@ -246,12 +249,18 @@ TEST(ActQuant, LinearMatchesTheScalarRuleBitForBit) {
         std::shuffle(permuted.k_perm.begin(), permuted.k_perm.end(), rng);
         linears.push_back(tl::make_quantized_linear("permuted", permuted));
         linears.push_back(tl::make_dense_linear("dense", w.data(), sh.K, sh.N));
+        // INT8 weights (INT8 activations only), with -128 codes as imported GPTQ has them.
+        tl::QuantizedMatrix int8 =
+            tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Symmetric, 8);
+        for (size_t i = 0; i < int8.codes.size(); i += 7) int8.codes[i] = 0x80;
+        linears.push_back(tl::make_quantized_linear("int8", int8));
         tl::Linear biased = tl::make_quantized_linear(
             "biased", tl::quantize_minmax(w.data(), sh.K, sh.N, sh.group_size, tl::QuantMethod::Asymmetric));
         biased.bias = std::make_shared<const std::vector<float>>(ref::random_floats(rng, sh.N, 0.5));
         linears.push_back(biased);
         for (const tl::Linear &lin : linears) {
             for (ActivationMode mode : {ActivationMode::Int8, ActivationMode::Fp8}) {
+                if (lin.bits == 8 && mode == ActivationMode::Fp8) continue;
                 const std::vector<float> want = ref_linear(lin, x, sh.M, mode);
                 for (int32_t threads : {1, 2, 3}) {
                     std::vector<float> y(want.size(), NAN);
@@ -342,6 +351,19 @@ TEST(ActQuant, LinearStaysCloseToFullPrecision) {
 
 // A weight the integer path cannot take exactly is refused, naming it.
 TEST(ActQuant, RefusesWeightsItCannotTakeExactly) {
+    // FP8 activations with INT8 weights: their codes are not exact in e4m3.
+    const std::vector<float> values(64 * 8, 0.25f);
+    const tl::Linear int8 = tl::make_quantized_linear(
+        "int8", tl::quantize_minmax(values.data(), 64, 8, 0, tl::QuantMethod::Symmetric, 8));
+    tl::QuantizedInput fp8_in;
+    try {
+        tl::prepare_quantized_input(int8, 1, ActivationMode::Fp8, fp8_in);
+        FAIL() << "no error";
+    } catch (const tl::Error &e) {
+        EXPECT_EQ(e.code(), TL_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(e.what()).find("not exact in e4m3"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(tl::prepare_quantized_input(int8, 1, ActivationMode::Int8, fp8_in));
     tl::Linear wide;
     wide.name = "wide";
     wide.k = (1 << 17) + 2;
