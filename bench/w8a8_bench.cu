@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "check_cuda.hpp"
@@ -43,6 +44,9 @@ T *device_random(size_t count, std::mt19937_64 &g) {
     if constexpr (std::is_same_v<T, int8_t>) {
         std::uniform_int_distribution<int> d(-127, 127);
         for (auto &v : host) v = static_cast<int8_t>(d(g));
+    } else if constexpr (std::is_same_v<T, float>) {
+        std::uniform_real_distribution<float> d(0.001f, 0.02f);
+        for (auto &v : host) v = d(g);
     } else {
         std::normal_distribution<float> d(0.0f, 1.0f);
         for (auto &v : host) v = __float2half(d(g));
@@ -117,7 +121,7 @@ int main(int argc, char **argv) {
     for (const Layer &l : kLayers) {
         auto *w16 = device_random<__half>(static_cast<size_t>(l.k) * l.n, g);
         auto *w8 = device_random<int8_t>(static_cast<size_t>(l.k) * l.n, g);
-        auto *ws = device_random<__half>(static_cast<size_t>(l.n), g);
+        auto *ws = device_random<float>(static_cast<size_t>(l.n), g);
         auto *x = device_random<__half>(static_cast<size_t>(max_m) * l.k, g);
         auto *x8 = device_random<int8_t>(static_cast<size_t>(max_m) * l.k, g);
         __half *y = nullptr;
@@ -140,9 +144,8 @@ int main(int argc, char **argv) {
             });
             int rc = 0;
             const double w8a8 = time_us(stream, [&] {
-                rc |= tl::gpu::w8a8_gemm(handle, reinterpret_cast<uint16_t *>(x), w8,
-                                         reinterpret_cast<uint16_t *>(ws), reinterpret_cast<uint16_t *>(y), m, l.n,
-                                         l.k, scratch, scratch_bytes, stream, cublas_ws, cublas_ws_bytes);
+                rc |= tl::gpu::w8a8_gemm(handle, reinterpret_cast<uint16_t *>(x), w8, ws, reinterpret_cast<uint16_t *>(y),
+                                         m, l.n, l.k, scratch, scratch_bytes, stream, cublas_ws, cublas_ws_bytes);
             });
             CHECK_CUDA(cudaStreamSynchronize(stream));
             if (rc != 0) {

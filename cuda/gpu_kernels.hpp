@@ -112,10 +112,10 @@ int dequant_int4_iteration(const uint8_t *codes, const uint16_t *scales, const u
 int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream);
 // Y [M][N] FP16 = fp16(fl(s_x[r] · fl(s_w[c] · Σ_k xq[r][k]·w[c][k]))): X quantized by quantize_rows_int8, one cuBLAS
 // INT8 GEMM into INT32 (exact), the scales applied by an epilogue kernel. w [N][K] INT8 (16-byte aligned), w_scales
-// [N] FP16; K % 4 == 0 (else kRcUnsupported); `scratch` holds w8a8_scratch_bytes(m, n, k): the codes and scales of X
+// [N] FP32; K % 4 == 0 (else kRcUnsupported); `scratch` holds w8a8_scratch_bytes(m, n, k): the codes and scales of X
 // and the INT32 sums.
 size_t w8a8_scratch_bytes(int m, int n, int k);
-int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const uint16_t *w_scales, uint16_t *y, int m,
+int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const float *w_scales, uint16_t *y, int m,
               int n, int k, void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace = nullptr,
               size_t cublas_workspace_bytes = 0);
 // Y = X @ W with W given as [N][K] of dtype, like x and y (cublasGemmEx, FP32 compute). Sets the handle's stream and,

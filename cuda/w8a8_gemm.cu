@@ -76,12 +76,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
 // block (b, ·) owns columns 4(256b + t) .. + 3 and walks the rows; kVec: N % 4 == 0, 16-byte loads.
 template <bool kVec>
 __global__ void __launch_bounds__(256) w8a8_epilogue_kernel(const int32_t *acc, const float *x_scales,
-                                                            const __half *w_scales, __half *y, int m, int n) {
+                                                            const float *w_scales, __half *y, int m, int n) {
     const int c0 = (blockIdx.x * 256 + threadIdx.x) * 4;
     if (c0 >= n) return;
     float sw[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) sw[j] = c0 + j < n ? __half2float(w_scales[c0 + j]) : 0.0f;
+    for (int j = 0; j < 4; ++j) sw[j] = c0 + j < n ? w_scales[c0 + j] : 0.0f;
     for (int r = blockIdx.y; r < m; r += gridDim.y) {
         const float sx = x_scales[r];
         const size_t at = static_cast<size_t>(r) * n + c0;
@@ -120,7 +120,7 @@ int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scale
     return 0;
 }
 
-int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const uint16_t *w_scales, uint16_t *y, int m,
+int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const float *w_scales, uint16_t *y, int m,
               int n, int k, void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace,
               size_t cublas_workspace_bytes) {
     if (handle == nullptr || x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr || scratch == nullptr ||
@@ -150,7 +150,7 @@ int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const u
         return kRcCublas;
     }
     const dim3 grid((n + 1023) / 1024, m < 65535 ? m : 65535);
-    const auto *sw = reinterpret_cast<const __half *>(w_scales);
+    const float *sw = w_scales;
     auto *yh = reinterpret_cast<__half *>(y);
     if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(y) & 7u) == 0) {
         w8a8_epilogue_kernel<true><<<grid, 256, 0, stream>>>(acc, x_scales, sw, yh, m, n);

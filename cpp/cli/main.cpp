@@ -1395,7 +1395,8 @@ int main(int argc, char **argv) {
     std::string activations = "fp16";
     const std::string activations_help =
         "the precision of the transformer blocks' linear-layer inputs: fp16 (as computed), int8 or fp8 (each token "
-        "quantized with its own scale; CPU backend only, docs/quality.md 'Activation precision')";
+        "quantized with its own scale; the GPU runs int8 on per-row INT8 models, docs/quality.md 'Activation "
+        "precision')";
     const auto activations_check = CLI::IsMember({"fp16", "int8", "fp8"});
     score->add_option("--activations", activations, activations_help)->check(activations_check)->capture_default_str();
 

@@ -58,7 +58,17 @@ void check_rc(int rc, const std::string &what) {
 // y = x W (+ bias) for m rows. `dequantized`: w's FP16 form from loop_fp16, or nullptr.
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
           const uint16_t *dequantized = nullptr) {
-    if (w.quant) {
+    if (s.activations == ActivationMode::Int8 && w.w8_codes) {
+        // W8A8 in chunks of rows, each quantizing its rows of x and summing in INT32 into the workspace.
+        for (int32_t r0 = 0; r0 < m; r0 += kW8a8ChunkRows) {
+            const int32_t rows = std::min(kW8a8ChunkRows, m - r0);
+            check_rc(gpu::w8a8_gemm(s.cublas, x + static_cast<size_t>(r0) * w.k, w.w8_codes.get<int8_t>(),
+                                    w.w8_scales.get<float>(), y + static_cast<size_t>(r0) * w.n, rows, w.n, w.k,
+                                    s.workspace.get(), s.workspace.bytes(), stream),
+                     "W8A8 GEMM of '" + w.name + "'");
+        }
+        ++s.dense_calls;
+    } else if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
         quant_gemm(*w.quant, x, y, m, Dtype::F16, s.dispatch, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
                    dequantized, dequantized != nullptr && detail::dequantized_per_iteration(s, w));
@@ -297,6 +307,7 @@ ScoreResult score_segments(GpuModel::State &s, const std::vector<Segment> &segme
             const bool go_on = options.progress(result.tokens_scored, to_score);
             lock.lock();
             s.dispatch = options.dispatch;
+            s.activations = options.activations;
             if (!go_on) {
                 fail(TL_ERR_CANCELLED, "scoring cancelled by the progress callback after " +
                                            std::to_string(result.tokens_scored) + " of " + std::to_string(to_score) +
@@ -319,7 +330,21 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
         fail(TL_ERR_INVALID_ARGUMENT, "pass_tokens = " + std::to_string(options.pass_tokens) + " is negative");
     }
     if (options.linear_input) fail(TL_ERR_UNSUPPORTED, "linear_input (calibration) is a CPU backend hook");
-    require_gpu_activations(options.activations);
+    if (options.activations == ActivationMode::Fp8) {
+        fail(TL_ERR_UNSUPPORTED, "activations fp8 on the CUDA backend: not implemented (the CPU backend has them)");
+    }
+    if (options.activations == ActivationMode::Int8) {  // the host check (require_gpu_activations), on the device forms
+        auto check_block = [](const DeviceBlock &b) {
+            for (const DeviceLinear *l : block_linears(b)) {
+                if (l->n > 0 && !l->w8_codes) {
+                    fail(TL_ERR_UNSUPPORTED, "activations int8 on the CUDA backend: '" + l->name + "' is not an "
+                                             "INT8 weight with one scale per row, the only kind its W8A8 kernel takes");
+                }
+            }
+        };
+        for (const DeviceBlock &b : s.pre) check_block(b);
+        check_block(s.loop);
+    }
     return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
 }
 
@@ -345,6 +370,7 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
     // is done and its NLLs are copied out), so the callback may call into the library, this model included.
     std::unique_lock<std::mutex> lock(s.mutex);
     s.dispatch = options.dispatch;
+    s.activations = options.activations;
     DeviceScope scope(s.device);
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, windows, options, stream, lock, stats, nullptr);
@@ -373,6 +399,7 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
     }
     std::unique_lock<std::mutex> lock(s.mutex);  // as in score_cuda
     s.dispatch = options.dispatch;
+    s.activations = options.activations;
     DeviceScope scope(s.device);
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);
@@ -386,6 +413,7 @@ ScoreResult compare_cuda(GpuModel &reference, GpuModel &test, const int32_t *tok
                          void *stream_ptr, const CompareOutputs &out, GpuScoreStats *call_stats) {
     GpuModel::State &r = *reference.state_, &t = *test.state_;
     const bool same = &r == &t;  // one forward pass and one head serve both sides
+    require_gpu_activations(options.activations);
     const cudaStream_t stream = check_call(r, options, device, stream_ptr);
     check_call(t, options, device, stream_ptr);
     if (r.config.vocab != t.config.vocab) {
@@ -415,6 +443,7 @@ ScoreResult compare_cuda(GpuModel &reference, GpuModel &test, const int32_t *tok
         }
         r.dispatch = options.dispatch;
         if (!same) t.dispatch = test_dispatch;
+        r.activations = t.activations = ActivationMode::Fp16;
     };
     auto unlock_both = [&] {
         lock_r.unlock();

@@ -54,14 +54,34 @@ ScoreResult compare_cuda(GpuModel &reference, GpuModel &test, const int32_t *tok
                          const ScoreOptions &options, const DispatchSettings &test_dispatch, int32_t device,
                          void *stream, const CompareOutputs &out, GpuScoreStats *call_stats = nullptr);
 
-// The activation precisions the CUDA backend runs: FP16 only, as its INT8 and FP8 kernels do not exist yet. Another
-// is TL_ERR_UNSUPPORTED (so that AUTO scores on the CPU, which implements them all). score_cuda, score_batch_cuda and
-// compare_cuda check options.activations; a comparison's caller checks the test side's.
+// The activation precisions the CUDA backend runs; another is TL_ERR_UNSUPPORTED (so that AUTO scores on the CPU,
+// which implements them all). Comparisons: FP16 only (compare_cuda checks options.activations; its caller checks the
+// test side's).
 inline void require_gpu_activations(ActivationMode mode) {
     if (mode != ActivationMode::Fp16) {
         fail(TL_ERR_UNSUPPORTED, std::string("activations ") + activation_mode_name(mode) +
-                                     " are implemented on the CPU backend only (the CUDA backend has no kernels for "
-                                     "quantized activations yet)");
+                                     " are implemented on the CPU backend only for comparisons");
+    }
+}
+
+// INT8 activations on the GPU take a block linear that is an INT8 weight with one scale per row, K a multiple of 4 up
+// to 2^17 (W8A8 through cuBLAS's INT8 GEMM, cuda/w8a8_gemm.cu: the CPU backend's rule for such weights).
+inline bool w8a8_linear(const Linear &w) {
+    return w.quantized && w.bits == 8 && w.group_size == w.k && w.k % 4 == 0 && w.k <= (1 << 17);
+}
+
+// Scoring: FP16 always; INT8 when every block linear is w8a8_linear; FP8 not yet.
+inline void require_gpu_activations(const Model &model, ActivationMode mode) {
+    if (mode == ActivationMode::Fp16) return;
+    const std::string what = std::string("activations ") + activation_mode_name(mode) + " on the CUDA backend: ";
+    if (mode != ActivationMode::Int8) fail(TL_ERR_UNSUPPORTED, what + "not implemented (the CPU backend has them)");
+    for (const Linear *w : model.linears()) {
+        if (w == &model.head) continue;  // the head's input stays as computed
+        if (!w8a8_linear(*w)) {
+            fail(TL_ERR_UNSUPPORTED, what + "'" + w->name + "' is not an INT8 weight with one scale per row (K a " +
+                                         "multiple of 4 up to 131072), the only kind its W8A8 kernel takes; the CPU " +
+                                         "backend takes every weight");
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/gemm_dispatch.hpp"
+#include "gpu/gpu_forward.hpp"
 #include "quant/cross_iter.hpp"
 #include "quant/quant.hpp"
 #include "score/rope.hpp"
@@ -166,6 +167,25 @@ void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, 
     jobs.push_back([&s, &slot, &w, n_multiple] { slot = make_linear(s, w, n_multiple); });
 }
 
+// A block's INT8 weight with one scale per row also keeps its codes (in input order) and FP32 scales, for INT8
+// activations (gpu::w8a8_gemm): 1 byte a weight beside its FP16 form.
+void attach_w8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
+    if (!w8a8_linear(w)) return;
+    const size_t K = static_cast<size_t>(w.k), N = static_cast<size_t>(w.n);
+    std::vector<int8_t> codes(N * K);
+    std::vector<float> scales(N);
+    for (size_t n = 0; n < N; ++n) {
+        for (size_t kk = 0; kk < K; ++kk) {
+            const size_t input = w.k_perm != nullptr ? static_cast<size_t>(w.k_perm[kk]) : kk;
+            codes[n * K + input] = static_cast<int8_t>(w.codes[n * K + kk]);
+        }
+        scales[n] = half_to_float(w.scales[n]);
+    }
+    d.w8_codes = DeviceBuffer::upload_sync(s.device, codes.data(), codes.size());
+    d.w8_scales = DeviceBuffer::upload_sync(s.device, scales.data(), scales.size() * sizeof(float));
+    d.bytes += d.w8_codes.bytes() + d.w8_scales.bytes();
+}
+
 // A looped linear keeps its rounding channels on the device, for cross-iteration rounding (`second`: the weight whose
 // rows follow first's in d, as up's follow gate's).
 void attach_rounding(const GpuModel::State &s, DeviceLinear &d, const Linear &first, const Linear *second = nullptr) {
@@ -182,10 +202,10 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
     d.mlp_norm = upload_floats(s.device, b.mlp_norm);
     s.weight_bytes += d.attn_norm.bytes() + d.mlp_norm.bytes();
     auto add = [&](DeviceLinear &slot, const Linear &w) {
-        if (!looped) return add_linear(jobs, s, slot, w);
-        jobs.push_back([&s, &slot, &w] {
+        jobs.push_back([&s, &slot, &w, looped] {
             slot = make_linear(s, w);
-            attach_rounding(s, slot, w);
+            attach_w8(s, slot, w);
+            if (looped) attach_rounding(s, slot, w);
         });
     };
     add(d.qkv, b.attn_qkv);
@@ -292,6 +312,10 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
     for (const DeviceLinear *l : s.linears()) {
         if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m, s.dispatch));
         if (dequantized_per_iteration(s, *l)) needed = std::max(needed, dequantized_gemm_workspace_size(*l->quant, max_m));
+        if (s.activations == ActivationMode::Int8 && l->w8_codes) {
+            needed = std::max(needed, gpu::w8a8_scratch_bytes(std::min<int32_t>(static_cast<int32_t>(max_m),
+                                                                               kW8a8ChunkRows), l->n, l->k));
+        }
     }
     return needed;
 }
@@ -308,6 +332,7 @@ std::unique_ptr<Graph> capture_pass(GpuModel::State &s, const PassShape &shape, 
     const auto start = std::chrono::steady_clock::now();
     auto g = std::make_unique<Graph>();
     g->settings = s.dispatch;
+    g->activations = s.activations;
     const Tally before = s.counted();
     // Relaxed: the dispatcher makes host-side CUDA calls (pointer attributes, cuBLAS stream binding) while
     // enqueueing; they are not stream work and must not invalidate the capture.
@@ -421,7 +446,7 @@ Tally run_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream, 
         const auto it = s.graphs.find(shape);
         if (it != s.graphs.end()) {
             const Graph &g = *it->second;
-            if (g.settings == s.dispatch) {
+            if (g.settings == s.dispatch && g.activations == s.activations) {
                 check_cuda(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
                 ++s.replays;
                 return g.per_replay;

@@ -60,6 +60,9 @@ struct DeviceLinear {
     DeviceBuffer dense;                      // FP16 [n][k], unless the values are shared
     const uint16_t *dense_values = nullptr;  // dense, or the embedding table (tied F16 head)
     DeviceBuffer bias;                       // FP32 [n] (zero in padding rows), added after the GEMM; empty: none
+    // A block's INT8 weight with one scale per row also keeps its codes [n][k] (in input order: a k_perm undone) and
+    // FP32 scales [n], for INT8 activations (W8A8, gpu::w8a8_gemm); empty otherwise.
+    DeviceBuffer w8_codes, w8_scales;
     uint64_t bytes = 0;
 };
 
@@ -118,10 +121,14 @@ struct Graph {
     cudaGraphExec_t exec = nullptr;
     Tally per_replay;                                 // the GEMMs one replay runs
     DispatchSettings settings;  // the dispatcher settings at capture: the paths baked into it
+    ActivationMode activations = ActivationMode::Fp16;  // and the call's activation precision
     ~Graph() {
         if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
 };
+
+// Rows per W8A8 GEMM call: bounds its scratch (the INT32 sums of [rows][N]) whatever a pass's rows.
+constexpr int32_t kW8a8ChunkRows = 2048;
 
 using BlockLinears = std::array<const DeviceLinear *, 5>;
 inline BlockLinears block_linears(const DeviceBlock &b) { return {&b.qkv, &b.out, &b.gate_up, &b.up, &b.down}; }
@@ -136,6 +143,7 @@ struct GpuModel::State {
     // The dispatcher settings of the call holding `mutex` (a call sets them again after releasing it around its
     // progress callback, since another call may have run with other settings meanwhile).
     DispatchSettings dispatch = default_dispatch_settings();
+    ActivationMode activations = ActivationMode::Fp16;  // likewise the call's activation precision
     cudaStream_t own_stream = nullptr;
     cublasHandle_t cublas = nullptr;
 

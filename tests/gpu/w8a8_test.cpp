@@ -25,7 +25,7 @@ struct W8a8Shape {
 // The rule on the host: true FP32 divisions, rne (the default rounding mode), exact integer sums, then
 // fl(s_x · fl(s_w · fl(D))) rounded to FP16.
 std::vector<uint16_t> reference(const std::vector<uint16_t> &x, const std::vector<int8_t> &w,
-                                const std::vector<uint16_t> &w_scales, const W8a8Shape &s) {
+                                const std::vector<float> &w_scales, const W8a8Shape &s) {
     std::vector<uint16_t> y(static_cast<size_t>(s.m) * s.n);
     std::vector<int32_t> xq(static_cast<size_t>(s.k));
     for (int r = 0; r < s.m; ++r) {
@@ -44,7 +44,7 @@ std::vector<uint16_t> reference(const std::vector<uint16_t> &x, const std::vecto
         for (int c = 0; c < s.n; ++c) {
             int64_t d = 0;
             for (int k = 0; k < s.k; ++k) d += static_cast<int64_t>(xq[k]) * w[static_cast<size_t>(c) * s.k + k];
-            const float t = tl::half_to_float(w_scales[c]) * static_cast<float>(static_cast<int32_t>(d));
+            const float t = w_scales[c] * static_cast<float>(static_cast<int32_t>(d));
             y[static_cast<size_t>(r) * s.n + c] = tl::float_to_half(sx * t);
         }
     }
@@ -65,10 +65,11 @@ TEST_P(W8a8, EqualsTheRuleBitForBit) {
     std::vector<int8_t> w(static_cast<size_t>(s.n) * s.k);
     for (auto &v : w) v = static_cast<int8_t>(code(tlt::rng()));
     std::uniform_real_distribution<float> scale(0.001f, 0.02f);
-    std::vector<uint16_t> ws(static_cast<size_t>(s.n));
-    for (auto &v : ws) v = tl::float_to_half(scale(tlt::rng()));
+    std::vector<float> ws(static_cast<size_t>(s.n));
+    for (auto &v : ws) v = scale(tlt::rng());
 
-    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(s.m) * s.n), dws(ws.size());
+    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(s.m) * s.n);
+    DeviceBuffer<float> dws(ws.size());
     DeviceBuffer<int8_t> dw(w.size());
     DeviceBuffer<char> scratch(tl::gpu::w8a8_scratch_bytes(s.m, s.n, s.k));
     for (bool ok : {dx.ok(), dy.ok(), dws.ok(), dw.ok(), scratch.ok()}) ASSERT_TRUE(ok);
@@ -113,7 +114,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, W8a8,
                          });
 
 TEST(W8a8Launcher, Refusals) {
-    DeviceBuffer<uint16_t> x(64 * 64), y(64 * 64), ws(64);
+    DeviceBuffer<uint16_t> x(64 * 64), y(64 * 64);
+    DeviceBuffer<float> ws(64);
     DeviceBuffer<int8_t> w(64 * 64);
     DeviceBuffer<char> scratch(tl::gpu::w8a8_scratch_bytes(64, 64, 64));
     cublasHandle_t handle = nullptr;
