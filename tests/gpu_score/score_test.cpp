@@ -31,6 +31,7 @@ using tlt::rng;
 
 constexpr double kMaxPositionDiff = 0.02;  // nats, GPU vs CPU, per position
 constexpr double kMaxPplRelDiff = 0.0025;  // total perplexity, GPU vs CPU
+constexpr double kMaxInt8PositionDiff = 0.25;  // nats, INT8 activations (rounding flips; see Int8ActivationsMatchCpu)
 // Graphs on vs off: bitwise on deterministic paths; within this where the Marlin-class kernel's FP32 atomics (split-k
 // reduction) or cuBLAS make repeated runs differ in the last FP16 bit of a few outputs.
 constexpr double kMaxRerunDiff = 0.01;
@@ -848,7 +849,8 @@ TEST(ScoreInt8, MatchesCpuWithinFp16Error) {
             tl::GpuModelOptions gpu_options;
             gpu_options.head_chunk_rows = kChunkRows;
             tl::GpuModel gm(*model, 0, gpu_options);
-            const GpuRun run = gpu_score(gm, tokens, 128);
+            // A window per pass, so that the GEMM counts below follow the windows.
+            const GpuRun run = gpu_score(gm, tokens, 128, nullptr, false, 128);
             EXPECT_TRUE(agree(run.nll, run.result.nll_sum, cpu.nll, cpu.sum, kMaxPositionDiff, kMaxPplRelDiff,
                               name + " GPU vs CPU"));
             EXPECT_EQ(run.result.n_windows, cpu.windows);
@@ -902,7 +904,13 @@ TEST(ScoreInt8, Int8ActivationsMatchCpu) {
             o.activations = tl::ActivationMode::Int8;
             tl::GpuScoreStats stats;
             const double gpu_sum = tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr, &stats).nll_sum;
-            EXPECT_TRUE(agree(gpu, gpu_sum, cpu, cpu_sum, kMaxPositionDiff, kMaxPplRelDiff, "INT8 activations"));
+            // The two sides quantize slightly different rows (FP16 on the GPU, FP32 on the CPU): their row maxima, and
+            // so every x / s_x, differ by up to 2^-11 relative, and the values that lie that close to a rounding
+            // boundary (a few percent) take the neighbouring code, a whole step, on one side. That is noise of the
+            // size of the quantization's own: measured up to 0.09 nats a position, as the CPU's INT8 moves this kind
+            // of model from its FP16 result (0.06). The perplexity keeps the FP16 bound; a wrong scale or row would
+            // move it by far more. The kernel itself equals the rule bit for bit (tests/gpu/w8a8_test.cpp).
+            EXPECT_TRUE(agree(gpu, gpu_sum, cpu, cpu_sum, kMaxInt8PositionDiff, kMaxPplRelDiff, "INT8 activations"));
             EXPECT_NE(gpu, fp16) << "INT8 activations gave FP16's bits";
             EXPECT_EQ(stats.dispatch.fallbacks, 0u);
         }
