@@ -144,8 +144,9 @@ int main(int argc, char **argv) {
             });
             int rc = 0;
             const double w8a8 = time_us(stream, [&] {
-                rc |= tl::gpu::w8a8_gemm(handle, reinterpret_cast<uint16_t *>(x), w8, ws, reinterpret_cast<uint16_t *>(y),
-                                         m, l.n, l.k, scratch, scratch_bytes, stream, cublas_ws, cublas_ws_bytes);
+                rc |= tl::gpu::w8a8_gemm(handle, reinterpret_cast<uint16_t *>(x), w8, ws,
+                                         reinterpret_cast<uint16_t *>(y), m, l.n, l.k, scratch, scratch_bytes, stream,
+                                         cublas_ws, cublas_ws_bytes);
             });
             CHECK_CUDA(cudaStreamSynchronize(stream));
             if (rc != 0) {

@@ -68,7 +68,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
             *reinterpret_cast<uint2 *>(qr + i) = make_uint2(packed[0], packed[1]);
         }
     } else {
-        for (int i = threadIdx.x; i < k; i += kQuantThreads) qr[i] = static_cast<int8_t>(quantize_one(__half2float(xr[i]), s));
+        for (int i = threadIdx.x; i < k; i += kQuantThreads) {
+            qr[i] = static_cast<int8_t>(quantize_one(__half2float(xr[i]), s));
+        }
     }
 }
 
@@ -123,8 +125,8 @@ int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scale
 int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const float *w_scales, uint16_t *y, int m,
               int n, int k, void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace,
               size_t cublas_workspace_bytes) {
-    if (handle == nullptr || x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr || scratch == nullptr ||
-        m < 1 || n < 1 || k < 1) {
+    if (handle == nullptr || x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr ||
+        scratch == nullptr || m < 1 || n < 1 || k < 1) {
         return kRcBadArgument;
     }
     // cuBLAS's INT8 GEMM wants leading dimensions (K for both operands) in multiples of 4.

@@ -148,7 +148,9 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
     }
     for (int32_t l = 0; l < c.loops; ++l) {
         for (size_t i = 0; i < loop_linears.size(); ++i) {
-            if (per_iteration[i]) dequantize_weight_iteration(*loop_linears[i]->quant, l, c.loops, per_iteration[i], stream);
+            if (per_iteration[i]) {
+                dequantize_weight_iteration(*loop_linears[i]->quant, l, c.loops, per_iteration[i], stream);
+            }
         }
         run_block(s.loop, loop_fp16);
     }

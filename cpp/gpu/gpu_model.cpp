@@ -189,7 +189,9 @@ void attach_w8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
 // A looped linear keeps its rounding channels on the device, for cross-iteration rounding (`second`: the weight whose
 // rows follow first's in d, as up's follow gate's).
 void attach_rounding(const GpuModel::State &s, DeviceLinear &d, const Linear &first, const Linear *second = nullptr) {
-    if (d.quant && has_rounding_channels(first)) d.bytes += attach_rounding_channels(*d.quant, first, second, s.own_stream);
+    if (d.quant && has_rounding_channels(first)) {
+        d.bytes += attach_rounding_channels(*d.quant, first, second, s.own_stream);
+    }
 }
 
 bool same_rounding_channels(const Linear &a, const Linear &b) {
@@ -311,7 +313,9 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
     const int64_t max_m = std::max(rows, chunk);
     for (const DeviceLinear *l : s.linears()) {
         if (l->quant) needed = std::max(needed, quant_gemm_workspace_size(*l->quant, max_m, s.dispatch));
-        if (dequantized_per_iteration(s, *l)) needed = std::max(needed, dequantized_gemm_workspace_size(*l->quant, max_m));
+        if (dequantized_per_iteration(s, *l)) {
+            needed = std::max(needed, dequantized_gemm_workspace_size(*l->quant, max_m));
+        }
         if (s.activations == ActivationMode::Int8 && l->w8_codes) {
             needed = std::max(needed, gpu::w8a8_scratch_bytes(std::min<int32_t>(static_cast<int32_t>(max_m),
                                                                                kW8a8ChunkRows), l->n, l->k));

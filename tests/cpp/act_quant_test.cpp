@@ -99,7 +99,9 @@ std::vector<float> ref_linear(const tl::Linear &w, const std::vector<float> &x, 
             std::vector<double> wv(K);
             std::vector<float> s(G), z(G);
             if (w.quantized && w.bits == 8) {
-                for (int32_t kk = 0; kk < K; ++kk) wv[kk] = static_cast<int8_t>(w.codes[static_cast<size_t>(n) * K + kk]);
+                for (int32_t kk = 0; kk < K; ++kk) {
+                    wv[kk] = static_cast<int8_t>(w.codes[static_cast<size_t>(n) * K + kk]);
+                }
                 for (int32_t g = 0; g < G; ++g) s[g] = tl::half_to_float(w.scales[static_cast<size_t>(n) * G + g]);
             } else if (w.quantized) {
                 for (int32_t kk = 0; kk < K; ++kk) wv[kk] = tl::code_at(w, kk, n);

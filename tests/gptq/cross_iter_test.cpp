@@ -203,7 +203,8 @@ TEST(CrossIter, GpuRuleIsTheCpuRule) {
                         for (int32_t kk : {0, 3, 7, 127, 8191}) {
                             const uint32_t gpu = tl::gpu::cross_iter_code(static_cast<uint32_t>(q), r, nn, kk,
                                                                           iteration, loops);
-                            const uint8_t cpu = tl::cross_iter_code(static_cast<uint8_t>(q), r, nn, kk, iteration, loops);
+                            const uint8_t cpu =
+                                tl::cross_iter_code(static_cast<uint8_t>(q), r, nn, kk, iteration, loops);
                             ASSERT_EQ(gpu, cpu) << "q " << q << " r32 " << r << " nn " << nn << " kk " << kk
                                                 << " iteration " << iteration << " of " << loops;
                             moved += gpu != static_cast<uint32_t>(q);

@@ -66,7 +66,8 @@ tl::Linear random_int4(const std::string &name, int32_t k, int32_t n, int32_t gr
     std::normal_distribution<float> normal(0.0f, 0.05f);
     std::vector<float> w(static_cast<size_t>(k) * n);
     for (auto &v : w) v = normal(rng());
-    return tl::make_quantized_linear(name, tl::quantize_minmax(w.data(), k, n, group_size, tl::QuantMethod::Asymmetric));
+    return tl::make_quantized_linear(name,
+                                     tl::quantize_minmax(w.data(), k, n, group_size, tl::QuantMethod::Asymmetric));
 }
 
 // Row nn of iteration `iteration`'s weight as the device holds it: FP16 of q'·s + z (one FP32 fma), q' the code
@@ -80,7 +81,8 @@ void expected_rows(const tl::Linear &w, int32_t iteration, int32_t loops, int32_
             const int32_t g = std::min(kk, w.k - 1) / gs;
             const float s = tl::half_to_float(w.scales[static_cast<size_t>(nn) * w.n_groups() + g]);
             const float z = tl::half_to_float(w.zeros[static_cast<size_t>(nn) * w.n_groups() + g]);
-            if (kk >= w.k && gs != w.k) {  // padding groups: zero scale and zero (a per-row weight's one group spans them)
+            // Padding groups: zero scale and zero (a per-row weight's one group spans the padding instead).
+            if (kk >= w.k && gs != w.k) {
                 out[(row0 + nn) * kp + kk] = tl::float_to_half(0.0f);
                 continue;
             }
