@@ -150,15 +150,8 @@ tl::RopeScaling rope_scaling(tl::RopeScalingType type) {
 
 void expect_nll_matches_reference(const NllCase &c, uint64_t seed) {
     SCOPED_TRACE(std::string(c.name) + ", seed " + std::to_string(seed));
-    tl::ModelConfig config;
-    config.d_model = 64;
-    config.n_heads = 4;
-    config.head_dim = 16;
-    config.ffn = 128;
-    config.vocab = 256;
-    config.pre = 1;
+    tl::ModelConfig config = ref::small_config(128);
     config.loops = 3;
-    config.max_seq = 128;
     config.group_size = c.group_size;
     config.rope_scaling = c.rope;
     config.n_kv_heads = c.kv_heads;

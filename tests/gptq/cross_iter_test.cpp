@@ -13,6 +13,7 @@
 #include "quant/cross_iter.hpp"
 #include "gptq_test_util.hpp"
 #include "quant/quant.hpp"
+#include "reference.hpp"
 #include "import/synthetic.hpp"
 
 namespace {
@@ -107,16 +108,8 @@ TEST(CrossIter, AverageOverIterationsIsCloserToTheWeight) {
 }
 
 tl::ModelConfig loop_config(int32_t loops) {
-    tl::ModelConfig c;
-    c.d_model = 64;
-    c.n_heads = 4;
-    c.head_dim = 16;
-    c.ffn = 128;
-    c.vocab = 256;
-    c.pre = 1;
+    tl::ModelConfig c = ref::small_config(64);
     c.loops = loops;
-    c.max_seq = 64;
-    c.group_size = 32;
     return c;
 }
 

@@ -17,6 +17,7 @@
 #include "import/synthetic.hpp"
 #include "quant/cross_iter.hpp"
 #include "quant/quant.hpp"
+#include "reference.hpp"
 #include "test_util.hpp"
 #include "util/half.hpp"
 
@@ -158,9 +159,8 @@ TEST(CrossIterGpu, IterationWeightsEqualTheHosts) {
 // looped linears carry each kind of channel (qkv act-order too; gate and up stored as one), eager and with graphs,
 // a window per pass and packed; and nearer to it than to the CPU's result with rounding off.
 TEST(CrossIterGpu, ScoreMatchesCpu) {
-    tl::ModelConfig config;
-    config.d_model = 64, config.n_heads = 4, config.head_dim = 16, config.ffn = 128, config.vocab = 256;
-    config.pre = 1, config.loops = 4, config.max_seq = 128, config.group_size = 32;
+    tl::ModelConfig config = ref::small_config(128);
+    config.loops = 4;
     tl::SyntheticOptions synthetic;
     synthetic.seed = rng()();
     const auto base = tl::make_synthetic_model(config, synthetic);

@@ -23,6 +23,7 @@
 #include "util/half.hpp"
 #include "quant/quant.hpp"
 #include "import/synthetic.hpp"
+#include "reference.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -58,12 +59,7 @@ TEST(HostPacking, RopeTables) {
 
 // ---- Models, paths and the CPU reference -------------------------------------------------------------------------
 
-tl::ModelConfig tiny_config() {  // the CLI's "tiny" preset
-    tl::ModelConfig c;
-    c.d_model = 64, c.n_heads = 4, c.head_dim = 16, c.ffn = 128, c.vocab = 256;
-    c.pre = 1, c.loops = 2, c.max_seq = 128, c.group_size = 32;
-    return c;
-}
+tl::ModelConfig tiny_config() { return ref::small_config(128); }  // the CLI's "tiny" preset
 
 // tiny_config with RoPE scaling: the tables both backends read (score/rope.hpp) change, the kernels do not.
 tl::ModelConfig tiny_rope_config(tl::RopeScalingType type) {
