@@ -287,9 +287,11 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
 }
 
 // marlin_fused_classic: the classic kernel forced where the policy runs another (16 < M <= 256, group 128).
-const char *kKernels[] = {"marlin_fused", "marlin_corr",          "native",           "deq_cublas",
-                          "cublas_fp16",  "marlin_fused_classic", "marlin_fused_bf16", "cublas_bf16"};
-constexpr int kNumKernels = 8;
+// marlin_tma128 / marlin_tma256: the TMA kernel forced in its two tile forms (M >= 64, on compute capability 9.0).
+const char *kKernels[] = {"marlin_fused", "marlin_corr",       "native",      "deq_cublas",    "cublas_fp16",
+                          "marlin_fused_classic", "marlin_fused_bf16", "cublas_bf16", "marlin_tma128", "marlin_tma256"};
+constexpr int kNumKernels = 10;
+constexpr int kTmaMinM = 64;
 constexpr int kClassicMaxM = 256;
 
 // The Marlin-class plan as a CSV cell: kernel/rows, plus "x1" (one warpgroup) or "+copier" for the wgmma forms.
@@ -513,6 +515,22 @@ int main(int argc, char **argv) {
                                                     ws_bytes, stream, &classic);
                     });
                 }
+                for (const int tma_rows : {128, 256}) {
+                    const int column = tma_rows == 128 ? 8 : 9;
+                    if (!wanted(column) || !wgmma_runs || m < kTmaMinM) continue;
+                    tl::MarlinPlan tma;
+                    tma.kernel = tl::MarlinKernel::Tma;
+                    tma.rows = tma_rows;
+                    const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma);
+                    r.t[column] = time_calls(stream, rot, [&](int i) {
+                        const int c = i % d.copies;
+                        return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
+                                                    d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
+                                                    ws_bytes, stream, &tma);
+                    });
+                    // Refused by the kernel: the classic kernel ran instead, so there is no time of its own.
+                    if (tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma) == before) r.t[column] = Timing{-1.0, -1, 0};
+                }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
                     return tl::gpu::marlin_gemm_corrected(x, reinterpret_cast<const uint32_t *>(d.codes[c]),
@@ -608,10 +626,11 @@ int main(int argc, char **argv) {
                                                                     : "Per-row scales (gs = -1)");
         std::fprintf(md, g128 ? "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction | "
                                 "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, classic kernel | "
-                                "fused, BF16 | cuBLAS BF16 (dense) |\n"
-                                "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-                              : "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction |\n"
-                                "|---|---|---|---|---|---|\n");
+                                "fused, BF16 | cuBLAS BF16 (dense) | TMA kernel, 128 rows | TMA kernel, 256 rows |\n"
+                                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+                              : "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction | "
+                                "TMA kernel, 128 rows | TMA kernel, 256 rows |\n"
+                                "|---|---|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
             if (std::strcmp(group_name(r.group, r.k), grouping) != 0) continue;
             std::fprintf(md, "| %s (%d×%d) | %d | %.1f | %s | %s | %s |", r.layer.c_str(), r.k, r.n, r.m, r.sol_us,
@@ -620,7 +639,7 @@ int main(int argc, char **argv) {
                 std::fprintf(md, " %s | %s | %s | %s | %s | %s |", cell(r, 2).c_str(), cell(r, 3).c_str(),
                              cell(r, 4).c_str(), cell(r, 5).c_str(), cell(r, 6).c_str(), cell(r, 7).c_str());
             }
-            std::fprintf(md, "\n");
+            std::fprintf(md, " %s | %s |\n", cell(r, 8).c_str(), cell(r, 9).c_str());
         }
         std::fprintf(md, "\n");
     }

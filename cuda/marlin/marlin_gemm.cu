@@ -100,6 +100,9 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     if (plan.kernel == MarlinKernel::Wgmma) {
         const int rc = marlin::launch_wgmma(p, env, plan, fused, gpt, dtype);
         if (rc >= 0) return counted(rc, MarlinKernel::Wgmma);  // refused: the classic kernel runs
+    } else if (plan.kernel == MarlinKernel::Tma) {
+        const int rc = marlin::launch_tma(p, env, plan, fused, gpt, dtype);
+        if (rc >= 0) return counted(rc, MarlinKernel::Tma);  // refused: the classic kernel runs
     } else if (plan.kernel == MarlinKernel::Stream) {
         const int rc = dtype == Dtype::BF16 ? pick_stream<true, Dtype::BF16>(m, group_size, p, env)
                        : fused               ? pick_stream<true, Dtype::F16>(m, group_size, p, env)

@@ -14,15 +14,17 @@ namespace tl {
 // ---- The Marlin-class kernels: three mainloops ----
 
 // Stream (M <= 16: marlin_stream.cuh, every warp streaming its own k slices, no block barriers), Wgmma (M > 16 on
-// compute capability 9.0: marlin_wgmma.cu, built for sm_90a), Classic (mma.sync, any M: marlin_kernel.cuh; M > 16
-// on other GPUs, and where the other two refuse a call). The values index the launch counters.
-enum class MarlinKernel : int { Stream = 0, Classic = 1, Wgmma = 2 };
-constexpr int kMarlinKernels = 3;
+// compute capability 9.0: marlin_wgmma.cu, built for sm_90a), Tma (many rows on compute capability 9.0: marlin_tma.cu,
+// TMA-fed and warp-specialized, each weight tile dequantized once into shared memory), Classic (mma.sync, any M:
+// marlin_kernel.cuh; M > 16 on other GPUs, and where the others refuse a call). The values index the launch counters.
+enum class MarlinKernel : int { Stream = 0, Classic = 1, Wgmma = 2, Tma = 3 };
+constexpr int kMarlinKernels = 4;
 inline const char *marlin_kernel_name(MarlinKernel kernel) {
     switch (kernel) {
         case MarlinKernel::Stream: return "stream";
         case MarlinKernel::Classic: return "classic";
         case MarlinKernel::Wgmma: return "wgmma";
+        case MarlinKernel::Tma: return "tma";
     }
     return "?";
 }
@@ -38,8 +40,8 @@ constexpr long long kWgmmaSplitMaxKN = 1LL << 26;
 // What marlin_gemm runs for an M x K x N call.
 struct MarlinPlan {
     MarlinKernel kernel = MarlinKernel::Stream;
-    // Tile height in activation rows. Stream: 8 or 16; Wgmma: 32, 64 or 128; Classic: 32 or 64 (halved to 32 where
-    // the 64-row pipeline does not fit shared memory).
+    // Tile height in activation rows. Stream: 8 or 16; Wgmma: 32, 64 or 128; Tma: 128 or 256; Classic: 32 or 64
+    // (halved to 32 where the 64-row pipeline does not fit shared memory).
     int rows = 0;
     // Wgmma: the tile's four 16-column words per warp on two warpgroups (one block per SM) or all on one (two blocks
     // per SM: 32-row tiles only); with warp_specialized, a third warpgroup issues the copies and the two only compute.

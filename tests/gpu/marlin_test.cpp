@@ -491,6 +491,46 @@ TEST(MarlinWgmma, EveryTileFormMatchesReference) {
     }
 }
 
+// The TMA kernel (compute capability 9.0, library built for sm_90a) in both tile forms, forced on every shape: full
+// and partial row tiles, N with a last tile of one strip, group 32 / 64 / 128 and per row, both modes and BF16, one
+// tile per block and several (the grid is one block per SM), K from one slice to many rounds of the ring; against
+// FP64. It uses no workspace: the workspace stays zeroed.
+TEST(MarlinTma, BothTileFormsMatchReference) {
+    int device = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const bool runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
+    struct Case {
+        int m, k, n, group_size;
+    };
+    const Case cases[] = {{64, 512, 320, 32},   {100, 1024, 1600, 128}, {128, 768, 576, 64},  {129, 64, 448, 64},
+                          {256, 2048, 512, 64}, {300, 384, 1344, 384},  {517, 256, 2112, 32}, {200, 8192, 256, 128},
+                          {1100, 128, 16384, 64}, {700, 512, 4096, 512}};
+    for (const Case sh : cases) {
+        FusedCase c(sh.m, sh.k, sh.n, sh.group_size, Modes::Both);
+        SCOPED_TRACE(c.name());
+        ASSERT_TRUE(c.upload());
+        const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
+        for (const int rows : {128, 256}) {
+            SCOPED_TRACE(std::to_string(rows) + "-row tiles");
+            tl::MarlinPlan plan;
+            plan.kernel = tl::MarlinKernel::Tma;
+            plan.rows = rows;
+            for (const Variant &v : kVariants) {
+                SCOPED_TRACE(v.name);
+                const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma);
+                EXPECT_EQ(0, c.run(v.fused, &plan, v.dtype));
+                EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma), before + (runs ? 1 : 0));
+                std::vector<uint16_t> y;
+                CUDA_OK(c.result(y));
+                EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, v.tol(), v.dtype)) << "vs FP64";
+            }
+        }
+        EXPECT_TRUE(c.workspace_clean());
+    }
+}
+
 // The C API's dispatcher (tl_quant_gemm) sends M <= 16 to the stream kernel and larger M to the wgmma kernel where it
 // runs (else the classic kernel), in plan_marlin's tile forms, for a small and a larger weight, on both Marlin-class
 // paths (fused and symmetric + correction): the weight's path counter and the kernel's launch counter each move by

@@ -1,0 +1,438 @@
+// The Marlin-class INT4 x FP16/BF16 GEMM for many rows on Hopper: TMA copies, warp specialization, and each weight
+// dequantized once per tile into shared memory, where both wgmma operands are read (sm_90a only: compiled for that
+// target alone, cuda/sources_sm90a.txt). Same packed weights as the other kernels (marlin_layout.hpp).
+//
+// Why a second wgmma kernel: marlin_wgmma.cu dequantizes the weights into wgmma's register operand, once per 128-row
+// tile, and at large M its energy per FLOP (the dequantization's ALU work, 13 instructions per 8 weights) holds the
+// card at its power cap below dense cuBLAS's clock. Here a tile is 128 columns x ROWS (128 or 256) activation rows:
+// the weights are dequantized once per tile into an FP16/BF16 copy in shared memory and both operands of
+// wgmma m64nROWSk16 come from shared memory, so at 256 rows each weight's dequantization serves twice as many FLOPs.
+//
+// Operands swapped, as in the other kernels: Y^T = W^T X^T, the weight (64 columns of a strip) is wgmma's A (M = 64),
+// the tile's activation rows its N. Roles (384 threads, one block per SM):
+// - warp 8, lane 0, the producer: per 64-deep slice, one tensor copy of X (ROWS x 64, 128-byte swizzle, rows past M
+//   zero-filled; the tensor map is encoded per call on the host) and bulk copies of each strip's packed codes (2 KB)
+//   and its scales and zeros (128 bytes per group), all completing on the stage's `full` mbarrier by transaction
+//   count. Programmatic dependent launch: the weights of the ring's first fill are requested before the previous
+//   kernel on the stream has finished; the activations only after griddepcontrol.wait.
+// - warpgroups 0 and 1, the consumers, one 64-column strip each: warp j dequantizes the strip's k16 cell j (one
+//   16-byte load per lane, as in marlin_wgmma.cu) and stores the four 16 x 16 tiles with stmatrix into the strip's A
+//   buffer ([64 columns][64 k], 128-byte swizzle, K-major); after a proxy fence and the warpgroup's named barrier,
+//   four wgmma (one per k16) run on the A buffer and the stage's X. A buffers are double-buffered: slice i + 1 is
+//   dequantized while the tensor cores run slice i. A stage is released on `empty` (256 arrivals) once the wgmma
+//   reading it have completed (after the next slice's wait_group 1).
+// - Registers (setmaxnreg): the producer warpgroup runs on 40, the consumers on 232 (ROWS / 2 FP32 accumulators).
+// Scheduling, persistent (one block per SM at most), tiles numbered rows fastest so that the blocks running at once
+// share a weight panel through L2: whole tiles round robin (block b: tiles b, b + grid, ...) where they fill the waves
+// (wgmma_whole_tiles), else stream-K, each block an equal range of all (tile, k slice) pairs. A tile cut between
+// blocks is reduced inside the kernel: the block holding its last slice (the finisher) waits until the others have
+// added their FP32 sums into its workspace slot and counted their slices, adds its own, writes the tile, and leaves
+// slot and counter zeroed. The finisher waits only on blocks of lower index, which run before or beside it.
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is reached through the runtime)
+#include <cudaTypedefs.h>
+
+#include <cuda/ptx>
+#include <mutex>
+
+#include "../wgmma.cuh"
+#include "marlin_device.cuh"
+
+namespace tl::gpu::marlin {
+
+#if defined(TL_HAVE_SM90A)
+namespace {
+
+namespace ptx = cuda::ptx;
+
+constexpr int kTmaTileN = 128;                 // weight columns per tile: one 64-column strip per consumer warpgroup
+constexpr int kStripBytes = kTileK * 64 / 2;   // a strip's packed codes of one 64-deep slice (4 k16 cells)
+constexpr int kABytes = 64 * kTileK * 2;       // a strip's slice dequantized: 64 rows of 128 bytes
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+template <int ROWS, bool FUSED, int GPT, Dtype D>
+struct TmaLayout {
+    static constexpr int kX = ROWS * 128;                  // [row][64 k], swizzled, first: 1024-aligned
+    static constexpr int kW = 2 * kStripBytes;             // [strip][k16][lane][16 B], as in global memory
+    static constexpr int kS = 2 * GPT * 128;               // [strip][group][64] scales (permuted), then zeros
+    static constexpr int kStage = (kX + kW + kS * (FUSED ? 2 : 1) + 1023) / 1024 * 1024;
+    static constexpr int kA = 2 * 2 * kABytes;             // [buffer][strip] dequantized slices
+    // As deep as 227 KB hold after the A buffers and the alignment slack (checked at launch), at most 8.
+    static constexpr int kStages = (227 * 1024 - 1024 - kA) / kStage < 8 ? (227 * 1024 - 1024 - kA) / kStage : 8;
+    static constexpr int kSmem = kA + kStages * kStage + 1024;
+    static constexpr int kAcc = ROWS / 2;                  // FP32 accumulators a thread (wgmma m64 x ROWS)
+};
+
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+// A named barrier of `count` threads (ids 1 and 2: one per consumer warpgroup; 0 is __syncthreads).
+__device__ __forceinline__ void named_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void wait_parity(uint64_t *bar, uint32_t parity) {
+    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+// Bytes one stage receives for a tile of n_tile: X whole (rows past M arrive as zeros and count), and per strip inside
+// N its codes, scales and zeros.
+template <class L, bool FUSED, int GPT>
+__device__ __forceinline__ uint32_t stage_tx_bytes(int valid_strips) {
+    return L::kX + valid_strips * (kStripBytes + GPT * 128 * (FUSED ? 2 : 1));
+}
+
+// The end of a tile's slices [kt_begin, kt_end) in this block. Thread (warpgroup wg, warp wj, lane) holds columns c and
+// c + 8 (c = strip column 16 wj + lane / 4) of rows 8i + 2 (lane % 4) + {0, 1}: acc[4i .. 4i + 3] = (r, c), (r + 1, c),
+// (r, c + 8), (r + 1, c + 8). Whole tile: written. Cut, without its last slice: the sums added into the finisher's
+// workspace slot ([warp][i][lane][4] FP32), then the slices counted. Cut, with it: the others' slices awaited, their
+// sums added (and the slot zeroed), the tile written.
+template <class L, Dtype D>
+__device__ __forceinline__ void finish_tile(const Params &p, float (&acc)[L::kAcc], int tile, int kt_begin, int kt_end,
+                                            int wg, int wj, int lane) {
+    constexpr int kRows = L::kAcc * 2;
+    const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
+    const int row0 = m_slice * kRows + 2 * (lane % 4);
+    const bool whole = kt_begin == 0 && kt_end == p.k_tiles;
+    if (!whole) {
+        const long long slot = share_owner(static_cast<long long>(tile) * p.k_tiles + p.k_tiles - 1, gridDim.x,
+                                           p.total_iters);
+        float *part = p.partials + slot * (kRows * kTmaTileN) + (wg * 4 + wj) * (kRows / 8) * 128 + lane * 4;
+        int *counter = p.counters + slot;
+        if (kt_end < p.k_tiles) {  // a contributor
+#pragma unroll
+            for (int i = 0; i < kRows / 8; ++i) {
+                if (row0 + 8 * i < p.m) {
+                    add_partial4(part + i * 128, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+                }
+            }
+            __threadfence();
+            named_sync(3, 256);
+            if (wg == 0 && wj == 0 && lane == 0) atomicAdd(counter, kt_end - kt_begin);
+            return;
+        }
+        if (wg == 0 && wj == 0 && lane == 0) {  // the finisher: slices [0, kt_begin) come from the others
+            while (atomicAdd(counter, 0) != kt_begin) {
+            }
+            *counter = 0;
+        }
+        named_sync(3, 256);
+        __threadfence();
+#pragma unroll
+        for (int i = 0; i < kRows / 8; ++i) {
+            if (row0 + 8 * i < p.m) {
+                float4 *at = reinterpret_cast<float4 *>(part + i * 128);
+                const float4 v = __ldcg(at);
+                __stcg(at, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+                acc[4 * i] += v.x;
+                acc[4 * i + 1] += v.y;
+                acc[4 * i + 2] += v.z;
+                acc[4 * i + 3] += v.w;
+            }
+        }
+    }
+    if (2 * n_tile + wg >= p.n / 64) return;  // a strip past N
+    const int col = (2 * n_tile + wg) * 64 + 16 * wj + lane / 4;
+    uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + col;
+#pragma unroll
+    for (int i = 0; i < kRows / 8; ++i) {
+        const int row = row0 + 8 * i;
+        if (row < p.m) {
+            store_quad<D>(y0 + static_cast<size_t>(8 * i) * p.n, p.n, acc[4 * i], acc[4 * i + 2], acc[4 * i + 1],
+                          acc[4 * i + 3], quad_rows(row, p.m));
+        }
+    }
+}
+
+// This block's slices: [begin, begin + count) of all (tile, k slice) pairs in order, tile by tile; tile_step: from
+// one tile of ours to the next.
+struct TmaRange {
+    long long begin, count;
+    int tile_step;
+};
+__device__ __forceinline__ TmaRange tma_range(const Params &p, long long tiles) {
+    TmaRange r;
+    if (p.whole_tiles) {
+        r.begin = static_cast<long long>(blockIdx.x) * p.k_tiles;
+        r.count = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * p.k_tiles;
+        r.tile_step = gridDim.x;
+    } else {
+        r.begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
+        r.count = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x - r.begin;
+        r.tile_step = 1;
+    }
+    return r;
+}
+
+template <int ROWS, bool FUSED, int GPT, Dtype D>
+__global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constant__ CUtensorMap x_map, const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = TmaLayout<ROWS, FUSED, GPT, D>;
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t full_bar[L::kStages], empty_bar[L::kStages];
+    const uint32_t raw_base = smem_addr(smem_raw);
+    const uint32_t smem_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
+    uint8_t *const smem = smem_raw + (smem_base - raw_base);
+    const uint32_t a_base = smem_base, ring_base = smem_base + L::kA;
+    uint8_t *const ring = smem + L::kA;
+
+    launch_dependents();  // the next kernel may start its own weight loads; it waits for this grid before reading Y
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int strips = p.n / 64, n_tiles = (p.n + kTmaTileN - 1) / kTmaTileN;
+    const TmaRange range = tma_range(p, static_cast<long long>(p.m_slices) * n_tiles);
+    if (range.count <= 0) return;
+    if (tid == 0) {
+        for (int s = 0; s < L::kStages; ++s) {
+            ptx::mbarrier_init(&full_bar[s], 1);
+            ptx::mbarrier_init(&empty_bar[s], 256);
+        }
+        // Make the initialized barriers visible to the async proxy (the copy engine completes on them).
+        ptx::fence_proxy_async(ptx::space_shared);
+    }
+    __syncthreads();
+    const int total = static_cast<int>(range.count);
+
+    if (warp >= 8) {  // the producer warpgroup: one thread issues every copy
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        if (warp != 8 || lane != 0) return;
+        const uint32_t k16s = static_cast<uint32_t>(p.k / 16);
+        // A cursor over this block's slices: (tile, kt).
+        struct Cursor {
+            int tile, kt;
+        };
+        auto next = [&](Cursor &c) {
+            if (++c.kt == p.k_tiles) {
+                c.kt = 0;
+                c.tile += range.tile_step;
+            }
+        };
+        auto copy_weights = [&](int stage, const Cursor &c) {
+            const int n_tile = c.tile / p.m_slices;
+            const int valid = strips - 2 * n_tile >= 2 ? 2 : 1;
+            uint64_t *bar = &full_bar[stage];
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar,
+                                           stage_tx_bytes<L, FUSED, GPT>(valid));
+            uint8_t *st = ring + stage * L::kStage;
+            for (int s = 0; s < valid; ++s) {
+                const int strip = 2 * n_tile + s;
+                const uint32_t *src = p.words + (static_cast<size_t>(strip) * k16s + c.kt * 4u) * 128u;
+                ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, st + L::kX + s * kStripBytes, src,
+                                   kStripBytes, bar);
+                for (int r = 0; r < GPT; ++r) {
+                    const int group = GPT == 2 ? c.kt * 2 + r : c.kt * kTileK / p.group_size;
+                    const size_t at = static_cast<size_t>(group) * p.n + strip * 64;
+                    uint8_t *dst = st + L::kX + L::kW + (s * GPT + r) * 128;
+                    ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst, p.scales + at, 128u, bar);
+                    if constexpr (FUSED) {
+                        ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst + L::kS, p.zeros + at, 128u,
+                                           bar);
+                    }
+                }
+            }
+        };
+        auto copy_x = [&](int stage, const Cursor &c) {
+            const int m_slice = c.tile - c.tile / p.m_slices * p.m_slices;
+            const int32_t coords[2] = {c.kt * kTileK, m_slice * ROWS};
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, ring + stage * L::kStage, &x_map,
+                                      coords, &full_bar[stage]);
+        };
+        // The ring's first fill: weights first (they do not depend on the previous kernel), then the activations
+        // once that kernel has completed.
+        const int first = total < L::kStages ? total : L::kStages;
+        Cursor w{static_cast<int>(range.begin / p.k_tiles), static_cast<int>(range.begin % p.k_tiles)}, x = w;
+        for (int f = 0; f < first; ++f, next(w)) copy_weights(f, w);
+        wait_for_primary();
+        for (int f = 0; f < first; ++f, next(x)) copy_x(f, x);
+        int stage = first % L::kStages;
+        uint32_t phase = 0;  // parity of the empty-barrier phase to wait for: the use one round back
+#pragma unroll 1
+        for (int f = first; f < total; ++f, next(w), next(x)) {
+            wait_parity(&empty_bar[stage], phase);
+            copy_weights(stage, w);
+            copy_x(stage, x);
+            if (++stage == L::kStages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        return;
+    }
+
+    // The consumers: warpgroup wg computes strip wg of the tile.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int wg = warp / 4, wj = warp % 4, g = lane / 4;
+    // stmatrix: lane t gives row t % 8 of 8 x 8 matrix t / 8 (the fragment's a0..a3: rows +0 / +8, k chunk +0 / +1) of
+    // word w's 16 x 16 tile, rows 16 w .. 16 w + 15 (strip columns) and k 16 wj .. 16 wj + 15 of the slice.
+    const int st_row = 8 * ((lane / 8) & 1) + lane % 8, st_chunk = 2 * wj + lane / 16;
+    const uint32_t st_off = st_row * 128 + ((st_chunk ^ (lane % 8)) << 4);
+    const uint32_t a_wg = a_base + wg * kABytes;  // buffer b of this strip: a_wg + b * 2 * kABytes
+    float acc[L::kAcc];
+    int stage = 0, prev = -1;
+    uint32_t phase = 0, buf = 0;
+    int tile = static_cast<int>(range.begin / p.k_tiles);
+#pragma unroll 1
+    for (int done = 0; done < total; tile += range.tile_step) {
+        const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
+        const int kt_end = total - done < p.k_tiles - kt_begin ? kt_begin + total - done : p.k_tiles;
+        done += kt_end - kt_begin;
+#pragma unroll
+        for (int i = 0; i < L::kAcc; ++i) acc[i] = 0.0f;
+        wgmma::pin(acc);
+#pragma unroll 1
+        for (int kt = kt_begin; kt < kt_end; ++kt) {
+            wait_parity(&full_bar[stage], phase);
+            const uint8_t *st = ring + stage * L::kStage;
+            const uint32_t a_buf = a_wg + buf * (2 * kABytes);
+            {
+                const uint4 wq = *reinterpret_cast<const uint4 *>(st + L::kX + wg * kStripBytes + wj * 512 + lane * 16);
+                const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+                const int row = GPT == 2 ? wj / 2 : 0;  // group 32: cells 0-1 and 2-3 have their own scales
+                const uint16_t *s_src =
+                    reinterpret_cast<const uint16_t *>(st + L::kX + L::kW + (wg * GPT + row) * 128) + g * 8;
+                uint32_t s8[8], z8[8];
+                load_group<4, FUSED, D>(s_src, s_src + L::kS / 2, s8, z8);
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    uint32_t frag[4];
+                    dequant_word<FUSED, D>(words[w], s8[2 * w], s8[2 * w + 1], z8[2 * w], z8[2 * w + 1], frag);
+                    stmatrix_x4(a_buf + w * 16 * 128 + st_off, frag);
+                }
+            }
+            // The generic-proxy stores must be visible to wgmma (async proxy) and every warp's tiles stored.
+            ptx::fence_proxy_async(ptx::space_shared);
+            named_sync(1 + wg, 128);
+            wgmma::fence();
+            const uint32_t x_addr = ring_base + stage * L::kStage;
+#pragma unroll
+            for (int k16 = 0; k16 < 4; ++k16) {
+                wgmma::mma_ss<D>(acc, wgmma::desc_sw128(a_buf + k16 * 32), wgmma::desc_sw128(x_addr + k16 * 32), true);
+            }
+            wgmma::commit();
+            // The previous slice's wgmma are done: its stage and its A buffer may be reused.
+            wgmma::wait<1>();
+            if (prev >= 0) ptx::mbarrier_arrive(&empty_bar[prev]);
+            prev = stage;
+            buf ^= 1u;
+            if (++stage == L::kStages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        wgmma::wait<0>();
+        wgmma::pin(acc);
+        ptx::mbarrier_arrive(&empty_bar[prev]);
+        prev = -1;
+        finish_tile<L, D>(p, acc, tile, kt_begin, kt_end, wg, wj, lane);
+    }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to the driver library); null where the
+// driver lacks it. Looked up once per process: the address of a driver function never changes.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 encoder = nullptr;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+                cudaSuccess &&
+            found == cudaDriverEntryPointSuccess) {
+            encoder = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+        }
+    });
+    return encoder;
+}
+
+template <int ROWS, bool FUSED, int GPT, Dtype D>
+int launch_tma_kernel(Params p, const LaunchEnv &env) {
+    using L = TmaLayout<ROWS, FUSED, GPT, D>;
+    static_assert(L::kStages >= 3, "the ring needs three stages");
+    static std::atomic<int> ready_cache[64];  // 0 = not set up, 1 = fits, -1 = does not
+    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    const auto kernel = marlin_tma_kernel<ROWS, FUSED, GPT, D>;
+    int ready = ready_cache[env.device].load(std::memory_order_relaxed);
+    if (ready == 0) {
+        ready = -1;
+        if (L::kSmem + kStaticSmemReserve <= env.max_smem_optin) {
+            TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
+            int resident = 0;
+            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 384, L::kSmem));
+            ready = resident >= 1 ? 1 : -1;
+        }
+        ready_cache[env.device].store(ready, std::memory_order_relaxed);
+    }
+    if (ready < 0) return kRcUnsupported;
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return kRcUnsupported;
+    CUtensorMap x_map;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.m)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.k) * 2};
+    const cuuint32_t box[2] = {kTileK, ROWS}, elem_strides[2] = {1, 1};
+    if (encode(&x_map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<uint16_t *>(p.x), dims, strides, box,
+               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        return kRcUnsupported;
+    }
+    p.m_slices = (p.m + ROWS - 1) / ROWS;
+    p.k_tiles = p.k / kTileK;
+    const long long tiles = static_cast<long long>(p.m_slices) * ((p.n + kTmaTileN - 1) / kTmaTileN);
+    p.total_iters = tiles * p.k_tiles;
+    if (p.total_iters >= (1LL << 31)) return kRcUnsupported;
+    p.whole_tiles = wgmma_whole_tiles(tiles, env.sm_count) ? 1 : 0;
+    long long grid = std::min<long long>(tiles, env.sm_count);
+    if (!p.whole_tiles) {
+        // Stream-K: at least 8 k slices per block (or a whole tile), so that few blocks add into each cut tile. The
+        // counters, one per block, then each block's slot of partial sums.
+        grid = std::max(1LL, std::min<long long>(env.sm_count, p.total_iters / std::min(8, p.k_tiles)));
+        const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
+        const size_t slot_bytes = static_cast<size_t>(ROWS) * kTmaTileN * sizeof(float);
+        if (env.workspace_bytes < counter_bytes + grid * slot_bytes) return kRcWorkspace;
+        p.counters = static_cast<int *>(env.workspace);
+        p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
+    }
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = L::kSmem;
+    config.stream = env.stream;
+    cudaLaunchAttribute early[1];
+    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = early;
+    config.numAttrs = 1;
+    TL_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, static_cast<const Params>(p)));
+    return 0;
+}
+
+template <int ROWS, bool FUSED, Dtype D>
+int launch_for_groups(int gpt, const Params &p, const LaunchEnv &env) {
+    return gpt == 2 ? launch_tma_kernel<ROWS, FUSED, 2, D>(p, env) : launch_tma_kernel<ROWS, FUSED, 1, D>(p, env);
+}
+
+template <bool FUSED, Dtype D>
+int pick_rows(int rows, int gpt, const Params &p, const LaunchEnv &env) {
+    if (rows == 256) return launch_for_groups<256, FUSED, D>(gpt, p, env);
+    if (rows == 128) return launch_for_groups<128, FUSED, D>(gpt, p, env);
+    return kRcUnsupported;
+}
+
+}  // namespace
+
+int launch_tma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt, Dtype dtype) {
+    if (env.compute_capability != 90) return kRcUnsupported;  // sm_90a code runs on 9.0 alone
+    if (dtype == Dtype::BF16) return fused ? pick_rows<true, Dtype::BF16>(plan.rows, gpt, p, env) : kRcUnsupported;
+    return fused ? pick_rows<true, Dtype::F16>(plan.rows, gpt, p, env)
+                 : pick_rows<false, Dtype::F16>(plan.rows, gpt, p, env);
+}
+
+#else  // built without sm_90a: the dispatcher falls through to the other kernels
+
+int launch_tma(Params, const LaunchEnv &, const MarlinPlan &, bool, int, Dtype) { return kRcUnsupported; }
+
+#endif
+
+}  // namespace tl::gpu::marlin
