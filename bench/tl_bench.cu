@@ -287,9 +287,11 @@ Timing time_calls(cudaStream_t stream, int rotation, Run run) {
 }
 
 // marlin_fused_classic: the classic kernel forced where the policy runs another (16 < M <= 256, group 128).
-// marlin_tma128 / marlin_tma256: the TMA kernel forced in its two tile forms (M >= 64, on compute capability 9.0).
-const char *kKernels[] = {"marlin_fused", "marlin_corr",       "native",      "deq_cublas",    "cublas_fp16",
-                          "marlin_fused_classic", "marlin_fused_bf16", "cublas_bf16", "marlin_tma128", "marlin_tma256"};
+// marlin_tma256: the TMA kernel forced (M > 64, on compute capability 9.0), where the policy may run another;
+// marlin_wgmma128: the wgmma kernel's 128-row form forced (there too), where the policy may run the TMA kernel.
+const char *kKernels[] = {"marlin_fused", "marlin_corr",          "native",            "deq_cublas",
+                          "cublas_fp16",  "marlin_fused_classic", "marlin_fused_bf16", "cublas_bf16",
+                          "marlin_tma256", "marlin_wgmma128"};
 constexpr int kNumKernels = 10;
 constexpr int kTmaMinM = 64;
 constexpr int kClassicMaxM = 256;
@@ -316,8 +318,8 @@ const char *group_name(int group, int k) { return group == k ? "row" : group == 
 
 // The path tl_quant_gemm runs by default for an M x K x N call (FP16 bodies off): dequantize + cuBLAS from
 // cublas_min_m_for's row count, else the fused Marlin-class kernel.
-int dispatched_kernel(int m, int k, int n) {
-    const int64_t from = tl::cublas_min_m_for(k, n, tl::kDefaultCublasMinM);
+int dispatched_kernel(int m, int k, int n, bool hopper) {
+    const int64_t from = tl::cublas_min_m_for(k, n, tl::kDefaultCublasMinM, hopper);
     return from > 0 && m >= from ? 3 : 0;
 }
 
@@ -455,7 +457,7 @@ int main(int argc, char **argv) {
                 const int rot = static_cast<int>(api.copies.size());
                 for (const int m : ms) {
                     Row r{layer.name, k, n, m, group, sol_us(m, k, n, k / group), {}};
-                    r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs));
+                    r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs, prop.multiProcessorCount));
                     for (const ApiPath &p : kApiPaths) {
                         if (rot == 0 || !wanted(p.kernel)) continue;
                         if (p.kernel >= 2 && group != 128) continue;  // timed once per layer, as below
@@ -505,7 +507,7 @@ int main(int argc, char **argv) {
                                                 stream);
                 };
                 if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
-                r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs));
+                r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs, prop.multiProcessorCount));
                 if (wanted(5) && group == 128 && m > 16 && m <= kClassicMaxM && r.plan.rfind("classic", 0) != 0) {
                     const tl::MarlinPlan classic = tl::classic_plan(m);
                     r.t[5] = time_calls(stream, rot, [&](int i) {
@@ -515,21 +517,33 @@ int main(int argc, char **argv) {
                                                     ws_bytes, stream, &classic);
                     });
                 }
-                for (const int tma_rows : {128, 256}) {
-                    const int column = tma_rows == 128 ? 8 : 9;
-                    if (!wanted(column) || !wgmma_runs || m < kTmaMinM) continue;
+                if (wanted(9) && wgmma_runs && m > kTmaMinM) {
+                    tl::MarlinPlan wgmma;
+                    wgmma.kernel = tl::MarlinKernel::Wgmma;
+                    wgmma.rows = 128;
+                    wgmma.wgmma_warp_specialized = true;
+                    const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma);
+                    r.t[9] = time_calls(stream, rot, [&](int i) {
+                        const int c = i % d.copies;
+                        return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
+                                                    d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
+                                                    ws_bytes, stream, &wgmma);
+                    });
+                    if (tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma) == before) r.t[9] = Timing{-1.0, -1, 0};
+                }
+                if (wanted(8) && wgmma_runs && m > kTmaMinM) {
                     tl::MarlinPlan tma;
                     tma.kernel = tl::MarlinKernel::Tma;
-                    tma.rows = tma_rows;
+                    tma.rows = tl::kTmaRows;
                     const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma);
-                    r.t[column] = time_calls(stream, rot, [&](int i) {
+                    r.t[8] = time_calls(stream, rot, [&](int i) {
                         const int c = i % d.copies;
                         return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
                                                     d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
                                                     ws_bytes, stream, &tma);
                     });
                     // Refused by the kernel: the classic kernel ran instead, so there is no time of its own.
-                    if (tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma) == before) r.t[column] = Timing{-1.0, -1, 0};
+                    if (tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma) == before) r.t[8] = Timing{-1.0, -1, 0};
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;
@@ -600,7 +614,7 @@ int main(int argc, char **argv) {
             std::fprintf(csv, "%s,%d,%d,%d,%s,%s,%.3f,%.2f,%.3f,%.4f,%d,%d,%s,%d\n", r.layer.c_str(), r.k, r.n, r.m,
                          group_name(r.group, r.k), kKernels[i], r.t[i].us, tflops, r.sol_us,
                          r.t[i].us > 0 ? r.sol_us / r.t[i].us : 0.0, r.t[i].rc, r.t[i].calls,
-                         i == 0 ? r.plan.c_str() : "", i == dispatched_kernel(r.m, r.k, r.n) ? 1 : 0);
+                         i == 0 ? r.plan.c_str() : "", i == dispatched_kernel(r.m, r.k, r.n, wgmma_runs) ? 1 : 0);
         }
     }
     std::fclose(csv);
@@ -626,10 +640,10 @@ int main(int argc, char **argv) {
                                                                     : "Per-row scales (gs = -1)");
         std::fprintf(md, g128 ? "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction | "
                                 "native INT4 | dequant + cuBLAS | cuBLAS FP16 (dense) | fused, classic kernel | "
-                                "fused, BF16 | cuBLAS BF16 (dense) | TMA kernel, 128 rows | TMA kernel, 256 rows |\n"
+                                "fused, BF16 | cuBLAS BF16 (dense) | TMA kernel | wgmma kernel, 128 rows |\n"
                                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
                               : "| layer (K×N) | M | SOL µs | Marlin-class fused | plan | Marlin-class + correction | "
-                                "TMA kernel, 128 rows | TMA kernel, 256 rows |\n"
+                                "TMA kernel | wgmma kernel, 128 rows |\n"
                                 "|---|---|---|---|---|---|---|---|\n");
         for (const Row &r : rows) {
             if (std::strcmp(group_name(r.group, r.k), grouping) != 0) continue;

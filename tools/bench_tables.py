@@ -12,6 +12,11 @@ builds, the read probe).
       the GEMM table from tl_bench's CSV: per layer and M (one group size), SOL, what tl_quant_gemm runs by default
       (the CSV's `dispatched` row, with the Marlin-class plan), the best of our INT4 paths, dense cuBLAS FP16;
       --targets adds the performance target of each cell (see target_for) and whether it is met.
+  tools/bench_tables.py tma BENCH_CSV [--group 128|64|row]
+      the TMA kernel against the wgmma kernel's 128-row tiles (both forced: tl_bench's marlin_tma256 and
+      marlin_wgmma128), dequantize + cuBLAS and dense cuBLAS FP16, per layer and M from 128 rows, with the policy's
+      plan; then per M, over the cells where the policy runs the TMA kernel, the wgmma kernel's time over the TMA
+      kernel's (median, least and greatest).
   tools/bench_tables.py targets BENCH_CSV
       per group size and target class, how many of the Llama/Qwen2 cells meet the target, and the worst one.
   tools/bench_tables.py bf16 BENCH_CSV
@@ -152,6 +157,32 @@ def summary_table(path, group):
               f"{sum(r > 1 for r in ratios)} of {len(ratios)} |")
 
 
+def tma_table(path, group):
+    cells, order = cells_of(path, group)
+    fp16_cells, _ = cells_of(path, "128")
+    keys = [k for k in order if k[1] >= 128 and "marlin_tma256" in cells[k] and "marlin_wgmma128" in cells[k]]
+
+    def us(c, kernel):
+        return f"{c[kernel]:.1f}" if kernel in c else "–"
+
+    print("| layer (K×N) | M | policy's plan | TMA kernel µs | wgmma kernel, 128 rows µs | dequant + cuBLAS µs "
+          "| cuBLAS FP16 dense µs |")
+    print("|---|---|---|---|---|---|---|")
+    for key in keys:
+        c = cells[key]
+        fp16 = fp16_of(fp16_cells, *key)
+        print(f"| {key[0]} ({c['shape']}) | {key[1]} | {c.get('plan', '–')} | {us(c, 'marlin_tma256')} | "
+              f"{us(c, 'marlin_wgmma128')} | {us(c, 'deq_cublas')} | " + (f"{fp16:.1f}" if fp16 else "–") + " |")
+    print()
+    print("| M | cells where the policy runs the TMA kernel | wgmma kernel's time / TMA kernel's: median (range) |")
+    print("|---|---|---|")
+    for m in sorted({k[1] for k in keys}):
+        ratios = [cells[k]["marlin_wgmma128"] / cells[k]["marlin_tma256"] for k in keys
+                  if k[1] == m and cells[k].get("plan", "").startswith("tma")]
+        if ratios:
+            print(f"| {m} | {len(ratios)} | {statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) |")
+
+
 def targets_table(path):
     fp16_cells, _ = cells_of(path, "128")
     print("| group | target | cells | met | worst cell (dispatcher's time, SOL fraction or time / FP16) |")
@@ -280,6 +311,9 @@ def main():
     u = sub.add_parser("summary")
     u.add_argument("csv")
     u.add_argument("--group", default="128", choices=GROUPS)
+    t = sub.add_parser("tma")
+    t.add_argument("csv")
+    t.add_argument("--group", default="128", choices=GROUPS)
     sub.add_parser("targets").add_argument("csv")
     sub.add_parser("bf16").add_argument("csv")
     b = sub.add_parser("builds")
@@ -295,6 +329,8 @@ def main():
         gemm_table(args.csv, args.group, args.targets)
     elif args.what == "summary":
         summary_table(args.csv, args.group)
+    elif args.what == "tma":
+        tma_table(args.csv, args.group)
     elif args.what == "targets":
         targets_table(args.csv)
     elif args.what == "bf16":

@@ -104,6 +104,7 @@ std::shared_ptr<DeviceWeight> pack_weight(const Linear &w, int32_t device, void 
         dw->has_correction = true;
     }
     dw->marlin_ok = dw->has_fused || dw->has_correction;
+    dw->hopper_kernels = gpu::marlin_wgmma_built() && props.sm_major == 9 && props.sm_minor == 0;
     if (dw->marlin_ok) dw->marlin_workspace = align_up(gpu::marlin_workspace_bytes(props.sm_count), 256);
     // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB on earlier GPUs.
     dw->cublas_workspace = static_cast<size_t>(props.sm_major >= 9 ? 32 : 4) << 20;

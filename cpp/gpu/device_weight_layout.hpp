@@ -36,6 +36,7 @@ struct DeviceWeight {
     DeviceBuffer round_frac4, round_sign;
     int32_t round_row_split = 0;
     bool has_fused = false, has_correction = false, marlin_ok = false;
+    bool hopper_kernels = false;  // the sm_90a Marlin-class kernels run on its device (the dispatch policy's input)
     size_t marlin_workspace = 0;  // the Marlin-class kernels' zero-filled region at the start of the workspace
     size_t cublas_workspace = 0;  // what the cuBLAS paths give cuBLAS, from the caller's workspace
 

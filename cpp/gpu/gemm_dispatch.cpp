@@ -133,7 +133,7 @@ void check_device_range(const void *p, size_t bytes, int device, const char *nam
 }
 
 bool cublas_path_wanted(const DeviceWeight &dw, int64_t m, const DispatchSettings &settings) {
-    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, settings[DispatchSetting::CublasMinM]);
+    const int64_t min_m = cublas_min_m_for(dw.k, dw.n, settings[DispatchSetting::CublasMinM], dw.hopper_kernels);
     return dw.marlin_ok && min_m > 0 && m >= min_m;
 }
 

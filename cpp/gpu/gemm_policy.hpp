@@ -21,15 +21,20 @@ namespace tl {
 // FP16 weights (the FP16 body, the seed's correction form) take FP16 calls alone (Dtype); the others take both, with
 // the same policy. ----
 
-// A small weight (K·N <= 2^25) gives the Marlin-class kernels too few 256-column tiles to fill the GPU from 128 rows.
+// A small weight gives the Marlin-class kernels too few tiles to fill the GPU from 128 rows: K·N <= 2^25, or 2^24
+// where the Hopper kernels run (the TMA kernel's 128-column tiles fill it from 2^25).
 constexpr int64_t kSmallWeightElements = int64_t{1} << 25;
+constexpr int64_t kHopperSmallWeightElements = int64_t{1} << 24;
 constexpr int64_t kSmallWeightCublasMinM = 128;
-// A large weight (K·N >= 2^27) stays faster on the wgmma kernel at the setting's row count: it switches at twice it.
+// Where the Hopper kernels run, a weight that is not small switches at this multiple of the setting: the TMA kernel
+// beat dequantize + cuBLAS at 1024 rows and lost at 4096 on most layers (H100).
+constexpr int64_t kHopperCublasFactor = 4;
+// A large weight (K·N >= 2^27) stays faster on the Marlin-class kernels: it switches at twice the row count.
 constexpr int64_t kLargeWeightElements = int64_t{1} << 27;
 
 // The smallest M at which a K x N weight takes dequantize + cuBLAS under TL_DISPATCH_CUBLAS_MIN_M = `setting`
-// (0: never, and then 0 is returned): the setting, lowered to kSmallWeightCublasMinM for a small weight and doubled
-// for a large one.
-int64_t cublas_min_m_for(int32_t k, int32_t n, int32_t setting);
+// (0: never, and then 0 is returned): the setting, lowered to kSmallWeightCublasMinM for a small weight, else
+// multiplied by kHopperCublasFactor where `hopper` (the sm_90a kernels run), and doubled for a large weight.
+int64_t cublas_min_m_for(int32_t k, int32_t n, int32_t setting, bool hopper);
 
 }  // namespace tl

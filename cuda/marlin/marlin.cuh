@@ -80,8 +80,8 @@ int launch_stream(Params p, const LaunchEnv &env);
 // plan names a form the kernel does not have.
 int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt, Dtype dtype);
 // Many rows on compute capability 9.0 (marlin_tma.cu, built for sm_90a): TMA copies, a producer warp and two consumer
-// warpgroups, each weight tile dequantized once into shared memory for wgmma; tiles of 128 columns x plan.rows (128
-// or 256) rows on at most one block per SM, whole tiles or stream-K with the cut tiles reduced inside the kernel
+// warpgroups, each weight tile dequantized once into shared memory for wgmma; tiles of 128 columns x 256 rows
+// (plan.rows) on at most one block per SM, whole tiles or stream-K with the cut tiles reduced inside the kernel
 // (workspace: counters and FP32 sums, left zeroed). Sets p.m_slices, k_tiles, total_iters and whole_tiles itself.
 // kRcUnsupported as for launch_wgmma, and where the tensor-map encoder is missing. The packed weights must not be
 // written by the kernel just before on the stream: their loads start before that kernel has finished.

@@ -73,7 +73,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     if (const int rc = current_device_info(dev)) return rc;
     const int gpt = group_size == 32 ? 2 : 1;
     const bool wgmma_runs = marlin_wgmma_built() && dev.compute_capability == 90;
-    const MarlinPlan plan = forced != nullptr ? *forced : plan_marlin(m, k, n, wgmma_runs);
+    const MarlinPlan plan = forced != nullptr ? *forced : plan_marlin(m, k, n, wgmma_runs, dev.sm_count);
     marlin::LaunchEnv env{};
     env.device = dev.device;
     env.compute_capability = dev.compute_capability;

@@ -40,7 +40,7 @@ constexpr long long kWgmmaSplitMaxKN = 1LL << 26;
 // What marlin_gemm runs for an M x K x N call.
 struct MarlinPlan {
     MarlinKernel kernel = MarlinKernel::Stream;
-    // Tile height in activation rows. Stream: 8 or 16; Wgmma: 32, 64 or 128; Tma: 128 or 256; Classic: 32 or 64
+    // Tile height in activation rows. Stream: 8 or 16; Wgmma: 32, 64 or 128; Tma: 256; Classic: 32 or 64
     // (halved to 32 where the 64-row pipeline does not fit shared memory).
     int rows = 0;
     // Wgmma: the tile's four 16-column words per warp on two warpgroups (one block per SM) or all on one (two blocks
@@ -60,6 +60,17 @@ inline bool wgmma_whole_tiles(long long tiles, long long slots) {
     return static_cast<double>(tiles) >= kWholeTileFill * static_cast<double>(waves * slots);
 }
 
+// The TMA kernel (marlin_tma.cu): 256-row tiles of 128 columns. It runs from kTmaMinRows where those tiles fill the
+// waves of one block per SM (wgmma_whole_tiles); there it beat the wgmma kernel's 128-row tiles on every layer measured
+// (H100, tl_bench, notes/gpu-notes.md "The TMA kernel"). With fewer tiles the wgmma kernel keeps its forms.
+constexpr int64_t kTmaMinRows = 129;
+constexpr int kTmaRows = 256;
+constexpr int kTmaColumns = 128;
+inline long long tma_tiles(int64_t m, int32_t n) {
+    return static_cast<long long>((m + kTmaRows - 1) / kTmaRows) * ((static_cast<long long>(n) + kTmaColumns - 1) /
+                                                                    kTmaColumns);
+}
+
 // The classic kernel's plan for M rows: the fallback of the other two, and their form on GPUs without wgmma.
 inline MarlinPlan classic_plan(int64_t m) {
     MarlinPlan plan;
@@ -68,8 +79,9 @@ inline MarlinPlan classic_plan(int64_t m) {
     return plan;
 }
 
-// The policy. wgmma_runs: the library holds the sm_90a kernel and the device is compute capability 9.0.
-inline MarlinPlan plan_marlin(int64_t m, int32_t k, int32_t n, bool wgmma_runs) {
+// The policy. wgmma_runs: the library holds the sm_90a kernels and the device is compute capability 9.0; sm_count: the
+// device's multiprocessors.
+inline MarlinPlan plan_marlin(int64_t m, int32_t k, int32_t n, bool wgmma_runs, int sm_count) {
     MarlinPlan plan;
     if (m <= 16) {
         plan.kernel = MarlinKernel::Stream;
@@ -85,6 +97,9 @@ inline MarlinPlan plan_marlin(int64_t m, int32_t k, int32_t n, bool wgmma_runs) 
     } else if (m <= 64) {
         plan.rows = 64;
         plan.wgmma_warp_specialized = elements > kWgmmaSmallKN;
+    } else if (m >= kTmaMinRows && wgmma_whole_tiles(tma_tiles(m, n), sm_count)) {
+        plan.kernel = MarlinKernel::Tma;
+        plan.rows = kTmaRows;
     } else {
         plan.rows = 128;
         plan.wgmma_warp_specialized = true;

@@ -4,9 +4,10 @@
 //
 // Why a second wgmma kernel: marlin_wgmma.cu dequantizes the weights into wgmma's register operand, once per 128-row
 // tile, and at large M its energy per FLOP (the dequantization's ALU work, 13 instructions per 8 weights) holds the
-// card at its power cap below dense cuBLAS's clock. Here a tile is 128 columns x ROWS (128 or 256) activation rows:
-// the weights are dequantized once per tile into an FP16/BF16 copy in shared memory and both operands of
-// wgmma m64nROWSk16 come from shared memory, so at 256 rows each weight's dequantization serves twice as many FLOPs.
+// card at its power cap below dense cuBLAS's clock. Here a tile is 128 columns x 256 activation rows (ROWS): the
+// weights are dequantized once per tile into an FP16/BF16 copy in shared memory and both operands of wgmma m64n256k16
+// come from shared memory, so each weight's dequantization serves twice as many FLOPs. (128-row tiles of this kernel
+// were measured too and lost to the wgmma kernel's wherever the policy could use them.)
 //
 // Operands swapped, as in the other kernels: Y^T = W^T X^T, the weight (64 columns of a strip) is wgmma's A (M = 64),
 // the tile's activation rows its N. Roles (384 threads, one block per SM):
@@ -24,10 +25,10 @@
 // - Registers (setmaxnreg): the producer warpgroup runs on 40, the consumers on 232 (ROWS / 2 FP32 accumulators).
 // Scheduling, persistent (one block per SM at most), tiles numbered rows fastest so that the blocks running at once
 // share a weight panel through L2: whole tiles round robin (block b: tiles b, b + grid, ...) where they fill the waves
-// (wgmma_whole_tiles), else stream-K, each block an equal range of all (tile, k slice) pairs. A tile cut between
-// blocks is reduced inside the kernel: the block holding its last slice (the finisher) waits until the others have
-// added their FP32 sums into its workspace slot and counted their slices, adds its own, writes the tile, and leaves
-// slot and counter zeroed. The finisher waits only on blocks of lower index, which run before or beside it.
+// (wgmma_whole_tiles), else stream-K, each block an equal range of all (tile, k slice) pairs (TmaWork). A tile cut
+// between blocks is reduced inside the kernel: the block holding its last slice (the finisher) waits until the others
+// have added their FP32 sums into its workspace slot and counted their slices, adds its own, writes the tile, and
+// leaves slot and counter zeroed. The finisher waits only on blocks of lower index, which run before or beside it.
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is reached through the runtime)
 #include <cudaTypedefs.h>
 
@@ -117,6 +118,7 @@ __device__ __forceinline__ void finish_tile(const Params &p, float (&acc)[L::kAc
         if (wg == 0 && wj == 0 && lane == 0) {  // the finisher: slices [0, kt_begin) come from the others
             while (atomicAdd(counter, 0) != kt_begin) {
             }
+            __threadfence();
             *counter = 0;
         }
         named_sync(3, 256);
@@ -147,24 +149,43 @@ __device__ __forceinline__ void finish_tile(const Params &p, float (&acc)[L::kAc
     }
 }
 
-// This block's slices: [begin, begin + count) of all (tile, k slice) pairs in order, tile by tile; tile_step: from
-// one tile of ours to the next.
-struct TmaRange {
-    long long begin, count;
-    int tile_step;
-};
-__device__ __forceinline__ TmaRange tma_range(const Params &p, long long tiles) {
-    TmaRange r;
-    if (p.whole_tiles) {
-        r.begin = static_cast<long long>(blockIdx.x) * p.k_tiles;
-        r.count = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * p.k_tiles;
-        r.tile_step = gridDim.x;
-    } else {
-        r.begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
-        r.count = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x - r.begin;
-        r.tile_step = 1;
+// This block's work: `tiles` tiles, tile(j) for j = 0, 1, ..., each its k slices [lo, hi). Whole tiles: blockIdx.x +
+// j * grid, all slices. Stream-K: the range [begin, end) of all (tile, k slice) pairs, last tile first; its first tile
+// may lack its head (this block then finishes it) and its last its tail (this block contributes to it). Why last
+// first: a block then adds to the cut tile at its range's end before it waits, at its range's start, for the blocks
+// before it; in range order each finisher would wait for a chain of all the blocks before it.
+struct TmaWork {
+    long long begin, end;  // stream-K's range (whole tiles: unused)
+    int first_tile, tiles, step;
+    bool whole;
+    __device__ __forceinline__ int tile(int j) const {
+        return whole ? first_tile + j * step : first_tile + tiles - 1 - j;
     }
-    return r;
+    __device__ __forceinline__ int lo(int tile, int k_tiles) const {
+        const long long t0 = static_cast<long long>(tile) * k_tiles;
+        return whole || begin <= t0 ? 0 : static_cast<int>(begin - t0);
+    }
+    __device__ __forceinline__ int hi(int tile, int k_tiles) const {
+        const long long t1 = static_cast<long long>(tile + 1) * k_tiles;
+        return whole || end >= t1 ? k_tiles : static_cast<int>(end - t1 + k_tiles);
+    }
+};
+__device__ __forceinline__ TmaWork tma_work(const Params &p, long long tiles) {
+    TmaWork w;
+    w.whole = p.whole_tiles != 0;
+    if (w.whole) {
+        w.begin = w.end = 0;
+        w.first_tile = blockIdx.x;
+        w.tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+        w.step = gridDim.x;
+    } else {
+        w.begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
+        w.end = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x;
+        w.first_tile = static_cast<int>(w.begin / p.k_tiles);
+        w.tiles = w.end > w.begin ? static_cast<int>((w.end - 1) / p.k_tiles) - w.first_tile + 1 : 0;
+        w.step = 1;
+    }
+    return w;
 }
 
 template <int ROWS, bool FUSED, int GPT, Dtype D>
@@ -182,8 +203,8 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
     launch_dependents();  // the next kernel may start its own weight loads; it waits for this grid before reading Y
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int strips = p.n / 64, n_tiles = (p.n + kTmaTileN - 1) / kTmaTileN;
-    const TmaRange range = tma_range(p, static_cast<long long>(p.m_slices) * n_tiles);
-    if (range.count <= 0) return;
+    const TmaWork work = tma_work(p, static_cast<long long>(p.m_slices) * n_tiles);
+    if (work.tiles <= 0) return;
     if (tid == 0) {
         for (int s = 0; s < L::kStages; ++s) {
             ptx::mbarrier_init(&full_bar[s], 1);
@@ -193,21 +214,25 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
         ptx::fence_proxy_async(ptx::space_shared);
     }
     __syncthreads();
-    const int total = static_cast<int>(range.count);
+    const int total = static_cast<int>(work.whole ? static_cast<long long>(work.tiles) * p.k_tiles
+                                                  : work.end - work.begin);  // k slices of this block
 
     if (warp >= 8) {  // the producer warpgroup: one thread issues every copy
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
         if (warp != 8 || lane != 0) return;
         const uint32_t k16s = static_cast<uint32_t>(p.k / 16);
-        // A cursor over this block's slices: (tile, kt).
+        // A cursor over this block's slices, in the consumers' order: slice kt of tile(j).
         struct Cursor {
-            int tile, kt;
+            int j, tile, kt, hi;
+        };
+        auto start = [&](Cursor &c, int j) {
+            c.j = j;
+            c.tile = work.tile(j);
+            c.kt = work.lo(c.tile, p.k_tiles);
+            c.hi = work.hi(c.tile, p.k_tiles);
         };
         auto next = [&](Cursor &c) {
-            if (++c.kt == p.k_tiles) {
-                c.kt = 0;
-                c.tile += range.tile_step;
-            }
+            if (++c.kt == c.hi && c.j + 1 < work.tiles) start(c, c.j + 1);
         };
         auto copy_weights = [&](int stage, const Cursor &c) {
             const int n_tile = c.tile / p.m_slices;
@@ -242,7 +267,9 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
         // The ring's first fill: weights first (they do not depend on the previous kernel), then the activations
         // once that kernel has completed.
         const int first = total < L::kStages ? total : L::kStages;
-        Cursor w{static_cast<int>(range.begin / p.k_tiles), static_cast<int>(range.begin % p.k_tiles)}, x = w;
+        Cursor w;
+        start(w, 0);
+        Cursor x = w;
         for (int f = 0; f < first; ++f, next(w)) copy_weights(f, w);
         wait_for_primary();
         for (int f = 0; f < first; ++f, next(x)) copy_x(f, x);
@@ -272,12 +299,10 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
     float acc[L::kAcc];
     int stage = 0, prev = -1;
     uint32_t phase = 0, buf = 0;
-    int tile = static_cast<int>(range.begin / p.k_tiles);
 #pragma unroll 1
-    for (int done = 0; done < total; tile += range.tile_step) {
-        const int kt_begin = done == 0 ? static_cast<int>(range.begin % p.k_tiles) : 0;
-        const int kt_end = total - done < p.k_tiles - kt_begin ? kt_begin + total - done : p.k_tiles;
-        done += kt_end - kt_begin;
+    for (int j = 0; j < work.tiles; ++j) {
+        const int tile = work.tile(j);
+        const int kt_begin = work.lo(tile, p.k_tiles), kt_end = work.hi(tile, p.k_tiles);
 #pragma unroll
         for (int i = 0; i < L::kAcc; ++i) acc[i] = 0.0f;
         wgmma::pin(acc);
@@ -415,9 +440,7 @@ int launch_for_groups(int gpt, const Params &p, const LaunchEnv &env) {
 
 template <bool FUSED, Dtype D>
 int pick_rows(int rows, int gpt, const Params &p, const LaunchEnv &env) {
-    if (rows == 256) return launch_for_groups<256, FUSED, D>(gpt, p, env);
-    if (rows == 128) return launch_for_groups<128, FUSED, D>(gpt, p, env);
-    return kRcUnsupported;
+    return rows == 256 ? launch_for_groups<256, FUSED, D>(gpt, p, env) : kRcUnsupported;
 }
 
 }  // namespace

@@ -18,18 +18,27 @@ using tl::MarlinPlan;
 TEST(GemmPolicy, CublasMinM) {
     struct Case {
         int32_t k, n, setting;
+        bool hopper;
         int64_t min_m;
     };
-    // 2048 x 6144 (2B qkv, 12.6M) and 4096 x 6144 (8B qkv, 25.2M) are small; 4096 x 28672 (8B gate+up, 117M) is
-    // neither; 8192 x 57344 (70B gate+up, 470M) and 8192 x 16384 (exactly 2^27) are large.
-    const Case cases[] = {{2048, 6144, 512, 128},   {4096, 6144, 512, 128},    {8192, 4096, 512, 128},
-                          {8192, 4160, 512, 512},   {4096, 28672, 512, 512},   {8192, 16384, 512, 1024},
-                          {8192, 57344, 512, 1024}, {2048, 6144, 100, 100},    {4096, 28672, 100, 100},
-                          {8192, 57344, 100, 200},  {2048, 6144, 0, 0},        {8192, 57344, 0, 0},
-                          {2048, 6144, INT32_MAX, 128}, {4096, 28672, INT32_MAX, INT32_MAX}};
+    // Without the Hopper kernels: 2048 x 6144 (2B qkv, 12.6M) and 4096 x 6144 (8B qkv, 25.2M) are small; 4096 x 28672
+    // (8B gate+up, 117M) is neither; 8192 x 57344 (70B gate+up, 470M) and 8192 x 16384 (exactly 2^27) are large.
+    // With them, small ends at 2^24 (8192 x 2048) and the others switch at 4x the setting (8x when large).
+    const Case cases[] = {{2048, 6144, 512, false, 128},   {4096, 6144, 512, false, 128},
+                          {8192, 4096, 512, false, 128},   {8192, 4160, 512, false, 512},
+                          {4096, 28672, 512, false, 512},  {8192, 16384, 512, false, 1024},
+                          {8192, 57344, 512, false, 1024}, {2048, 6144, 100, false, 100},
+                          {4096, 28672, 100, false, 100},  {8192, 57344, 100, false, 200},
+                          {2048, 6144, 0, false, 0},       {8192, 57344, 0, false, 0},
+                          {2048, 6144, INT32_MAX, false, 128}, {4096, 28672, INT32_MAX, false, INT32_MAX},
+                          {2048, 6144, 512, true, 128},    {8192, 2048, 512, true, 128},
+                          {4096, 6144, 512, true, 2048},   {2048, 16384, 512, true, 2048},
+                          {4096, 28672, 512, true, 2048},  {8192, 16384, 512, true, 4096},
+                          {8192, 57344, 512, true, 4096},  {8192, 57344, 0, true, 0},
+                          {4096, 28672, INT32_MAX, true, 4LL * INT32_MAX}};
     for (const Case &c : cases) {
-        EXPECT_EQ(tl::cublas_min_m_for(c.k, c.n, c.setting), c.min_m)
-            << "K " << c.k << ", N " << c.n << ", setting " << c.setting;
+        EXPECT_EQ(tl::cublas_min_m_for(c.k, c.n, c.setting, c.hopper), c.min_m)
+            << "K " << c.k << ", N " << c.n << ", setting " << c.setting << (c.hopper ? ", Hopper" : "");
     }
 }
 
@@ -44,7 +53,8 @@ struct PlanCase {
 };
 
 TEST(GemmPolicy, MarlinPlanTable) {
-    const MarlinKernel S = MarlinKernel::Stream, C = MarlinKernel::Classic, W = MarlinKernel::Wgmma;
+    const MarlinKernel S = MarlinKernel::Stream, C = MarlinKernel::Classic, W = MarlinKernel::Wgmma,
+                       T = MarlinKernel::Tma;
     // Llama-8B gate+up (4096 x 28672, 117M > 2^26), 8B down (14336 x 4096, 58.7M: between 2^25 and 2^26), 2B qkv
     // (2048 x 6144, 12.6M <= 2^25), and exactly 2^25 / 2^26 (2048 x 16384, 4096 x 16384).
     const PlanCase cases[] = {
@@ -65,9 +75,17 @@ TEST(GemmPolicy, MarlinPlanTable) {
         {64, 2048, 16384, true, W, 64, 2, false},
         {40, 2048, 16448, true, W, 64, 2, true},
         {48, 2048, 6144, true, W, 64, 2, false},
-        // Above: 128-row tiles with the copying warpgroup.
+        // Above: 128-row tiles with the copying warpgroup, up to 128 rows and wherever the TMA kernel's tiles would not
+        // fill the waves of 132 SMs.
         {65, 2048, 6144, true, W, 128, 2, true},
-        {4096, 4096, 28672, true, W, 128, 2, true},
+        {128, 4096, 28672, true, W, 128, 2, true},
+        {256, 4096, 6144, true, W, 128, 2, true},      // 48 tiles
+        {500, 2048, 4096, true, W, 128, 2, true},      // 64 tiles
+        // From 129 rows: the TMA kernel's 256-row tiles where they fill the waves.
+        {129, 2048, 16384, true, T, 256, 2, false},    // 128 tiles
+        {256, 4096, 28672, true, T, 256, 2, false},    // 224 tiles, two waves at 0.85
+        {1024, 4096, 6144, true, T, 256, 2, false},    // 192 tiles, two waves at 0.73
+        {4096, 4096, 28672, true, T, 256, 2, false},
         // Without the wgmma kernel: the classic kernel, 32 rows up to M = 32, then 64.
         {17, 4096, 28672, false, C, 32, 2, false},
         {32, 2048, 6144, false, C, 32, 2, false},
@@ -77,7 +95,7 @@ TEST(GemmPolicy, MarlinPlanTable) {
     for (const PlanCase &c : cases) {
         SCOPED_TRACE("M " + std::to_string(c.m) + ", K " + std::to_string(c.k) + ", N " + std::to_string(c.n) +
                      (c.wgmma_runs ? ", wgmma" : ", no wgmma"));
-        const MarlinPlan p = tl::plan_marlin(c.m, c.k, c.n, c.wgmma_runs);
+        const MarlinPlan p = tl::plan_marlin(c.m, c.k, c.n, c.wgmma_runs, 132);
         EXPECT_EQ(p.kernel, c.kernel) << tl::marlin_kernel_name(p.kernel);
         EXPECT_EQ(p.rows, c.rows);
         if (p.kernel == MarlinKernel::Wgmma) {
@@ -107,7 +125,7 @@ TEST(GemmPolicy, TilesCoverTheRows) {
     for (int64_t m = 1; m <= 300; ++m) {
         for (const bool wgmma : {false, true}) {
             for (const int32_t k : {2048, 4096}) {
-                const MarlinPlan p = tl::plan_marlin(m, k, 28672, wgmma);
+                const MarlinPlan p = tl::plan_marlin(m, k, 28672, wgmma, 132);
                 EXPECT_GE(p.rows, std::min<int64_t>(m, p.kernel == MarlinKernel::Classic ? 64 : 128)) << "M " << m;
                 EXPECT_EQ(p.kernel == MarlinKernel::Stream, m <= 16) << "M " << m;
             }

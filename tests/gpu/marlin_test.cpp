@@ -491,11 +491,11 @@ TEST(MarlinWgmma, EveryTileFormMatchesReference) {
     }
 }
 
-// The TMA kernel (compute capability 9.0, library built for sm_90a) in both tile forms, forced on every shape: full
-// and partial row tiles, N with a last tile of one strip, group 32 / 64 / 128 and per row, both modes and BF16, one
-// tile per block and several (the grid is one block per SM), K from one slice to many rounds of the ring; against
-// FP64. It uses no workspace: the workspace stays zeroed.
-TEST(MarlinTma, BothTileFormsMatchReference) {
+// The TMA kernel (compute capability 9.0, library built for sm_90a), forced on every shape: full and partial row
+// tiles, N with a last tile of one strip, group 32 / 64 / 128 and per row, both modes and BF16, whole tiles (one per
+// block and several: the grid is one block per SM) and stream-K with tiles cut between two or more blocks, K from one
+// slice to many rounds of the ring; against FP64, and the workspace of the cut tiles' sums is left zeroed.
+TEST(MarlinTma, MatchesReference) {
     int device = 0, major = 0, minor = 0;
     CUDA_OK(cudaGetDevice(&device));
     CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -506,33 +506,32 @@ TEST(MarlinTma, BothTileFormsMatchReference) {
     };
     const Case cases[] = {{64, 512, 320, 32},   {100, 1024, 1600, 128}, {128, 768, 576, 64},  {129, 64, 448, 64},
                           {256, 2048, 512, 64}, {300, 384, 1344, 384},  {517, 256, 2112, 32}, {200, 8192, 256, 128},
-                          {1100, 128, 16384, 64}, {700, 512, 4096, 512}};
+                          {1100, 128, 16384, 64}, {700, 512, 4096, 512}, {260, 128, 6144, 64}};
     for (const Case sh : cases) {
+        // Quick mode (the sanitizer runs): the small shapes, one of them in whole tiles (260 x 6144: 96 tiles of 256).
+        if (tlt::g_quick && static_cast<double>(sh.m) * sh.n * sh.k > 2.1e8) continue;
         FusedCase c(sh.m, sh.k, sh.n, sh.group_size, Modes::Both);
         SCOPED_TRACE(c.name());
         ASSERT_TRUE(c.upload());
         const std::vector<double> ref = tlt::reference_gemm(c.x, c.m, c.w, {});
-        for (const int rows : {128, 256}) {
-            SCOPED_TRACE(std::to_string(rows) + "-row tiles");
-            tl::MarlinPlan plan;
-            plan.kernel = tl::MarlinKernel::Tma;
-            plan.rows = rows;
-            for (const Variant &v : kVariants) {
-                SCOPED_TRACE(v.name);
-                const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma);
-                EXPECT_EQ(0, c.run(v.fused, &plan, v.dtype));
-                EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma), before + (runs ? 1 : 0));
-                std::vector<uint16_t> y;
-                CUDA_OK(c.result(y));
-                EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, v.tol(), v.dtype)) << "vs FP64";
-            }
+        tl::MarlinPlan plan;
+        plan.kernel = tl::MarlinKernel::Tma;
+        plan.rows = tl::kTmaRows;
+        for (const Variant &v : kVariants) {
+            SCOPED_TRACE(v.name);
+            const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma);
+            EXPECT_EQ(0, c.run(v.fused, &plan, v.dtype));
+            EXPECT_EQ(tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma), before + (runs ? 1 : 0));
+            std::vector<uint16_t> y;
+            CUDA_OK(c.result(y));
+            EXPECT_TRUE(tlt::matches(y, c.m, c.n, ref, {}, v.tol(), v.dtype)) << "vs FP64";
         }
         EXPECT_TRUE(c.workspace_clean());
     }
 }
 
-// The C API's dispatcher (tl_quant_gemm) sends M <= 16 to the stream kernel and larger M to the wgmma kernel where it
-// runs (else the classic kernel), in plan_marlin's tile forms, for a small and a larger weight, on both Marlin-class
+// The C API's dispatcher (tl_quant_gemm) sends M <= 16 to the stream kernel and larger M to the wgmma or TMA kernel
+// where they run (else the classic kernel), in plan_marlin's tile forms, for a small and a larger weight, on both Marlin-class
 // paths (fused and symmetric + correction): the weight's path counter and the kernel's launch counter each move by
 // one, nothing falls back, and the output matches the native INT4 fallback (USE_MARLIN = 0) and the FP64 reference.
 TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
@@ -544,9 +543,9 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
         std::vector<int> ms;
     };
     // A small weight and one just above 2^25 (a copying warpgroup at 33-64 rows); 4096 x 16448 is above 2^26 (one
-    // warpgroup up to 32 rows).
+    // warpgroup up to 32 rows); 256 x 2432 at 1100 rows has 95 tiles of the TMA kernel (whole tiles on 132 SMs).
     for (const WeightCase &wc : {WeightCase{1024, 1536, {1, 16, 17, 32, 33, 64, 100}}, WeightCase{2048, 16448, {40}},
-                                 WeightCase{4096, 16448, {17}}}) {
+                                 WeightCase{4096, 16448, {17}}, WeightCase{256, 2432, {1100}}}) {
         const int k = wc.k, n = wc.n;
         SCOPED_TRACE("K = " + std::to_string(k) + ", N = " + std::to_string(n));
         // Random FP32 weights [n][k] (a Linear's layout), quantized by the library; the reference multiplies by what
@@ -594,7 +593,7 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
         const bool wgmma_runs = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
-        auto kernel_for = [&](int m) { return tl::plan_marlin(m, k, n, wgmma_runs).kernel; };
+        auto kernel_for = [&](int m) { return tl::plan_marlin(m, k, n, wgmma_runs, tlt::sm_count()).kernel; };
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
         for (const int m : wc.ms) {
@@ -673,22 +672,31 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
     for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));
 }
 
-// The dispatcher's size rule: with TL_DISPATCH_CUBLAS_MIN_M = 512, a weight with K·N <= 2^25 takes dequantize +
-// cuBLAS from 128 rows, a larger one stays on the Marlin-class kernel until 512, one with K·N >= 2^27 until 1024
-// (twice the setting); 0 still means never.
+// The dispatcher's size rule: with TL_DISPATCH_CUBLAS_MIN_M = 512, a small weight takes dequantize + cuBLAS from 128
+// rows (K·N <= 2^25, or 2^24 where the Hopper kernels run); a larger one stays on the Marlin-class kernels until 512
+// rows (2048 on Hopper), one with K·N >= 2^27 until twice that; 0 still means never.
 TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
     int32_t saved[5];
     for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
+    int device = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const bool hopper = tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
     struct Case {
         int k, n, m;
         int32_t cublas_min_m;
-        bool cublas;  // expected path
+        bool cublas, cublas_on_hopper;  // expected path
     };
-    // 1024 x 1536: 1.5M weights (small); 8192 x 4160: 34.1M > 2^25 = 33.6M; 8192 x 16384: 2^27 (large).
-    const Case cases[] = {{1024, 1536, 128, 512, true},    {1024, 1536, 127, 512, false},  {1024, 1536, 128, 0, false},
-                          {1024, 1536, 100, 100, true},    {8192, 4160, 128, 512, false},  {8192, 4160, 512, 512, true},
-                          {8192, 16384, 512, 512, false},  {8192, 16384, 1024, 512, true},
-                          {8192, 16384, 1024, 0, false}};
+    // 1024 x 1536: 1.5M weights (small); 8192 x 2048: 2^24 (small); 4096 x 6144: 25.2M (small without the Hopper
+    // kernels); 8192 x 4160: 34.1M > 2^25 = 33.6M; 8192 x 16384: 2^27 (large).
+    const Case cases[] = {{1024, 1536, 128, 512, true, true},     {1024, 1536, 127, 512, false, false},
+                          {1024, 1536, 128, 0, false, false},     {1024, 1536, 100, 100, true, true},
+                          {8192, 2048, 128, 512, true, true},     {4096, 6144, 128, 512, true, false},
+                          {8192, 4160, 128, 512, false, false},   {8192, 4160, 512, 512, true, false},
+                          {8192, 4160, 2048, 512, true, true},    {8192, 16384, 512, 512, false, false},
+                          {8192, 16384, 1024, 512, true, false},  {8192, 16384, 4096, 512, true, true},
+                          {8192, 16384, 1024, 0, false, false}};
     std::mt19937 rng(7);
     for (const Case c : cases) {
         SCOPED_TRACE("K=" + std::to_string(c.k) + " N=" + std::to_string(c.n) + " M=" + std::to_string(c.m) +
@@ -737,8 +745,9 @@ TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
             << tl_last_error_message();
         CUDA_OK(cudaDeviceSynchronize());
         ASSERT_EQ(TL_OK, tl_weight_dispatch_counts(weight, &after));
-        EXPECT_EQ(after.dequant_cublas - before.dequant_cublas, c.cublas ? 1u : 0u);
-        EXPECT_EQ(after.marlin_fused - before.marlin_fused, c.cublas ? 0u : 1u);
+        const bool cublas = hopper ? c.cublas_on_hopper : c.cublas;
+        EXPECT_EQ(after.dequant_cublas - before.dequant_cublas, cublas ? 1u : 0u);
+        EXPECT_EQ(after.marlin_fused - before.marlin_fused, cublas ? 0u : 1u);
         EXPECT_EQ(after.fallbacks, before.fallbacks);
     }
     for (int32_t setting = 0; setting < 5; ++setting) EXPECT_EQ(TL_OK, tl_set_dispatch(setting, saved[setting]));
