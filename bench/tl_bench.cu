@@ -508,42 +508,33 @@ int main(int argc, char **argv) {
                 };
                 if (wanted(0)) r.t[0] = time_calls(stream, rot, fused);
                 r.plan = plan_cell(tl::plan_marlin(m, k, n, wgmma_runs, prop.multiProcessorCount));
-                if (wanted(5) && group == 128 && m > 16 && m <= kClassicMaxM && r.plan.rfind("classic", 0) != 0) {
-                    const tl::MarlinPlan classic = tl::classic_plan(m);
-                    r.t[5] = time_calls(stream, rot, [&](int i) {
+                // The fused kernel under a forced plan; no time where the kernel refused it (another ran instead).
+                auto forced = [&](const tl::MarlinPlan &plan) {
+                    const uint64_t before = tl::gpu::marlin_launch_count(plan.kernel);
+                    Timing t = time_calls(stream, rot, [&](int i) {
                         const int c = i % d.copies;
                         return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
                                                     d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
-                                                    ws_bytes, stream, &classic);
+                                                    ws_bytes, stream, &plan);
                     });
+                    if (tl::gpu::marlin_launch_count(plan.kernel) == before) t = Timing{-1.0, -1, 0};
+                    return t;
+                };
+                if (wanted(5) && group == 128 && m > 16 && m <= kClassicMaxM && r.plan.rfind("classic", 0) != 0) {
+                    r.t[5] = forced(tl::classic_plan(m));
+                }
+                if (wanted(8) && wgmma_runs && m > kTmaMinM) {
+                    tl::MarlinPlan tma;
+                    tma.kernel = tl::MarlinKernel::Tma;
+                    tma.rows = tl::kTmaRows;
+                    r.t[8] = forced(tma);
                 }
                 if (wanted(9) && wgmma_runs && m > kTmaMinM) {
                     tl::MarlinPlan wgmma;
                     wgmma.kernel = tl::MarlinKernel::Wgmma;
                     wgmma.rows = 128;
                     wgmma.wgmma_warp_specialized = true;
-                    const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma);
-                    r.t[9] = time_calls(stream, rot, [&](int i) {
-                        const int c = i % d.copies;
-                        return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
-                                                    d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
-                                                    ws_bytes, stream, &wgmma);
-                    });
-                    if (tl::gpu::marlin_launch_count(tl::MarlinKernel::Wgmma) == before) r.t[9] = Timing{-1.0, -1, 0};
-                }
-                if (wanted(8) && wgmma_runs && m > kTmaMinM) {
-                    tl::MarlinPlan tma;
-                    tma.kernel = tl::MarlinKernel::Tma;
-                    tma.rows = tl::kTmaRows;
-                    const uint64_t before = tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma);
-                    r.t[8] = time_calls(stream, rot, [&](int i) {
-                        const int c = i % d.copies;
-                        return tl::gpu::marlin_gemm(x, reinterpret_cast<const uint32_t *>(d.codes[c]), d.scales[c],
-                                                    d.zeros[c], y, m, n, k, gs, true, tl::Dtype::F16, workspace,
-                                                    ws_bytes, stream, &tma);
-                    });
-                    // Refused by the kernel: the classic kernel ran instead, so there is no time of its own.
-                    if (tl::gpu::marlin_launch_count(tl::MarlinKernel::Tma) == before) r.t[8] = Timing{-1.0, -1, 0};
+                    r.t[9] = forced(wgmma);
                 }
                 if (wanted(1)) r.t[1] = time_calls(stream, rot, [&](int i) {
                     const int c = i % d.copies;

@@ -65,6 +65,16 @@ inline int current_device_info(DeviceInfo &info) {
 
 inline bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Lets the kernel launched with `config` (cudaLaunchKernelEx) start before the previous kernel on the stream has
+// finished: a programmatic dependent launch (compute capability 9.0), in which the kernel waits (griddepcontrol.wait)
+// before it reads what that kernel wrote. `attr` must outlive the launch; `allowed` false leaves an ordinary launch.
+inline void allow_early_start(cudaLaunchConfig_t &config, cudaLaunchAttribute &attr, bool allowed = true) {
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attr;
+    config.numAttrs = allowed ? 1 : 0;
+}
+
 // The device type of a Dtype's elements, with its conversions from and to FP32 (round to nearest even).
 template <Dtype D>
 struct Element;

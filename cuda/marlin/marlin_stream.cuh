@@ -275,11 +275,8 @@ int launch_stream(Params p, const LaunchEnv &env) {
     fixup.gridDim = dim3(static_cast<unsigned>((strips + kStreamFixupWarps - 1) / kStreamFixupWarps));
     fixup.blockDim = dim3(kStreamFixupWarps * 32);
     fixup.stream = env.stream;
-    cudaLaunchAttribute early[1];
-    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early[0].val.programmaticStreamSerializationAllowed = 1;
-    fixup.attrs = early;
-    fixup.numAttrs = env.compute_capability >= 90 ? 1 : 0;
+    cudaLaunchAttribute early;
+    allow_early_start(fixup, early, env.compute_capability >= 90);
     const cudaError_t fixup_rc = cudaLaunchKernelEx(&fixup, marlin_stream_fixup_kernel<NB, D>, p, grid * kWarps);
     if (fixup_rc != cudaSuccess) {
         (void)cudaGetLastError();

@@ -424,11 +424,8 @@ int launch_tma_kernel(Params p, const LaunchEnv &env) {
     config.blockDim = dim3(384);
     config.dynamicSmemBytes = L::kSmem;
     config.stream = env.stream;
-    cudaLaunchAttribute early[1];
-    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = early;
-    config.numAttrs = 1;
+    cudaLaunchAttribute early;
+    allow_early_start(config, early);
     TL_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, static_cast<const Params>(p)));
     return 0;
 }

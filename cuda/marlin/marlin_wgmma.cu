@@ -526,11 +526,8 @@ int launch_wgmma_kernel(Params p, const LaunchEnv &env) {
     fixup.gridDim = dim3(static_cast<unsigned>(p.total_iters / p.k_tiles));
     fixup.blockDim = dim3(L::kThreads);
     fixup.stream = env.stream;
-    cudaLaunchAttribute early[1];
-    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early[0].val.programmaticStreamSerializationAllowed = 1;
-    fixup.attrs = early;
-    fixup.numAttrs = 1;
+    cudaLaunchAttribute early;
+    allow_early_start(fixup, early);
     const cudaError_t fixup_rc =
         cudaLaunchKernelEx(&fixup, marlin_wgmma_fixup_kernel<L>, static_cast<const Params>(p), static_cast<int>(grid));
     if (fixup_rc != cudaSuccess) {
