@@ -499,9 +499,10 @@ static const int32_t TL_DISPATCH_CROSS_ITER_ROUND = 2;
 /** Which Marlin-class form to prefer: 0 = the faster (default), 1 = fused, 2 = correction. */
 static const int32_t TL_DISPATCH_MARLIN_MODE = 3;
 /** M from which dequantize-to-FP16 + cuBLAS replaces the Marlin-class kernel (default 512, measured on the H200;
- *  0 = never). Weights with K·N <= 2^25 switch at the smaller of this and 128 rows (measured: the Marlin-class
- *  kernels lose there), weights with K·N >= 2^27 at twice this (measured: the wgmma kernel still wins at 512 rows
- *  there). */
+ *  0 = never). Weights with K·N <= 2^25 (2^24 on compute capability 9.0) switch at the smaller of this and 128 rows
+ *  (measured: the Marlin-class kernels lose there); on compute capability 9.0 other weights switch at 4x this
+ *  (measured: the TMA kernel wins at 1024 rows); weights with K·N >= 2^27 at twice that (measured: the Marlin-class
+ *  kernels still win at twice the row count there). */
 static const int32_t TL_DISPATCH_CUBLAS_MIN_M = 4;
 /** GPU scoring's attention: 0 (default) the fastest tensor-core kernel that runs (warpgroup MMA on compute capability
  *  9.0, else mma.sync), 1 the FP32 SIMT kernel, 2 the mma.sync kernel (A/B runs). */

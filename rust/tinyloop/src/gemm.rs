@@ -388,7 +388,8 @@ pub enum DispatchSetting {
     /// Which Marlin-class form: 0 = the faster (default), 1 = fused, 2 = correction.
     MarlinMode,
     /// M from which dequantize + cuBLAS replaces the Marlin-class kernel (default 512; 0 = never); weights with
-    /// K·N ≤ 2^25 switch at the smaller of this and 128, weights with K·N ≥ 2^27 at twice this.
+    /// K·N ≤ 2^25 (2^24 on compute capability 9.0) switch at the smaller of this and 128, on 9.0 other weights at
+    /// 4× this, and weights with K·N ≥ 2^27 at twice that.
     CublasMinM,
     /// GPU scoring's attention: 0 (default) the tensor-core kernel where it runs, 1 the FP32 SIMT kernel.
     Attention,
