@@ -83,8 +83,8 @@ int launch_wgmma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fu
 // warpgroups, each weight tile dequantized once into shared memory for wgmma; tiles of 128 columns x 256 rows
 // (plan.rows) on at most one block per SM, whole tiles or stream-K with the cut tiles reduced inside the kernel
 // (workspace: counters and FP32 sums, left zeroed). Sets p.m_slices, k_tiles, total_iters and whole_tiles itself.
-// kRcUnsupported as for launch_wgmma, and where the tensor-map encoder is missing. The packed weights must not be
-// written by the kernel just before on the stream: their loads start before that kernel has finished.
+// kRcUnsupported as for launch_wgmma, and where the tensor-map encoder is missing. The packed codes, scales and zeros
+// must not be written by the kernel just before on the stream: their loads start before that kernel has finished.
 int launch_tma(Params p, const LaunchEnv &env, const MarlinPlan &plan, bool fused, int gpt, Dtype dtype);
 
 }  // namespace tl::gpu::marlin

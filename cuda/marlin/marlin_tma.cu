@@ -336,7 +336,9 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
                 wgmma::mma_ss<D>(acc, wgmma::desc_sw128(a_buf + k16 * 32), wgmma::desc_sw128(x_addr + k16 * 32), true);
             }
             wgmma::commit();
-            // The previous slice's wgmma are done: its stage and its A buffer may be reused.
+            // The previous slice's wgmma are done: its stage and its A buffer may be reused. (A wgmma group is one
+            // operation of the warpgroup: once this warp's wait sees it complete, no warp's part still reads the buffer
+            // the next slice's stmatrix of any warp overwrites.)
             wgmma::wait<1>();
             if (prev >= 0) ptx::mbarrier_arrive(&empty_bar[prev]);
             prev = stage;
