@@ -152,7 +152,6 @@ tl::ScoreOptions core_score_options(const tl_model &model, const tl_score_option
     score.n_threads = opts.n_threads;
     score.window = opts.window;
     score.token_nll = opts.token_nll;
-    score.cross_iter_round = score.dispatch[tl::DispatchSetting::CrossIterRound] != 0;
     score.use_graphs = opts.use_graphs != 0;
     score.max_memory_bytes = opts.max_memory_bytes;
     score.top_k = opts.top_k;
@@ -229,7 +228,6 @@ tl::ScoreOptions core_compare_options(const tl_model &reference, const tl_compar
     score.dispatch = reference.dispatch.resolve();
     score.n_threads = opts.n_threads;
     score.window = opts.window;
-    score.cross_iter_round = score.dispatch[tl::DispatchSetting::CrossIterRound] != 0;
     score.use_graphs = opts.use_graphs != 0;
     score.max_memory_bytes = opts.max_memory_bytes;
     score.activations = activation_mode(opts.activations_reference, "activations_reference");

@@ -450,7 +450,7 @@ void forward_hidden(Context &ctx, const Model &model, const std::vector<Block> &
 // `rows`, once the memory a call scoring windows of up to `rows` tokens needs is within the options' budget.
 int32_t within_budget(const Model &model, int32_t rows, const Context &ctx, const ScoreOptions &options) {
     const uint64_t top_k_bytes = static_cast<uint64_t>(rows) * options.top_k * (sizeof(int32_t) + sizeof(float));
-    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round,
+    check_memory_budget(cpu_score_bytes(model, rows, static_cast<int32_t>(ctx.pool.size()), options.cross_iter_round(),
                                         options.activations) +
                             top_k_bytes,
                         options.max_memory_bytes, host_memory_bytes(), "host memory");
@@ -487,7 +487,7 @@ class WindowScorer {
 public:
     WindowScorer(const Model &model, int32_t rows, const ScoreOptions &options)
         : ctx_(options.n_threads, &options.linear_input),
-          runner_(model, within_budget(model, rows, ctx_, options), options.cross_iter_round, options.activations),
+          runner_(model, within_budget(model, rows, ctx_, options), options.cross_iter_round(), options.activations),
           nll_(static_cast<size_t>(rows) - 1), greedy_(nll_.size()), top_k_(options.top_k),
           top_ids_(nll_.size() * static_cast<size_t>(top_k_)), top_logprobs_(top_ids_.size()) {}
 
@@ -629,14 +629,14 @@ ScoreResult compare_cpu(const Model &reference, const Model &test, const int32_t
     Context ctx(options.n_threads);
     const bool test_cross_iter_round = test_dispatch[DispatchSetting::CrossIterRound] != 0;
     // One forward pass serves both sides when they are the same model run the same way.
-    const bool one_pass = &reference == &test && test_cross_iter_round == options.cross_iter_round &&
+    const bool one_pass = &reference == &test && test_cross_iter_round == options.cross_iter_round() &&
                           test_activations == options.activations;
     const int32_t workers = static_cast<int32_t>(ctx.pool.size());
     const uint64_t bytes =
-        cpu_score_bytes(reference, rows, workers, options.cross_iter_round, options.activations) +
+        cpu_score_bytes(reference, rows, workers, options.cross_iter_round(), options.activations) +
         (one_pass ? 0 : cpu_score_bytes(test, rows, workers, test_cross_iter_round, test_activations));
     check_memory_budget(bytes, options.max_memory_bytes, host_memory_bytes(), "host memory");
-    ModelRunner ref_runner(reference, rows, options.cross_iter_round, options.activations);
+    ModelRunner ref_runner(reference, rows, options.cross_iter_round(), options.activations);
     std::unique_ptr<ModelRunner> test_runner;
     if (!one_pass) {
         test_runner = std::make_unique<ModelRunner>(test, rows, test_cross_iter_round, test_activations);

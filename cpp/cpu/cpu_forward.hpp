@@ -32,7 +32,7 @@ ScoreResult score_batch_cpu(const Model &model, const Sequence *sequences, size_
 // KL(P_reference || P_test), both NLLs and whether the argmaxes agree, into out's arrays of n_tokens - 1. Both
 // models' logits exist a chunk of positions at a time (head_chunk: ~2^20 floats per worker and model), never for the
 // whole text. Checks both models and that they share a vocabulary; `reference` and `test` may be the same model.
-// options: n_threads, window, progress, max_memory_bytes (both models' working memory), cross_iter_round and
+// options: n_threads, window, progress, max_memory_bytes (both models' working memory), cross_iter_round() and
 // activations (the reference's; the test's are test_dispatch's CrossIterRound and test_activations, so a model may be
 // compared with itself run at another activation precision); result: tokens_scored, n_windows and the reference's
 // nll_sum.

@@ -31,6 +31,7 @@ constexpr int32_t kDefaultCublasMinM = 512;
 struct DispatchSettings {
     std::array<int32_t, kDispatchSettings> values{};
     int32_t operator[](DispatchSetting s) const { return values[static_cast<size_t>(s)]; }
+    int32_t &operator[](DispatchSetting s) { return values[static_cast<size_t>(s)]; }
     bool operator==(const DispatchSettings &other) const { return values == other.values; }
     bool operator!=(const DispatchSettings &other) const { return values != other.values; }
 };

@@ -32,14 +32,15 @@ struct ScoreOptions {
     int32_t top_k = 0;
     int32_t *top_ids = nullptr;
     float *top_logprobs = nullptr;
-    // Cross-iteration rounding: the looped block's linears that carry frac4 or sign_bit channels use different codes
-    // on each loop iteration (cross_iter.hpp, docs/quality.md). The C API sets it from dispatch's CrossIterRound.
-    bool cross_iter_round = false;
     // The activation precision of the blocks' linears (the head's input is never quantized). Only the CPU backend
     // implements INT8 and FP8; the CUDA backend declines them (TL_ERR_UNSUPPORTED).
     ActivationMode activations = ActivationMode::Fp16;
-    // CUDA backend: the dispatcher settings of the call's model (its GEMM paths and attention kernel).
+    // The dispatcher settings of the call's model: on the CUDA backend its GEMM paths and attention kernel; on both,
+    // CrossIterRound (cross_iter_round()).
     DispatchSettings dispatch = default_dispatch_settings();
+    // Cross-iteration rounding: the looped block's linears that carry frac4 or sign_bit channels use different codes
+    // on each loop iteration (cross_iter.hpp, docs/quality.md).
+    bool cross_iter_round() const { return dispatch[DispatchSetting::CrossIterRound] != 0; }
     // Optional: called on the calling thread with each linear layer's input x [rows][w.k] just before the layer
     // runs, the looped block's linears once per loop iteration and the head with the rows it scores. For
     // collecting calibration activations.

@@ -430,7 +430,7 @@ TEST_F(Score, BatchHonoursTheLinearInputHookAndCrossIterationRounding) {
     std::vector<tl::SequenceScore> scores(sequences.size());
     std::vector<int32_t> head_rows;
     tl::ScoreOptions options;
-    options.cross_iter_round = true;
+    options.dispatch[tl::DispatchSetting::CrossIterRound] = 1;
     options.linear_input = [&](const tl::Linear &w, const float *, int32_t rows) {
         if (&w == &model->head) head_rows.push_back(rows);
     };
@@ -438,7 +438,7 @@ TEST_F(Score, BatchHonoursTheLinearInputHookAndCrossIterationRounding) {
     EXPECT_EQ(head_rows, (std::vector<int32_t>{29, 11}));
     options.linear_input = nullptr;
     tl::ScoreOptions plain = options;
-    plain.cross_iter_round = false;
+    plain.dispatch[tl::DispatchSetting::CrossIterRound] = 0;
     for (size_t i = 0; i < sequences.size(); ++i) {
         const tl::Sequence &s = sequences[i];
         const double scored = scored_sum(score_alone(*model, s, options), s);

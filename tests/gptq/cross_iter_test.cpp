@@ -123,7 +123,7 @@ std::unique_ptr<tl::Model> model_with_channels(uint64_t seed, int32_t loops, boo
 
 double nll_sum(const tl::Model &model, const std::vector<int32_t> &tokens, bool cross_iter) {
     tl::ScoreOptions options;
-    options.cross_iter_round = cross_iter;
+    options.dispatch[tl::DispatchSetting::CrossIterRound] = cross_iter ? 1 : 0;
     options.window = 48;  // several windows
     return tl::score_cpu(model, tokens.data(), tokens.size(), options).nll_sum;
 }

@@ -42,7 +42,7 @@ Scored score(const tl::Model &model, const std::vector<int32_t> &tokens, bool cr
     s.token_nll.resize(tokens.size() - 1);
     tl::ScoreOptions options;
     options.n_threads = threads;
-    options.cross_iter_round = cross_iter;
+    options.dispatch[tl::DispatchSetting::CrossIterRound] = cross_iter ? 1 : 0;
     options.token_nll = s.token_nll.data();
     const tl::ScoreResult r = tl::score_cpu(model, tokens.data(), tokens.size(), options);
     s.nll = r.nll_sum / static_cast<double>(r.tokens_scored);

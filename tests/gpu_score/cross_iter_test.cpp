@@ -176,10 +176,10 @@ TEST(CrossIterGpu, ScoreMatchesCpu) {
         tl::ScoreOptions cpu;
         cpu.window = 128;
         cpu.token_nll = rounded.data();
-        cpu.cross_iter_round = true;
+        cpu.dispatch[tl::DispatchSetting::CrossIterRound] = 1;
         const double rounded_sum = tl::score_cpu(model, tokens.data(), tokens.size(), cpu).nll_sum;
         cpu.token_nll = plain.data();
-        cpu.cross_iter_round = false;
+        cpu.dispatch[tl::DispatchSetting::CrossIterRound] = 0;
         tl::score_cpu(model, tokens.data(), tokens.size(), cpu);
 
         tl::GpuModel gm(model, 0);
@@ -192,7 +192,7 @@ TEST(CrossIterGpu, ScoreMatchesCpu) {
                 o.pass_tokens = pass_tokens;
                 o.use_graphs = graphs;
                 o.token_nll = gpu.data();
-                o.dispatch.values[static_cast<size_t>(tl::DispatchSetting::CrossIterRound)] = 1;
+                o.dispatch[tl::DispatchSetting::CrossIterRound] = 1;
                 const double gpu_sum = tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr).nll_sum;
                 double to_rounded = 0.0, to_plain = 0.0;
                 for (size_t i = 0; i < n; ++i) {
