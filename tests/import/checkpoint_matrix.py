@@ -35,10 +35,12 @@ import json
 import math
 import os
 import shutil
-import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_int4_checkpoints as int4  # noqa: E402  (the safetensors writer)
 
 SEED = 20261206
 D, H, HD, F, V = 64, 4, 16, 96, 96
@@ -74,25 +76,6 @@ def store(dtype, x):
         return b, bf16_values(b).astype(np.float64)
     f = np.asarray(x, dtype=np.float32)
     return f, f.astype(np.float64)
-
-
-def write_safetensors(path, tensors):
-    """tensors: name -> (dtype name, numpy array of the stored items). Tensors back to back in name order."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        dtype, array = tensors[name]
-        blob = np.ascontiguousarray(array).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    header["__metadata__"] = {"format": "pt"}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
 
 
 # ---- INT4: quantizing, packing (as AutoGPTQ / AutoAWQ write), and unpacking for the reference ----------------------
@@ -273,7 +256,8 @@ class Family:
         if self.quantize_config is not None:
             with open(os.path.join(folder, "quantize_config.json"), "w") as f:
                 json.dump(self.quantize_config, f, indent=2)
-        write_safetensors(os.path.join(folder, "model.safetensors"), self.tensors)
+        stored = {name: (dtype, list(a.shape), np.ascontiguousarray(a)) for name, (dtype, a) in self.tensors.items()}
+        int4.write_safetensors(os.path.join(folder, "model.safetensors"), stored, {"format": "pt"})
 
 
 # ---- The reference forward pass (transformers' Llama / Qwen2 modeling, float64) ------------------------------------

@@ -188,9 +188,10 @@ def make_act_order(tensors, name, perm, group_size):
 
 
 def write_safetensors(path, tensors, metadata=None, misalign=False):
-    """tensors: name -> (dtype, shape, values); F16 and BF16 values are bit patterns. Tensors in name order, back to
-    back. misalign=True pads the header to an odd length instead of a multiple of 8, so that the data section and
-    every tensor start at an odd offset: other writers need not align tensors, and readers must cope
+    """tensors: name -> (dtype, shape, values): a list (F16 and BF16 values are bit patterns), or an array of the
+    stored items with tobytes() (numpy, little-endian: checkpoint_matrix.py). Tensors in name order, back to back.
+    misalign=True pads the header to an odd length instead of a multiple of 8, so that the data section and every
+    tensor start at an odd offset: other writers need not align tensors, and readers must cope
     (make_looped_checkpoints.py uses it)."""
     fmt = {"I32": "<%di", "F16": "<%dH", "BF16": "<%dH", "F32": "<%df"}
     header, blobs, offset = {}, [], 0
@@ -198,7 +199,7 @@ def write_safetensors(path, tensors, metadata=None, misalign=False):
         header["__metadata__"] = metadata
     for name in sorted(tensors):
         dtype, shape, values = tensors[name]
-        blob = struct.pack(fmt[dtype] % len(values), *values)
+        blob = values.tobytes() if hasattr(values, "tobytes") else struct.pack(fmt[dtype] % len(values), *values)
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
