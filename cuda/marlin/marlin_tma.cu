@@ -69,7 +69,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
                  : "memory");
 }
 
-// A named barrier of `count` threads (ids 1 and 2: one per consumer warpgroup; 0 is __syncthreads).
+// A named barrier of `count` threads (ids 1 and 2: one consumer warpgroup; 3: both; 0 is __syncthreads).
 __device__ __forceinline__ void named_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
