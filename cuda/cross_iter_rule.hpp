@@ -5,10 +5,12 @@
 
 #include <cstdint>
 
+#ifndef TL_HOST_DEVICE
 #if defined(__CUDACC__)
 #define TL_HOST_DEVICE __host__ __device__
 #else
 #define TL_HOST_DEVICE
+#endif
 #endif
 
 namespace tl::gpu {

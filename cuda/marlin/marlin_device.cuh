@@ -13,6 +13,7 @@
 
 #include "../gpu_common.cuh"
 #include "marlin.cuh"
+#include "marlin_schedule.hpp"  // share_owner
 
 namespace tl::gpu::marlin {
 
@@ -48,11 +49,6 @@ __device__ __forceinline__ void wait_for_primary() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-}
-
-// Stream-K: of `parts` equal shares [w T / parts, (w + 1) T / parts) of T slices, the one holding slice u.
-__host__ __device__ __forceinline__ long long share_owner(long long u, long long parts, long long total) {
-    return ((u + 1) * parts - 1) / total;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {

@@ -25,10 +25,11 @@
 // - Registers (setmaxnreg): the producer warpgroup runs on 40, the consumers on 232 (ROWS / 2 FP32 accumulators).
 // Scheduling, persistent (one block per SM at most), tiles numbered rows fastest so that the blocks running at once
 // share a weight panel through L2: whole tiles round robin (block b: tiles b, b + grid, ...) where they fill the waves
-// (wgmma_whole_tiles), else stream-K, each block an equal range of all (tile, k slice) pairs (TmaWork). A tile cut
-// between blocks is reduced inside the kernel: the block holding its last slice (the finisher) waits until the others
-// have added their FP32 sums into its workspace slot and counted their slices, adds its own, writes the tile, and
-// leaves slot and counter zeroed. The finisher waits only on blocks of lower index, which run before or beside it.
+// (wgmma_whole_tiles), else stream-K, each block an equal range of all (tile, k slice) pairs (TmaWork in
+// marlin_schedule.hpp). A tile cut between blocks is reduced inside the kernel: the block holding its last slice (the
+// finisher) waits until the others have added their FP32 sums into its workspace slot and counted their slices, adds
+// its own, writes the tile, and leaves slot and counter zeroed. The finisher waits only on blocks of lower index, which
+// run before or beside it.
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is reached through the runtime)
 #include <cudaTypedefs.h>
 
@@ -37,6 +38,7 @@
 
 #include "../wgmma.cuh"
 #include "marlin_device.cuh"
+#include "marlin_schedule.hpp"
 
 namespace tl::gpu::marlin {
 
@@ -149,45 +151,6 @@ __device__ __forceinline__ void finish_tile(const Params &p, float (&acc)[L::kAc
     }
 }
 
-// This block's work: `tiles` tiles, tile(j) for j = 0, 1, ..., each its k slices [lo, hi). Whole tiles: blockIdx.x +
-// j * grid, all slices. Stream-K: the range [begin, end) of all (tile, k slice) pairs, last tile first; its first tile
-// may lack its head (this block then finishes it) and its last its tail (this block contributes to it). Why last
-// first: a block then adds to the cut tile at its range's end before it waits, at its range's start, for the blocks
-// before it; in range order each finisher would wait for a chain of all the blocks before it.
-struct TmaWork {
-    long long begin, end;  // stream-K's range (whole tiles: unused)
-    int first_tile, tiles, step;
-    bool whole;
-    __device__ __forceinline__ int tile(int j) const {
-        return whole ? first_tile + j * step : first_tile + tiles - 1 - j;
-    }
-    __device__ __forceinline__ int lo(int tile, int k_tiles) const {
-        const long long t0 = static_cast<long long>(tile) * k_tiles;
-        return whole || begin <= t0 ? 0 : static_cast<int>(begin - t0);
-    }
-    __device__ __forceinline__ int hi(int tile, int k_tiles) const {
-        const long long t1 = static_cast<long long>(tile + 1) * k_tiles;
-        return whole || end >= t1 ? k_tiles : static_cast<int>(end - t1 + k_tiles);
-    }
-};
-__device__ __forceinline__ TmaWork tma_work(const Params &p, long long tiles) {
-    TmaWork w;
-    w.whole = p.whole_tiles != 0;
-    if (w.whole) {
-        w.begin = w.end = 0;
-        w.first_tile = blockIdx.x;
-        w.tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
-        w.step = gridDim.x;
-    } else {
-        w.begin = static_cast<long long>(blockIdx.x) * p.total_iters / gridDim.x;
-        w.end = (static_cast<long long>(blockIdx.x) + 1) * p.total_iters / gridDim.x;
-        w.first_tile = static_cast<int>(w.begin / p.k_tiles);
-        w.tiles = w.end > w.begin ? static_cast<int>((w.end - 1) / p.k_tiles) - w.first_tile + 1 : 0;
-        w.step = 1;
-    }
-    return w;
-}
-
 template <int ROWS, bool FUSED, int GPT, Dtype D>
 __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constant__ CUtensorMap x_map, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -203,7 +166,8 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
     launch_dependents();  // the next kernel may start its own weight loads; it waits for this grid before reading Y
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int strips = p.n / 64, n_tiles = (p.n + kTmaTileN - 1) / kTmaTileN;
-    const TmaWork work = tma_work(p, static_cast<long long>(p.m_slices) * n_tiles);
+    const TmaWork work = tma_work(p.whole_tiles != 0, static_cast<long long>(p.m_slices) * n_tiles, p.k_tiles,
+                                  static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
     if (work.tiles <= 0) return;
     if (tid == 0) {
         for (int s = 0; s < L::kStages; ++s) {
@@ -214,8 +178,7 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
         ptx::fence_proxy_async(ptx::space_shared);
     }
     __syncthreads();
-    const int total = static_cast<int>(work.whole ? static_cast<long long>(work.tiles) * p.k_tiles
-                                                  : work.end - work.begin);  // k slices of this block
+    const int total = static_cast<int>(work.slices(p.k_tiles));  // k slices of this block
 
     if (warp >= 8) {  // the producer warpgroup: one thread issues every copy
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
