@@ -11,7 +11,7 @@
 
 namespace tl {
 
-// ---- The Marlin-class kernels: three mainloops ----
+// ---- The Marlin-class kernels: four mainloops ----
 
 // Stream (M <= 16: marlin_stream.cuh, every warp streaming its own k slices, no block barriers), Wgmma (M > 16 on
 // compute capability 9.0: marlin_wgmma.cu, built for sm_90a), Tma (many rows on compute capability 9.0: marlin_tma.cu,
@@ -62,7 +62,8 @@ inline bool wgmma_whole_tiles(long long tiles, long long slots) {
 
 // The TMA kernel (marlin_tma.cu): 256-row tiles of 128 columns. It runs from kTmaMinRows where those tiles fill the
 // waves of one block per SM (wgmma_whole_tiles); there it beat the wgmma kernel's 128-row tiles on every layer measured
-// (H100, tl_bench, notes/gpu-notes.md "The TMA kernel"). With fewer tiles the wgmma kernel keeps its forms.
+// at 256-2048 rows and was level at 4096 (H100, tl_bench, notes/gpu-notes.md "The TMA kernel"). With fewer tiles the
+// wgmma kernel keeps its forms.
 constexpr int64_t kTmaMinRows = 129;
 constexpr int kTmaRows = 256;
 constexpr int kTmaColumns = 128;
@@ -71,7 +72,7 @@ inline long long tma_tiles(int64_t m, int32_t n) {
                                                                     kTmaColumns);
 }
 
-// The classic kernel's plan for M rows: the fallback of the other two, and their form on GPUs without wgmma.
+// The classic kernel's plan for M rows: the fallback of the others, and their form on GPUs without wgmma.
 inline MarlinPlan classic_plan(int64_t m) {
     MarlinPlan plan;
     plan.kernel = MarlinKernel::Classic;
