@@ -6,13 +6,7 @@
 
 #include <cstdint>
 
-#ifndef TL_HOST_DEVICE
-#if defined(__CUDACC__)
-#define TL_HOST_DEVICE __host__ __device__
-#else
-#define TL_HOST_DEVICE
-#endif
-#endif
+#include "../host_device.hpp"
 
 namespace tl::gpu::marlin {
 
