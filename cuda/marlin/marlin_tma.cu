@@ -269,6 +269,20 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
 #pragma unroll
         for (int i = 0; i < L::kAcc; ++i) acc[i] = 0.0f;
         wgmma::pin(acc);
+        if (2 * (tile / p.m_slices) + wg >= strips) {
+            // A strip past N (N % 128 == 64): the producer copied none of its weights. Release each stage at once
+            // (the other warpgroup's arrivals still hold it until its wgmma are done); the sums stay zero.
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
+                wait_parity(&full_bar[stage], phase);
+                ptx::mbarrier_arrive(&empty_bar[stage]);
+                if (++stage == L::kStages) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+            finish_tile<L, D>(p, acc, tile, kt_begin, kt_end, wg, wj, lane);
+            continue;
+        }
 #pragma unroll 1
         for (int kt = kt_begin; kt < kt_end; ++kt) {
             wait_parity(&full_bar[stage], phase);
