@@ -20,6 +20,7 @@
 #include "cpu/cpu_forward.hpp"
 #include "format/format.hpp"
 #include "quant/quant.hpp"
+#include "../common/tl_error.hpp"
 #include "reference.hpp"
 #include "util/error.hpp"
 #include "util/half.hpp"
@@ -352,21 +353,6 @@ TEST(ActQuant, LinearStaysCloseToFullPrecision) {
 }
 
 // A weight the integer path cannot take exactly is refused, naming it.
-namespace {
-
-// Runs `call`, which must throw TL_ERR_UNSUPPORTED with `words` in its message.
-template <class Call>
-void expect_unsupported(Call call, const std::string &words) {
-    try {
-        call();
-        FAIL() << "no error";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_UNSUPPORTED);
-        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-}
-
-}  // namespace
 
 TEST(ActQuant, RefusesWeightsItCannotTakeExactly) {
     // FP8 activations with INT8 weights: their codes are not exact in e4m3.
@@ -374,7 +360,8 @@ TEST(ActQuant, RefusesWeightsItCannotTakeExactly) {
     const tl::Linear int8 = tl::make_quantized_linear(
         "int8", tl::quantize_minmax(values.data(), 64, 8, 0, tl::QuantMethod::Symmetric, 8));
     tl::QuantizedInput fp8_in;
-    expect_unsupported([&] { tl::prepare_quantized_input(int8, 1, ActivationMode::Fp8, fp8_in); }, "not exact in e4m3");
+    EXPECT_TRUE(tlt::throws(TL_ERR_UNSUPPORTED, {"not exact in e4m3"},
+                            [&] { tl::prepare_quantized_input(int8, 1, ActivationMode::Fp8, fp8_in); }));
     EXPECT_NO_THROW(tl::prepare_quantized_input(int8, 1, ActivationMode::Int8, fp8_in));
     tl::Linear wide;
     wide.name = "wide";
@@ -382,7 +369,8 @@ TEST(ActQuant, RefusesWeightsItCannotTakeExactly) {
     wide.n = 1;
     wide.quantized = false;
     tl::QuantizedInput in;
-    expect_unsupported([&] { tl::prepare_quantized_input(wide, 1, ActivationMode::Int8, in); }, "wide");
+    EXPECT_TRUE(tlt::throws(TL_ERR_UNSUPPORTED, {"wide"},
+                            [&] { tl::prepare_quantized_input(wide, 1, ActivationMode::Int8, in); }));
 }
 
 // The shipped demo model on data/demo.txt (bytes are its tokens): INT8 and FP8 activations move the perplexity by a

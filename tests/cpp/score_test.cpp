@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/tl_error.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "quant/quant.hpp"
 #include "util/error.hpp"
@@ -31,17 +32,6 @@ protected:
         model_ = tl::make_synthetic_model(small_config(), options);
         std::mt19937_64 rng(seed_);
         tokens_ = ref::random_tokens(rng, 150, small_config().vocab);
-    }
-
-    // The status and message of a call that must fail with a tl::Error.
-    template <class Fn>
-    static std::pair<tl_status, std::string> error_of(Fn fn) {
-        try {
-            fn();
-        } catch (const tl::Error &e) {
-            return {e.code(), e.what()};
-        }
-        return {TL_OK, ""};
     }
 
     uint64_t seed_ = 0;
@@ -90,35 +80,33 @@ TEST_F(Score, PortableKernelGivesTheSameBits) {
 TEST_F(Score, InvalidTokensAreRejectedWithTheirIndex) {
     SCOPED_TRACE("seed " + std::to_string(seed_));
     tokens_[17] = 300;
-    auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
-    EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(message, "tokens[17] = 300 is outside the vocabulary [0, 256)");
+    auto score = [&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); };
+    const tlt::ErrorOf e = tlt::error_of(score);
+    EXPECT_EQ(e.code, TL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(e.message, "tokens[17] = 300 is outside the vocabulary [0, 256)");
     tokens_[17] = 0;
     tokens_[149] = -1;
-    std::tie(code, message) = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
-    EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(message.find("tokens[149] = -1"), std::string::npos) << message;
+    EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"tokens[149] = -1"}, score));
     tokens_[149] = 256;
-    std::tie(code, message) = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
-    EXPECT_NE(message.find("tokens[149] = 256"), std::string::npos) << message;
+    EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"tokens[149] = 256"}, score));
 }
 
 TEST_F(Score, TooFewTokensAndBadWindowsAreRejected) {
     for (size_t n : {0, 1}) {
-        EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, tokens_.data(), n, {}); }).first, TL_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(tlt::error_of([&] { tl::score_cpu(*model_, tokens_.data(), n, {}); }).code, TL_ERR_INVALID_ARGUMENT);
     }
-    EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, nullptr, 10, {}); }).first, TL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(tlt::error_of([&] { tl::score_cpu(*model_, nullptr, 10, {}); }).code, TL_ERR_INVALID_ARGUMENT);
     for (int32_t window : {1, -3, 65}) {
         tl::ScoreOptions options;
         options.window = window;
-        const auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); });
-        EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT) << "window " << window;
-        EXPECT_NE(message.find("window"), std::string::npos) << message;
+        EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"window"},
+                                [&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); }))
+            << "window " << window;
     }
     for (int32_t threads : {-1, 1025}) {
         tl::ScoreOptions options;
         options.n_threads = threads;
-        EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); }).first,
+        EXPECT_EQ(tlt::error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); }).code,
                   TL_ERR_INVALID_ARGUMENT);
     }
 }
@@ -154,14 +142,14 @@ TEST_F(Score, ProgressCanCancel) {
     tl::ScoreOptions options;
     options.window = 16;
     options.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
-    const auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); });
-    EXPECT_EQ(code, TL_ERR_CANCELLED) << message;
+    EXPECT_TRUE(
+        tlt::throws(TL_ERR_CANCELLED, {}, [&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), options); }));
     EXPECT_EQ(calls, 2);
 }
 
 TEST_F(Score, ModelShapeMismatchIsRejected) {
     model_->loop.mlp_up.n -= 1;
-    const auto [code, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
+    const auto [code, message] = tlt::error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), {}); });
     EXPECT_EQ(code, TL_ERR_INVALID_ARGUMENT);
     EXPECT_NE(message.find("loop.mlp_up"), std::string::npos) << message;
 }
@@ -192,7 +180,7 @@ TEST_F(Score, MemoryBudgetIsEnforced) {
     const uint64_t needed = tl::cpu_score_bytes(*model_, 64, 1, false);
     EXPECT_GT(needed, tl::cpu_score_bytes(*model_, 16, 1, false));
     o.max_memory_bytes = needed - 1;
-    const auto [status, message] = error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o); });
+    const auto [status, message] = tlt::error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o); });
     EXPECT_EQ(status, TL_ERR_OUT_OF_MEMORY);
     EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
     EXPECT_NE(message.find("max_memory_bytes"), std::string::npos) << message;
@@ -208,7 +196,7 @@ TEST_F(Score, MemoryBudgetIsEnforced) {
     const uint64_t quantized = tl::cpu_score_bytes(*model_, 64, 1, false, tl::ActivationMode::Int8);
     EXPECT_GT(quantized, needed);
     o.max_memory_bytes = quantized - 1;
-    EXPECT_EQ(error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o); }).first,
+    EXPECT_EQ(tlt::error_of([&] { tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o); }).code,
               TL_ERR_OUT_OF_MEMORY);
     o.max_memory_bytes = quantized;
     EXPECT_EQ(tl::score_cpu(*model_, tokens_.data(), tokens_.size(), o).tokens_scored, tokens_.size() - 1);
@@ -218,7 +206,7 @@ TEST_F(Score, MemoryBudgetIsEnforced) {
     const tl::Sequence sequence{tokens_.data(), 64, 0};
     tl::SequenceScore score;
     const auto [batch_status, batch_message] =
-        error_of([&] { tl::score_batch_cpu(*model_, &sequence, 1, o, &score); });
+        tlt::error_of([&] { tl::score_batch_cpu(*model_, &sequence, 1, o, &score); });
     EXPECT_EQ(batch_status, TL_ERR_OUT_OF_MEMORY);
     EXPECT_NE(batch_message.find("in tl_score_batch shorter sequences"), std::string::npos) << batch_message;
 }
@@ -253,12 +241,7 @@ TEST(ThreadPool, LibraryErrorsInWorkersKeepTheirStatus) {
     bad.dense_dtype = tl::DType::U8;
     bad.dense = bytes.data();
     std::vector<float> x(4 * 64, 1.0f), y(4 * 64);
-    try {
-        tl::linear_forward(bad, x.data(), y.data(), 4, 2);
-        FAIL() << "no error";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_INTERNAL) << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_INTERNAL, {}, [&] { tl::linear_forward(bad, x.data(), y.data(), 4, 2); }));
 }
 
 // ---- score_batch_cpu ----
@@ -382,7 +365,7 @@ TEST_F(Score, BatchProgressCountsScoredTokensAndCanCancel) {
 
     int calls = 0;
     options.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
-    const auto [code, message] = error_of(
+    const auto [code, message] = tlt::error_of(
         [&] { tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), options, scores.data()); });
     EXPECT_EQ(code, TL_ERR_CANCELLED) << message;
     EXPECT_NE(message.find("after 24 of 28 tokens"), std::string::npos) << message;
@@ -411,7 +394,7 @@ TEST_F(Score, BatchMemoryFollowsTheLongestSequence) {
     const uint64_t needed = tl::cpu_score_bytes(*model_, 48, 1, false);
     o.max_memory_bytes = needed - 1;
     const auto [status, message] =
-        error_of([&] { tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), o, scores.data()); });
+        tlt::error_of([&] { tl::score_batch_cpu(*model_, sequences.data(), sequences.size(), o, scores.data()); });
     EXPECT_EQ(status, TL_ERR_OUT_OF_MEMORY);
     EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
     o.max_memory_bytes = needed;

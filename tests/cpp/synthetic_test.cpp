@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/tl_error.hpp"
 #include "util/error.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
@@ -190,10 +191,5 @@ TEST(Synthetic, HeadIsQuantizedWhenAsked) {
 TEST(Synthetic, InvalidConfigIsAnInvalidArgument) {
     tl::ModelConfig c = config_for_test();
     c.group_size = 48;  // does not divide d_model
-    try {
-        tl::make_synthetic_model(c, {});
-        FAIL() << "no error";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_INVALID_ARGUMENT) << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {}, [&] { tl::make_synthetic_model(c, {}); }));
 }

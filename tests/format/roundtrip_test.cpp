@@ -15,6 +15,7 @@
 #include <limits>
 #include <set>
 
+#include "../common/tl_error.hpp"
 #include "util/error.hpp"
 #include "format_test_util.hpp"
 #include "import/synthetic.hpp"
@@ -520,13 +521,7 @@ TEST(Bias, SavedAsVersion2AndLoadedBack) {
     for (const auto &[shape, value, message] :
          {std::tuple<std::vector<int64_t>, float, std::string>{{n + 1}, 0.0f, "tensor 'pre.1.mlp_up.bias': shape ["},
           {{n}, std::numeric_limits<float>::quiet_NaN(), "tensor 'pre.1.mlp_up.bias': non-finite value"}}) {
-        try {
-            tl::load_model(rewrite(shape, value), tl::LoadOptions{});
-            ADD_FAILURE() << "loaded a file with a bad bias";
-        } catch (const tl::Error &e) {
-            EXPECT_EQ(e.code(), TL_ERR_FORMAT);
-            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-        }
+        EXPECT_TRUE(tlt::throws(TL_ERR_FORMAT, {message}, [&] { tl::load_model(rewrite(shape, value), {}); }));
     }
 }
 
@@ -565,13 +560,8 @@ TEST(GroupedQueryAttention, SavedAsVersion2AndLoadedBack) {
 
     nlohmann::json bad = nlohmann::json::parse(file.metadata.at("config"));
     bad["n_kv_heads"] = 3;
-    try {
-        tl::validate_config(tl::config_from_json(bad.dump()));
-        ADD_FAILURE() << "n_kv_heads 3 of 4 heads accepted";
-    } catch (const tl::Error &e) {
-        EXPECT_NE(std::string(e.what()).find("n_kv_heads = 3 must divide n_heads = 4"), std::string::npos)
-            << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_FORMAT, {"n_kv_heads = 3 must divide n_heads = 4"},
+                            [&] { tl::validate_config(tl::config_from_json(bad.dump())); }));
     std::map<std::string, std::string> metadata = file.metadata;  // the same tensors, the config without n_kv_heads
     bad.erase("n_kv_heads");
     metadata["config"] = bad.dump();
@@ -579,14 +569,8 @@ TEST(GroupedQueryAttention, SavedAsVersion2AndLoadedBack) {
     for (const auto &kv : file.tensors) views.push_back({kv.first, kv.second.dtype, kv.second.shape, kv.second.data});
     const std::string mismatched = tlt::temp_dir() + "/gqa_mismatched.tinyloop";
     tl::write_safetensors(mismatched, metadata, views);
-    try {
-        tl::load_model(mismatched, tl::LoadOptions{});
-        ADD_FAILURE() << "a grouped qkv loaded under a config without n_kv_heads";
-    } catch (const tl::Error &e) {
-        EXPECT_NE(std::string(e.what()).find("tensor 'pre.0.attn_qkv.qweight': shape [48, 12], expected [72, 12]"),
-                  std::string::npos)
-            << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_FORMAT, {"tensor 'pre.0.attn_qkv.qweight': shape [48, 12], expected [72, 12]"},
+                            [&] { tl::load_model(mismatched, tl::LoadOptions{}); }));
 }
 
 TEST(ConfigJson, RoundTripsEveryFieldExactly) {
@@ -625,13 +609,7 @@ const char *const kConfigFields[] = {"d_model", "n_heads", "head_dim",   "ffn", 
                                      "loops",   "max_seq", "group_size", "bits", "rope_theta", "norm_eps"};
 
 void expect_format_error(const std::function<void()> &fn, const std::string &substring) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one naming '" << substring << "'";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_FORMAT) << e.what();
-        EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_FORMAT, {substring}, fn));
 }
 
 // rope_scaling: each type's fields round-trip exactly (doubles as written), only that type's fields are stored, a
@@ -818,14 +796,8 @@ TEST(ValidateConfig, AcceptsTheBoundsAndRejectsJustOutside) {
 
 TEST(Writer, ReportsIoErrorsWithThePathAndErrno) {
     const std::string path = tlt::temp_dir() + "/no_such_dir/model.tinyloop";
-    try {
-        tl::write_safetensors(path, {}, {});
-        FAIL() << "expected TL_ERR_IO";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_IO);
-        EXPECT_NE(std::string(e.what()).find("'" + path + "'"), std::string::npos) << e.what();
-        EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_IO, {"'" + path + "'", "No such file or directory"},
+                            [&] { tl::write_safetensors(path, {}, {}); }));
 }
 
 TEST(Writer, ReplacesTheFileAtomicallyAndLeavesNoTemporary) {

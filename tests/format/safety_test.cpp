@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "../common/tl_error.hpp"
 #include "util/error.hpp"
 #include "format_test_util.hpp"
 #include "tinyloop.h"
@@ -64,12 +65,8 @@ LoadResult load_via_c_api(const std::string &path, bool use_mmap) {
 }
 
 LoadResult load_via_cpp(const std::string &path, bool use_mmap) {
-    try {
-        tl::load_model(path, tl::LoadOptions{use_mmap, true});
-        return {};
-    } catch (const tl::Error &e) {
-        return {e.code(), e.what()};
-    }
+    const tlt::ErrorOf e = tlt::error_of([&] { tl::load_model(path, tl::LoadOptions{use_mmap, true}); });
+    return {e.code, e.message};
 }
 
 // ---- Special files ----
@@ -232,14 +229,7 @@ TEST(Writer, GivesTheFileTheUsualModeUnderTheUmask) {
 }
 
 void expect_io_error(const std::function<void()> &write, const std::vector<std::string> &substrings) {
-    try {
-        write();
-        ADD_FAILURE() << "the write succeeded";
-    } catch (const tl::Error &e) {
-        EXPECT_EQ(e.code(), TL_ERR_IO) << e.what();
-        for (const std::string &s : substrings)
-            EXPECT_TRUE(contains(e.what(), s)) << "'" << s << "' not in: " << e.what();
-    }
+    EXPECT_TRUE(tlt::throws(TL_ERR_IO, substrings, write));
 }
 
 TEST(Writer, AFailedWriteLeavesTheOldFileAndNoTemporary) {

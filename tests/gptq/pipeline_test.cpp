@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/tl_error.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "util/error.hpp"
 #include "format/format.hpp"
@@ -204,14 +205,7 @@ TEST(Pipeline, Int8ModelsRoundTripThroughTheFile) {
 }
 
 TEST(Pipeline, RejectsWhatItCannotQuantize) {
-    auto code_of = [](auto fn) {
-        try {
-            fn();
-        } catch (const tl::Error &e) {
-            return e.code();
-        }
-        return TL_OK;
-    };
+    auto code_of = [](auto fn) { return tlt::error_of(fn).code; };
     tl::QuantizeOptions options;
     options.quantizer = tl::Quantizer::Gptq;
     auto model = dense_model(1, 128);

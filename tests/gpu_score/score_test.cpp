@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/tl_error.hpp"
 #include "cpu/cpu_forward.hpp"
 #include "gpu/gemm_dispatch.hpp"
 #include "util/error.hpp"
@@ -432,16 +433,7 @@ tl::GpuModel *ScoreApi::gpu_ = nullptr;
 
 template <class Fn>
 ::testing::AssertionResult fails_with(tl_status code, const std::string &message_part, Fn fn) {
-    try {
-        fn();
-    } catch (const tl::Error &e) {
-        if (e.code() != code) return ::testing::AssertionFailure() << "status " << e.code() << ": " << e.what();
-        if (std::string(e.what()).find(message_part) == std::string::npos) {
-            return ::testing::AssertionFailure() << "message '" << e.what() << "' lacks '" << message_part << "'";
-        }
-        return ::testing::AssertionSuccess() << e.what();
-    }
-    return ::testing::AssertionFailure() << "no error";
+    return tlt::throws(code, {message_part}, fn);
 }
 
 TEST_F(ScoreApi, RejectsBadArguments) {
