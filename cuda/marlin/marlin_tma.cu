@@ -81,6 +81,20 @@ __device__ __forceinline__ void wait_parity(uint64_t *bar, uint32_t parity) {
     }
 }
 
+// Whether warpgroup wg's strip of column tile n_tile lies past N (N % 128 == 64: a last tile of one strip).
+__device__ __forceinline__ bool strip_past_n(const Params &p, int n_tile, int wg) {
+    return 2 * n_tile + wg >= p.n / 64;
+}
+
+// The ring's next stage; the barrier phase flips at each wrap.
+template <int STAGES>
+__device__ __forceinline__ void next_stage(int &stage, uint32_t &phase) {
+    if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1u;
+    }
+}
+
 // Bytes one stage receives for a tile of n_tile: X whole (rows past M arrive as zeros and count), and per strip inside
 // N its codes, scales and zeros.
 template <class L, bool FUSED, int GPT>
@@ -138,7 +152,7 @@ __device__ __forceinline__ void finish_tile(const Params &p, float (&acc)[L::kAc
             }
         }
     }
-    if (2 * n_tile + wg >= p.n / 64) return;  // a strip past N
+    if (strip_past_n(p, n_tile, wg)) return;
     const int col = (2 * n_tile + wg) * 64 + 16 * wj + lane / 4;
     uint16_t *y0 = p.y + static_cast<size_t>(row0) * p.n + col;
 #pragma unroll
@@ -243,10 +257,7 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
             wait_parity(&empty_bar[stage], phase);
             copy_weights(stage, w);
             copy_x(stage, x);
-            if (++stage == L::kStages) {
-                stage = 0;
-                phase ^= 1u;
-            }
+            next_stage<L::kStages>(stage, phase);
         }
         return;
     }
@@ -269,16 +280,13 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
 #pragma unroll
         for (int i = 0; i < L::kAcc; ++i) acc[i] = 0.0f;
         wgmma::pin(acc);
-        if (2 * (tile / p.m_slices) + wg >= strips) {
+        if (strip_past_n(p, tile / p.m_slices, wg)) {
             // A strip past N (N % 128 == 64): the producer copied none of its weights. Release each stage at once
             // (the other warpgroup's arrivals still hold it until its wgmma are done); the sums stay zero.
             for (int kt = kt_begin; kt < kt_end; ++kt) {
                 wait_parity(&full_bar[stage], phase);
                 ptx::mbarrier_arrive(&empty_bar[stage]);
-                if (++stage == L::kStages) {
-                    stage = 0;
-                    phase ^= 1u;
-                }
+                next_stage<L::kStages>(stage, phase);
             }
             finish_tile<L, D>(p, acc, tile, kt_begin, kt_end, wg, wj, lane);
             continue;
@@ -320,10 +328,7 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
             if (prev >= 0) ptx::mbarrier_arrive(&empty_bar[prev]);
             prev = stage;
             buf ^= 1u;
-            if (++stage == L::kStages) {
-                stage = 0;
-                phase ^= 1u;
-            }
+            next_stage<L::kStages>(stage, phase);
         }
         wgmma::wait<0>();
         wgmma::pin(acc);
