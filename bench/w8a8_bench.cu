@@ -1,5 +1,8 @@
-// w8a8_bench: the W8A8 GEMM (per-token INT8 quantization of X, cuBLAS INT8 GEMM into INT32, scaling epilogue;
-// cuda/w8a8_gemm.cu) beside dense cuBLAS FP16 and the bare cuBLAS INT8 GEMM it contains, on the benchmark layers.
+// w8a8_bench: the GEMMs of INT8 activations on the benchmark layers, beside dense cuBLAS FP16 and cuBLAS's bare INT8
+// GEMM: W8A8 the seed's two ways (cuda/w8a8_gemm.cu: per-token quantization of X, cuBLAS INT8 GEMM into INT32, a
+// scaling epilogue kernel; cuda/int8_gemm.cu: the quantization, then one kernel with the scaling in its epilogue),
+// W4A8 (the quantization with code sums, then int8_gemm on packed INT4 codes with zero points), and int8_gemm alone
+// on quantized X (against the bare INT8 GEMM).
 //
 //   w8a8_bench <out.csv> [--m M[,M...]]      (default M = 1024,4096)
 //
@@ -23,6 +26,7 @@
 
 #include "check_cuda.hpp"
 #include "gpu_kernels.hpp"
+#include "int8_gemm_layout.hpp"
 
 namespace {
 
@@ -41,7 +45,9 @@ const Layer kLayers[] = {
 template <class T>
 T *device_random(size_t count, std::mt19937_64 &g) {
     std::vector<T> host(count);
-    if constexpr (std::is_same_v<T, int8_t>) {
+    if constexpr (std::is_same_v<T, uint32_t>) {
+        for (auto &v : host) v = static_cast<uint32_t>(g());
+    } else if constexpr (std::is_same_v<T, int8_t>) {
         std::uniform_int_distribution<int> d(-127, 127);
         for (auto &v : host) v = static_cast<int8_t>(d(g));
     } else if constexpr (std::is_same_v<T, float>) {
@@ -103,10 +109,11 @@ int main(int argc, char **argv) {
     }
     cudaDeviceProp prop{};
     CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-    std::fprintf(csv, "layer,k,n,m,fp16_us,int8_gemm_us,w8a8_us,fp16_tflops,int8_gemm_tops,w8a8_tops,"
-                      "w8a8_vs_fp16,w8a8_vs_int8_gemm\n");
-    std::printf("%s\n| layer | M | cuBLAS FP16 µs | cuBLAS INT8 GEMM µs | W8A8 µs | W8A8 vs FP16 | W8A8 vs INT8 GEMM |\n"
-                "|---|---|---|---|---|---|---|\n", prop.name);
+    std::fprintf(csv, "layer,k,n,m,fp16_us,int8_gemm_us,w8a8_us,w8a8_fused_us,w4a8_us,int8_mma_us,fp16_tflops,"
+                      "int8_gemm_tops,w8a8_tops,w8a8_fused_tops,w4a8_tops,int8_mma_tops\n");
+    std::printf("%s\n| layer | M | cuBLAS FP16 µs | cuBLAS INT8 GEMM µs | W8A8 cuBLAS µs | W8A8 fused µs | W4A8 µs | "
+                "int8_gemm alone µs |\n|---|---|---|---|---|---|---|---|\n",
+                prop.name);
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreate(&stream));
     cublasHandle_t handle;
@@ -124,13 +131,23 @@ int main(int argc, char **argv) {
         auto *ws = device_random<float>(static_cast<size_t>(l.n), g);
         auto *x = device_random<__half>(static_cast<size_t>(max_m) * l.k, g);
         auto *x8 = device_random<int8_t>(static_cast<size_t>(max_m) * l.k, g);
+        auto *w4 = device_random<uint32_t>(tl::gpu::w4a8::packed_bytes(l.n, l.k) / 4, g);
+        auto *wz = device_random<float>(static_cast<size_t>(l.n), g);
         __half *y = nullptr;
         int32_t *acc = nullptr;
-        void *scratch = nullptr;
+        void *scratch = nullptr, *workspace = nullptr;
         CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(max_m) * l.n * sizeof(__half)));
         CHECK_CUDA(cudaMalloc(&acc, static_cast<size_t>(max_m) * l.n * sizeof(int32_t)));
         const size_t scratch_bytes = tl::gpu::w8a8_scratch_bytes(max_m, l.n, l.k);
         CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+        const size_t workspace_bytes = tl::gpu::marlin_workspace_bytes(prop.multiProcessorCount);
+        CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+        CHECK_CUDA(cudaMemset(workspace, 0, workspace_bytes));
+        // The fused paths' quantized X: codes, scales and code sums (in `scratch`, as w8a8_gemm lays them out).
+        auto *xq = static_cast<int8_t *>(scratch);
+        const size_t codes_bytes = (static_cast<size_t>(max_m) * l.k + 255) / 256 * 256;
+        auto *xs = reinterpret_cast<float *>(static_cast<char *>(scratch) + codes_bytes);
+        auto *sums = reinterpret_cast<int32_t *>(xs + (max_m + 63) / 64 * 64);
         for (int m : ms) {
             const double fp16 = time_us(stream, [&] {
                 tl::gpu::cublas_gemm(handle, reinterpret_cast<uint16_t *>(x), reinterpret_cast<uint16_t *>(w16),
@@ -153,15 +170,52 @@ int main(int argc, char **argv) {
                 std::fprintf(stderr, "%s M=%d: w8a8_gemm rc %d\n", l.name, m, rc);
                 return 1;
             }
+            auto xh = reinterpret_cast<uint16_t *>(x);
+            auto yh = reinterpret_cast<uint16_t *>(y);
+            tl::gpu::Int8GemmArgs a;
+            a.xq = xq;
+            a.x_scales = xs;
+            a.w = w8;
+            a.w_scales = ws;
+            a.y = yh;
+            a.m = m;
+            a.n = l.n;
+            a.k = l.k;
+            const double fused = time_us(stream, [&] {
+                rc |= tl::gpu::quantize_rows_int8(xh, m, l.k, xq, xs, stream);
+                rc |= tl::gpu::int8_gemm(a, tl::gpu::Int8Weights::Int8, workspace, workspace_bytes, stream);
+            });
+            tl::gpu::Int8GemmArgs a4 = a;
+            a4.w = w4;
+            a4.w_zeros = wz;
+            a4.x_sums = sums;
+            const double w4a8 = time_us(stream, [&] {
+                rc |= tl::gpu::quantize_rows_int8(xh, m, l.k, xq, xs, stream, sums);
+                rc |= tl::gpu::int8_gemm(a4, tl::gpu::Int8Weights::Int4Packed, workspace, workspace_bytes, stream);
+            });
+            tl::gpu::Int8GemmArgs bare = a;
+            bare.xq = x8;
+            const double mma = time_us(stream, [&] {
+                rc |= tl::gpu::int8_gemm(bare, tl::gpu::Int8Weights::Int8, workspace, workspace_bytes, stream);
+            });
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            if (rc != 0) {
+                std::fprintf(stderr, "%s M=%d: int8_gemm or its quantization rc %d\n", l.name, m, rc);
+                return 1;
+            }
             const double flops = 2.0 * m * l.n * static_cast<double>(l.k);
-            std::fprintf(csv, "%s,%d,%d,%d,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.3f,%.3f\n", l.name, l.k, l.n, m, fp16, int8,
-                         w8a8, flops / fp16 / 1e6, flops / int8 / 1e6, flops / w8a8 / 1e6, fp16 / w8a8, int8 / w8a8);
-            std::printf("| %s | %d | %.1f | %.1f | %.1f | %.2f× | %.2f× |\n", l.name, m, fp16, int8, w8a8, fp16 / w8a8,
-                        int8 / w8a8);
+            auto t = [&](double us) { return flops / us / 1e6; };
+            std::fprintf(csv, "%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n", l.name, l.k,
+                         l.n, m, fp16, int8, w8a8, fused, w4a8, mma, t(fp16), t(int8), t(w8a8), t(fused), t(w4a8),
+                         t(mma));
+            std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", l.name, m, fp16, int8, w8a8, fused,
+                        w4a8, mma);
+            std::fflush(stdout);
         }
         for (void *p : {static_cast<void *>(w16), static_cast<void *>(w8), static_cast<void *>(ws),
                         static_cast<void *>(x), static_cast<void *>(x8), static_cast<void *>(y),
-                        static_cast<void *>(acc), scratch}) {
+                        static_cast<void *>(acc), static_cast<void *>(w4), static_cast<void *>(wz), scratch,
+                        workspace}) {
             cudaFree(p);
         }
     }

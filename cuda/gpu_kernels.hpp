@@ -108,8 +108,10 @@ int dequant_int4_iteration(const uint8_t *codes, const uint16_t *scales, const u
                            cudaStream_t stream);
 // ---- W8A8: per-token INT8 activations, INT8 weights with a scale per output channel ---------------------------------
 // Row r of X [M][K] FP16 quantized: scales[r] = fl(max_k |x| / 127), xq[r][k] = clamp(rne(fl(x / scales[r])), ±127)
-// (true divisions; a zero scale gives zero codes, a NaN or infinite x a NaN scale).
-int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream);
+// (true divisions; a zero scale gives zero codes, a NaN or infinite x a NaN scale); sums[r] = Σ_k xq[r][k] where
+// `sums` is given (the zero term of asymmetric weights).
+int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream,
+                       int32_t *sums = nullptr);
 // Y [M][N] FP16 = fp16(fl(s_x[r] · fl(s_w[c] · Σ_k xq[r][k]·w[c][k]))): X quantized by quantize_rows_int8, one cuBLAS
 // INT8 GEMM into INT32 (exact), the scales applied by an epilogue kernel. w [N][K] INT8 (16-byte aligned), w_scales
 // [N] FP32; K % 4 == 0 (else kRcUnsupported); `scratch` holds w8a8_scratch_bytes(m, n, k): the codes and scales of X
@@ -118,6 +120,25 @@ size_t w8a8_scratch_bytes(int m, int n, int k);
 int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const float *w_scales, uint16_t *y, int m,
               int n, int k, void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace = nullptr,
               size_t cublas_workspace_bytes = 0);
+// The GEMM of INT8 activations on the INT8 tensor cores (int8_gemm.cu; compute capability 9.0, built for sm_90a):
+// Y [M][N] FP16 = fp16(fl(s_x[r] · fl(fl(s[c] · D) + fl(z[c] · S[r])))), D = Σ_k xq[r][k]·q[c][k] exact in INT32, the
+// activation-precision rule for one group per column. X as quantize_rows_int8 leaves it ([M][K] codes, scales, and
+// the code sums S where zeros are given). Weights: Int8, codes [N][K] (W8A8, no zeros); Int4Packed, codes 0..15
+// packed by w4a8_pack (W4A8; zeros optional). K % 16 == 0 and 16-byte aligned xq and w (else kRcUnsupported).
+// The workspace is marlin_gemm's (zeroed once, left zeroed); it is needed where the tiles do not fill the GPU's waves.
+enum class Int8Weights { Int8, Int4Packed };
+struct Int8GemmArgs {
+    const int8_t *xq = nullptr;
+    const float *x_scales = nullptr;
+    const int32_t *x_sums = nullptr;
+    const void *w = nullptr;
+    const float *w_scales = nullptr;  // [N] FP32
+    const float *w_zeros = nullptr;   // [N] FP32, or null
+    uint16_t *y = nullptr;
+    int m = 0, n = 0, k = 0;
+};
+int int8_gemm(const Int8GemmArgs &args, Int8Weights weights, void *workspace, size_t workspace_bytes,
+              cudaStream_t stream);
 // Y = X @ W with W given as [N][K] of dtype, like x and y (cublasGemmEx, FP32 compute). Sets the handle's stream and,
 // when `cublas_workspace` is not null, its workspace (cuBLAS's default one belongs to the handle, so a handle that
 // moves between streams while earlier GEMMs still run must be given a workspace that no concurrent call uses).

@@ -23,11 +23,11 @@ __device__ __forceinline__ int quantize_one(float x, float s) {
     return q < -127 ? -127 : q > 127 ? 127 : q;
 }
 
-// Block r: s_x[r] = fl(max |x| / 127) by a true division, then the row's codes. kVec (K % 8 == 0): 16-byte loads of
-// 8 values and 8-byte stores of their codes.
+// Block r: s_x[r] = fl(max |x| / 127) by a true division, then the row's codes and, where `sums` is given, their
+// sum. kVec (K % 8 == 0): 16-byte loads of 8 values and 8-byte stores of their codes.
 template <bool kVec>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __half *x, int k, int8_t *xq,
-                                                                      float *scales) {
+                                                                      float *scales, int32_t *sums) {
     const size_t row = blockIdx.x;
     const __half *xr = x + row * k;
     int8_t *qr = xq + row * k;
@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
     for (int w = 1; w < kQuantThreads / 32; ++w) amax = max_nan(amax, partial[w]);
     const float s = __fdiv_rn(amax, 127.0f);
     if (threadIdx.x == 0) scales[row] = s;
+    int sum = 0;
     if constexpr (kVec) {
         for (int i = threadIdx.x * 8; i < k; i += kQuantThreads * 8) {
             const uint4 raw = *reinterpret_cast<const uint4 *>(xr + i);
@@ -61,16 +62,28 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float2 f = __half22float2(h[j]);
-                const uint32_t pair = (static_cast<uint32_t>(quantize_one(f.x, s)) & 0xFFu) |
-                                      ((static_cast<uint32_t>(quantize_one(f.y, s)) & 0xFFu) << 8);
+                const int q0 = quantize_one(f.x, s), q1 = quantize_one(f.y, s);
+                sum += q0 + q1;
+                const uint32_t pair = (static_cast<uint32_t>(q0) & 0xFFu) | ((static_cast<uint32_t>(q1) & 0xFFu) << 8);
                 packed[j / 2] |= pair << (16 * (j % 2));
             }
             *reinterpret_cast<uint2 *>(qr + i) = make_uint2(packed[0], packed[1]);
         }
     } else {
         for (int i = threadIdx.x; i < k; i += kQuantThreads) {
-            qr[i] = static_cast<int8_t>(quantize_one(__half2float(xr[i]), s));
+            const int q = quantize_one(__half2float(xr[i]), s);
+            sum += q;
+            qr[i] = static_cast<int8_t>(q);
         }
+    }
+    if (sums == nullptr) return;
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    __shared__ int partial_sum[kQuantThreads / 32];
+    if (threadIdx.x % 32 == 0) partial_sum[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kQuantThreads / 32; ++w) sum += partial_sum[w];
+        sums[row] = sum;
     }
 }
 
@@ -110,13 +123,14 @@ size_t w8a8_scratch_bytes(int m, int n, int k) {
            up(static_cast<size_t>(m) * n * sizeof(int32_t));
 }
 
-int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream) {
+int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream,
+                       int32_t *sums) {
     if (x == nullptr || xq == nullptr || scales == nullptr || m < 1 || k < 1) return kRcBadArgument;
     const auto *xh = reinterpret_cast<const __half *>(x);
     if (k % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(xq) & 7u) == 0) {
-        quantize_rows_kernel<true><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales);
+        quantize_rows_kernel<true><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales, sums);
     } else {
-        quantize_rows_kernel<false><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales);
+        quantize_rows_kernel<false><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales, sums);
     }
     TL_GPU_CHECK_LAUNCH();
     return 0;

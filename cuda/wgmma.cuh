@@ -1,7 +1,7 @@
 // Hopper's warpgroup MMA (wgmma.mma_async; sm_90a code only) for the kernels that use it: the fence / commit / wait
-// steps, shared-memory descriptors, and the m64nNk16 instructions with FP32 accumulators, A in registers (RS) or in
-// shared memory (SS). Include only from sources listed in cuda/sources_sm90a.txt, inside `#if
-// defined(__CUDA_ARCH_FEAT_SM90_ALL)` or a launcher that refuses other devices.
+// steps, shared-memory descriptors, the m64nNk16 instructions with FP32 accumulators, A in registers (RS) or in
+// shared memory (SS), and m64n256k32 on 8-bit integers into INT32. Include only from sources listed in
+// cuda/sources_sm90a.txt, inside `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` or a launcher that refuses other devices.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,16 @@ template <int R>
 __device__ __forceinline__ void pin(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin(int32_t (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin(uint32_t (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // Descriptor of an operand in the 128-byte swizzle (layout type 1 in bits 62-63), rows of 128 bytes whose 16-byte
@@ -126,6 +136,33 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t leading =
         : "l"(desc_a), "l"(desc_b), "r"(accumulate ? 1 : 0) \
         : "memory")
 
+// D[64 x 256] (+)= A[64 x 32] (shared memory, K-major) * B[32 x 256] (shared memory, K-major), 8-bit integers into
+// INT32 (ATYPE, BTYPE: s8 or u8).
+#define TL_WGMMA_INT8_SS_256(ATYPE, BTYPE) \
+    asm volatile( \
+        "{\n" \
+        ".reg .pred p;\n" \
+        "setp.ne.b32 p, %130, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32." ATYPE "." BTYPE " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p;\n" \
+        "}\n" \
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]), "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]), "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]), "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127]) \
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate ? 1 : 0) \
+        : "memory")
+
+// D[64 x 256] (+)= A[64 x 32] (registers) * B[32 x 256] (shared memory, K-major), 8-bit integers into INT32.
+#define TL_WGMMA_INT8_RS_256(ATYPE, BTYPE) \
+    asm volatile( \
+        "{\n" \
+        ".reg .pred p;\n" \
+        "setp.ne.b32 p, %133, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32." ATYPE "." BTYPE " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p;\n" \
+        "}\n" \
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]), "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]), "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]), "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0) \
+        : "memory")
+
 // The instruction by the accumulator's size (N / 2 registers a thread: 16, 32, 64, or 128 for SS) and the element type.
 // accumulate false: D = A * B (the accumulator's old values are ignored).
 template <Dtype D, bool TRANS_B = false>
@@ -210,6 +247,18 @@ __device__ __forceinline__ void mma_ss(float (&d)[128], uint64_t desc_a, uint64_
     }
 }
 
+// 8-bit integer operands into INT32 (wgmma m64n256k32): both from shared memory (s8 x s8), or A in registers as
+// unsigned bytes (u8 x s8: INT4 codes widened in registers). A thread's A registers for one k32 step of its warp's 16
+// rows (r = lane / 4, c = 4 (lane % 4)): a[0] = row r, k c .. c + 3; a[1] = row r + 8, same k; a[2] = row r,
+// k 16 + c .. 19 + c; a[3] = row r + 8, same k. accumulate false: D = A * B.
+__device__ __forceinline__ void mma_s8(int32_t (&d)[128], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    TL_WGMMA_INT8_SS_256("s8", "s8");
+}
+__device__ __forceinline__ void mma_u8s8(int32_t (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                         bool accumulate) {
+    TL_WGMMA_INT8_RS_256("u8", "s8");
+}
+
 #undef TL_WGMMA_RS_32
 #undef TL_WGMMA_RS_64
 #undef TL_WGMMA_RS_128
@@ -217,5 +266,7 @@ __device__ __forceinline__ void mma_ss(float (&d)[128], uint64_t desc_a, uint64_
 #undef TL_WGMMA_SS_64
 #undef TL_WGMMA_SS_128
 #undef TL_WGMMA_SS_256
+#undef TL_WGMMA_INT8_SS_256
+#undef TL_WGMMA_INT8_RS_256
 
 }  // namespace tl::gpu::wgmma

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "../dtype.hpp"
+#include "../gpu_common.cuh"
 #include "marlin_plan.hpp"
 
 namespace tl::gpu::marlin {
@@ -59,6 +60,10 @@ struct LaunchEnv {
     size_t workspace_bytes;
     cudaStream_t stream;
 };
+inline LaunchEnv launch_env(const DeviceInfo &dev, void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    return LaunchEnv{dev.device,    dev.compute_capability, dev.sm_count, dev.max_smem_optin,
+                     dev.smem_per_sm, workspace,            workspace_bytes, stream};
+}
 
 // The classic kernel: MB = 16-row blocks per tile (2: 32 rows, 4: 64); FUSED: q*s + z vs (q - 8)*s; GPT: groups per
 // 64-deep k slice (1, or 2 for group size 32); D: the type of x and y (every kernel: BF16 with FUSED alone). Returns

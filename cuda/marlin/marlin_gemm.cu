@@ -74,15 +74,7 @@ int marlin_gemm(const uint16_t *x, const uint32_t *words, const uint16_t *scales
     const int gpt = group_size == 32 ? 2 : 1;
     const bool wgmma_runs = marlin_wgmma_built() && dev.compute_capability == 90;
     const MarlinPlan plan = forced != nullptr ? *forced : plan_marlin(m, k, n, wgmma_runs, dev.sm_count);
-    marlin::LaunchEnv env{};
-    env.device = dev.device;
-    env.compute_capability = dev.compute_capability;
-    env.sm_count = dev.sm_count;
-    env.max_smem_optin = dev.max_smem_optin;
-    env.smem_per_sm = dev.smem_per_sm;
-    env.workspace = workspace;
-    env.workspace_bytes = workspace_bytes;
-    env.stream = stream;
+    const marlin::LaunchEnv env = marlin::launch_env(dev, workspace, workspace_bytes, stream);
     marlin::Params p{};
     p.x = x;
     p.words = words;

@@ -30,12 +30,10 @@
 // finisher) waits until the others have added their FP32 sums into its workspace slot and counted their slices, adds
 // its own, writes the tile, and leaves slot and counter zeroed. The finisher waits only on blocks of lower index, which
 // run before or beside it.
-#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is reached through the runtime)
-#include <cudaTypedefs.h>
-
 #include <cuda/ptx>
-#include <mutex>
 
+#include "../tensor_map.hpp"
+#include "../tma_pipeline.cuh"
 #include "../wgmma.cuh"
 #include "marlin_device.cuh"
 #include "marlin_schedule.hpp"
@@ -71,28 +69,9 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
                  : "memory");
 }
 
-// A named barrier of `count` threads (ids 1 and 2: one consumer warpgroup; 3: both; 0 is __syncthreads).
-__device__ __forceinline__ void named_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void wait_parity(uint64_t *bar, uint32_t parity) {
-    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-    }
-}
-
 // Whether warpgroup wg's strip of column tile n_tile lies past N (N % 128 == 64: a last tile of one strip).
 __device__ __forceinline__ bool strip_past_n(const Params &p, int n_tile, int wg) {
     return 2 * n_tile + wg >= p.n / 64;
-}
-
-// The ring's next stage; the barrier phase flips at each wrap.
-template <int STAGES>
-__device__ __forceinline__ void next_stage(int &stage, uint32_t &phase) {
-    if (++stage == STAGES) {
-        stage = 0;
-        phase ^= 1u;
-    }
 }
 
 // Bytes one stage receives for a tile of n_tile: X whole (rows past M arrive as zeros and count), and per strip inside
@@ -126,19 +105,11 @@ __device__ __forceinline__ void finish_tile(const Params &p, float (&acc)[L::kAc
                     add_partial4(part + i * 128, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
                 }
             }
-            __threadfence();
-            named_sync(3, 256);
-            if (wg == 0 && wj == 0 && lane == 0) atomicAdd(counter, kt_end - kt_begin);
+            tma::signal_contribution(counter, kt_end - kt_begin, wg == 0 && wj == 0 && lane == 0);
             return;
         }
-        if (wg == 0 && wj == 0 && lane == 0) {  // the finisher: slices [0, kt_begin) come from the others
-            while (atomicAdd(counter, 0) != kt_begin) {
-            }
-            __threadfence();
-            *counter = 0;
-        }
-        named_sync(3, 256);
-        __threadfence();
+        // The finisher: slices [0, kt_begin) come from the others.
+        tma::await_contributions(counter, kt_begin, wg == 0 && wj == 0 && lane == 0);
 #pragma unroll
         for (int i = 0; i < kRows / 8; ++i) {
             if (row0 + 8 * i < p.m) {
@@ -198,20 +169,7 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
         if (warp != 8 || lane != 0) return;
         const uint32_t k16s = static_cast<uint32_t>(p.k / 16);
-        // A cursor over this block's slices, in the consumers' order: slice kt of tile(j).
-        struct Cursor {
-            int j, tile, kt, hi;
-        };
-        auto start = [&](Cursor &c, int j) {
-            c.j = j;
-            c.tile = work.tile(j);
-            c.kt = work.lo(c.tile, p.k_tiles);
-            c.hi = work.hi(c.tile, p.k_tiles);
-        };
-        auto next = [&](Cursor &c) {
-            if (++c.kt == c.hi && c.j + 1 < work.tiles) start(c, c.j + 1);
-        };
-        auto copy_weights = [&](int stage, const Cursor &c) {
+        auto copy_weights = [&](int stage, const tma::SliceCursor &c) {
             const int n_tile = c.tile / p.m_slices;
             const int valid = strips - 2 * n_tile >= 2 ? 2 : 1;
             uint64_t *bar = &full_bar[stage];
@@ -235,30 +193,13 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
                 }
             }
         };
-        auto copy_x = [&](int stage, const Cursor &c) {
+        auto copy_x = [&](int stage, const tma::SliceCursor &c) {
             const int m_slice = c.tile - c.tile / p.m_slices * p.m_slices;
             const int32_t coords[2] = {c.kt * kTileK, m_slice * ROWS};
             ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, ring + stage * L::kStage, &x_map,
                                       coords, &full_bar[stage]);
         };
-        // The ring's first fill: weights first (they do not depend on the previous kernel), then the activations
-        // once that kernel has completed.
-        const int first = total < L::kStages ? total : L::kStages;
-        Cursor w;
-        start(w, 0);
-        Cursor x = w;
-        for (int f = 0; f < first; ++f, next(w)) copy_weights(f, w);
-        wait_for_primary();
-        for (int f = 0; f < first; ++f, next(x)) copy_x(f, x);
-        int stage = first % L::kStages;
-        uint32_t phase = 0;  // parity of the empty-barrier phase to wait for: the use one round back
-#pragma unroll 1
-        for (int f = first; f < total; ++f, next(w), next(x)) {
-            wait_parity(&empty_bar[stage], phase);
-            copy_weights(stage, w);
-            copy_x(stage, x);
-            next_stage<L::kStages>(stage, phase);
-        }
+        tma::produce<L::kStages>(work, p.k_tiles, total, empty_bar, copy_weights, copy_x);
         return;
     }
 
@@ -284,16 +225,16 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
             // A strip past N (N % 128 == 64): the producer copied none of its weights. Release each stage at once
             // (the other warpgroup's arrivals still hold it until its wgmma are done); the sums stay zero.
             for (int kt = kt_begin; kt < kt_end; ++kt) {
-                wait_parity(&full_bar[stage], phase);
+                tma::wait_parity(&full_bar[stage], phase);
                 ptx::mbarrier_arrive(&empty_bar[stage]);
-                next_stage<L::kStages>(stage, phase);
+                tma::next_stage<L::kStages>(stage, phase);
             }
             finish_tile<L, D>(p, acc, tile, kt_begin, kt_end, wg, wj, lane);
             continue;
         }
 #pragma unroll 1
         for (int kt = kt_begin; kt < kt_end; ++kt) {
-            wait_parity(&full_bar[stage], phase);
+            tma::wait_parity(&full_bar[stage], phase);
             const uint8_t *st = ring + stage * L::kStage;
             const uint32_t a_buf = a_wg + buf * (2 * kABytes);
             {
@@ -313,7 +254,7 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
             }
             // The generic-proxy stores must be visible to wgmma (async proxy) and every warp's tiles stored.
             ptx::fence_proxy_async(ptx::space_shared);
-            named_sync(1 + wg, 128);
+            tma::named_sync(1 + wg, 128);
             wgmma::fence();
             const uint32_t x_addr = ring_base + stage * L::kStage;
 #pragma unroll
@@ -328,7 +269,7 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
             if (prev >= 0) ptx::mbarrier_arrive(&empty_bar[prev]);
             prev = stage;
             buf ^= 1u;
-            next_stage<L::kStages>(stage, phase);
+            tma::next_stage<L::kStages>(stage, phase);
         }
         wgmma::wait<0>();
         wgmma::pin(acc);
@@ -337,23 +278,6 @@ __global__ void __launch_bounds__(384, 1) marlin_tma_kernel(const __grid_constan
         finish_tile<L, D>(p, acc, tile, kt_begin, kt_end, wg, wj, lane);
     }
 #endif
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to the driver library); null where the
-// driver lacks it. Looked up once per process: the address of a driver function never changes.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static PFN_cuTensorMapEncodeTiled_v12000 encoder = nullptr;
-    static std::once_flag once;
-    std::call_once(once, [] {
-        void *fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
-                cudaSuccess &&
-            found == cudaDriverEntryPointSuccess) {
-            encoder = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-        }
-    });
-    return encoder;
 }
 
 template <int ROWS, bool FUSED, int GPT, Dtype D>
@@ -391,20 +315,14 @@ int launch_tma_kernel(Params p, const LaunchEnv &env) {
     const long long tiles = static_cast<long long>(p.m_slices) * ((p.n + kTmaTileN - 1) / kTmaTileN);
     p.total_iters = tiles * p.k_tiles;
     if (p.total_iters >= (1LL << 31)) return kRcUnsupported;
-    p.whole_tiles = wgmma_whole_tiles(tiles, env.sm_count) ? 1 : 0;
-    long long grid = std::min<long long>(tiles, env.sm_count);
-    if (!p.whole_tiles) {
-        // Stream-K: at least 8 k slices per block (or a whole tile), so that few blocks add into each cut tile. The
-        // counters, one per block, then each block's slot of partial sums.
-        grid = std::max(1LL, std::min<long long>(env.sm_count, p.total_iters / std::min(8, p.k_tiles)));
-        const size_t counter_bytes = (static_cast<size_t>(grid) * sizeof(int) + 255) / 256 * 256;
-        const size_t slot_bytes = static_cast<size_t>(ROWS) * kTmaTileN * sizeof(float);
-        if (env.workspace_bytes < counter_bytes + grid * slot_bytes) return kRcWorkspace;
-        p.counters = static_cast<int *>(env.workspace);
-        p.partials = reinterpret_cast<float *>(static_cast<uint8_t *>(env.workspace) + counter_bytes);
-    }
+    const tma::PersistentGrid grid =
+        tma::persistent_grid(tiles, p.k_tiles, env, static_cast<size_t>(ROWS) * kTmaTileN * sizeof(float));
+    if (grid.rc != 0) return grid.rc;
+    p.whole_tiles = grid.whole_tiles ? 1 : 0;
+    p.counters = grid.counters;
+    p.partials = static_cast<float *>(grid.slots);
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.gridDim = dim3(static_cast<unsigned>(grid.blocks));
     config.blockDim = dim3(384);
     config.dynamicSmemBytes = L::kSmem;
     config.stream = env.stream;

@@ -1,7 +1,7 @@
 // W8A8 (per-token INT8 activations, INT8 weights with per-channel scales, cuBLAS INT8 GEMM into INT32 and the scaling
-// epilogue) against a host implementation of the activation-precision rule (docs/quality.md) on the same FP16 input:
-// equal bit for bit, on fresh random inputs into a poisoned output. Plus the rows the rule singles out (zeros, a NaN)
-// and the refusals.
+// epilogue) and the INT8 tensor-core GEMM (int8_gemm: W8A8, and W4A8 on packed INT4 codes with zero points) against a
+// host implementation of the activation-precision rule (docs/quality.md) on the same FP16 input: equal bit for bit,
+// on fresh random inputs into a poisoned output. Plus the rows the rule singles out (zeros, a NaN) and the refusals.
 #include <cublas_v2.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpu/w4a8_pack.hpp"
 #include "gpu_kernels.hpp"
 #include "gpu_test_util.hpp"
 #include "util/half.hpp"
@@ -22,33 +23,60 @@ struct W8a8Shape {
     int m, n, k;
 };
 
-// The rule on the host: true FP32 divisions, rne (the default rounding mode), exact integer sums, then
-// fl(s_x · fl(s_w · fl(D))) rounded to FP16.
-std::vector<uint16_t> reference(const std::vector<uint16_t> &x, const std::vector<int8_t> &w,
-                                const std::vector<float> &w_scales, const W8a8Shape &s) {
-    std::vector<uint16_t> y(static_cast<size_t>(s.m) * s.n);
-    std::vector<int32_t> xq(static_cast<size_t>(s.k));
-    for (int r = 0; r < s.m; ++r) {
+// X quantized by the rule on the host: true FP32 divisions, rne (the default rounding mode), and each row's code sum.
+struct QuantizedRows {
+    std::vector<int32_t> q;  // [m][k]
+    std::vector<float> scale;
+    std::vector<int32_t> sum;
+};
+QuantizedRows quantize_reference(const std::vector<uint16_t> &x, int m, int k) {
+    QuantizedRows out{std::vector<int32_t>(static_cast<size_t>(m) * k), std::vector<float>(m),
+                      std::vector<int32_t>(m, 0)};
+    for (int r = 0; r < m; ++r) {
         float amax = 0.0f;
         bool nan = false;
-        for (int k = 0; k < s.k; ++k) {
-            const float v = tl::half_to_float(x[static_cast<size_t>(r) * s.k + k]);
+        for (int c = 0; c < k; ++c) {
+            const float v = tl::half_to_float(x[static_cast<size_t>(r) * k + c]);
             nan = nan || std::isnan(v);
             amax = std::max(amax, std::fabs(v));
         }
         const float sx = nan ? NAN : amax / 127.0f;
-        for (int k = 0; k < s.k; ++k) {
-            const float v = tl::half_to_float(x[static_cast<size_t>(r) * s.k + k]);
-            xq[k] = sx > 0.0f ? std::clamp(static_cast<int32_t>(std::nearbyint(v / sx)), -127, 127) : 0;
+        out.scale[r] = sx;
+        for (int c = 0; c < k; ++c) {
+            const float v = tl::half_to_float(x[static_cast<size_t>(r) * k + c]);
+            const int32_t q = sx > 0.0f ? std::clamp(static_cast<int32_t>(std::nearbyint(v / sx)), -127, 127) : 0;
+            out.q[static_cast<size_t>(r) * k + c] = q;
+            out.sum[r] += q;
         }
-        for (int c = 0; c < s.n; ++c) {
+    }
+    return out;
+}
+
+// y = fp16(fl(s_x · fl(fl(s · D) + fl(z · S)))) with D exact; `code(c, k)` is weight column c's code at k.
+template <class Code>
+std::vector<uint16_t> rule_output(const QuantizedRows &xq, int m, int n, int k, Code code,
+                                  const std::vector<float> &scales, const std::vector<float> &zeros) {
+    std::vector<uint16_t> y(static_cast<size_t>(m) * n);
+    for (int r = 0; r < m; ++r) {
+        const int32_t *qr = xq.q.data() + static_cast<size_t>(r) * k;
+        for (int c = 0; c < n; ++c) {
             int64_t d = 0;
-            for (int k = 0; k < s.k; ++k) d += static_cast<int64_t>(xq[k]) * w[static_cast<size_t>(c) * s.k + k];
-            const float t = w_scales[c] * static_cast<float>(static_cast<int32_t>(d));
-            y[static_cast<size_t>(r) * s.n + c] = tl::float_to_half(sx * t);
+            for (int kk = 0; kk < k; ++kk) d += static_cast<int64_t>(qr[kk]) * code(c, kk);
+            const float z = zeros.empty() ? 0.0f : zeros[c];
+            const float acc = scales[c] * static_cast<float>(static_cast<int32_t>(d)) +
+                              z * static_cast<float>(xq.sum[r]);
+            y[static_cast<size_t>(r) * n + c] = tl::float_to_half(xq.scale[r] * acc);
         }
     }
     return y;
+}
+
+// The rule for INT8 weights: fl(s_x · fl(s_w · fl(D))) rounded to FP16.
+std::vector<uint16_t> reference(const std::vector<uint16_t> &x, const std::vector<int8_t> &w,
+                                const std::vector<float> &w_scales, const W8a8Shape &s) {
+    return rule_output(quantize_reference(x, s.m, s.k), s.m, s.n, s.k,
+                       [&](int c, int kk) { return static_cast<int32_t>(w[static_cast<size_t>(c) * s.k + kk]); },
+                       w_scales, {});
 }
 
 class W8a8 : public ::testing::TestWithParam<W8a8Shape> {};
@@ -130,6 +158,172 @@ TEST(W8a8Launcher, Refusals) {
     EXPECT_EQ(tl::gpu::kRcUnsupported, run(64, 64, 64, scratch.bytes(), w.get() + 4));  // misaligned weights
     EXPECT_EQ(tl::gpu::kRcWorkspace, run(64, 64, 64, scratch.bytes() - 1, w.get()));
     cublasDestroy(handle);
+}
+
+// ---- The INT8 tensor-core GEMM (int8_gemm) -------------------------------------------------------------------------
+
+bool int8_gemm_runs() {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        return false;
+    }
+    return tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
+}
+
+struct Int8GemmCase {
+    W8a8Shape shape;
+    bool int4;  // W4A8 (packed INT4 codes with zero points), else W8A8
+};
+
+class Int8Gemm : public ::testing::TestWithParam<Int8GemmCase> {};
+
+TEST_P(Int8Gemm, EqualsTheRuleBitForBit) {
+    const auto [s, int4] = GetParam();
+    if (!int8_gemm_runs()) GTEST_SKIP() << "needs compute capability 9.0 and a build for sm_90a";
+    if (tlt::g_quick && static_cast<double>(s.m) * s.n * s.k > 6e7) GTEST_SKIP() << "quick mode";
+    std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(s.m) * s.k);
+    if (s.m >= 3) {
+        std::fill_n(x.begin() + s.k, s.k, tl::float_to_half(0.0f));                // row 1: zeros
+        x[2 * static_cast<size_t>(s.k) + s.k / 2] = tl::float_to_half(60000.0f);  // row 2: one huge value
+    }
+    // Weights: INT8 codes [N][K] and per-column scales; or INT4 codes in the file's layout, FP16 scales and zeros
+    // that straddle zero as min-max quantization leaves them.
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    std::vector<float> scales(s.n), zeros;
+    for (auto &v : scales) v = tl::half_to_float(tl::float_to_half(0.004f + 0.016f * unit(tlt::rng())));
+    std::vector<int8_t> w8;
+    std::vector<uint8_t> codes;
+    std::vector<uint32_t> packed;
+    if (int4) {
+        zeros.resize(s.n);
+        for (int c = 0; c < s.n; ++c) {
+            zeros[c] = tl::half_to_float(tl::float_to_half(-scales[c] * (6.0f + 3.0f * unit(tlt::rng()))));
+        }
+        codes.resize(static_cast<size_t>(s.n) * ((s.k + 1) / 2));
+        for (auto &v : codes) v = static_cast<uint8_t>(tlt::rng()());
+        packed = tl::w4a8_pack(codes.data(), s.n, s.k);
+    } else {
+        std::uniform_int_distribution<int> code(-128, 127);
+        w8.resize(static_cast<size_t>(s.n) * s.k);
+        for (auto &v : w8) v = static_cast<int8_t>(code(tlt::rng()));
+    }
+    auto weight_code = [&](int c, int kk) -> int32_t {
+        if (int4) return (codes[static_cast<size_t>(c) * ((s.k + 1) / 2) + kk / 2] >> (4 * (kk % 2))) & 0xF;
+        return w8[static_cast<size_t>(c) * s.k + kk];
+    };
+
+    DeviceBuffer<uint16_t> dx(x.size()), dy(static_cast<size_t>(s.m) * s.n);
+    DeviceBuffer<int8_t> dxq(static_cast<size_t>(s.m) * s.k), dw8(std::max<size_t>(w8.size(), 1));
+    DeviceBuffer<uint32_t> dw4(std::max<size_t>(packed.size(), 1));
+    DeviceBuffer<float> dxs(s.m), dscales(s.n), dzeros(std::max<size_t>(zeros.size(), 1));
+    DeviceBuffer<int32_t> dsums(s.m);
+    DeviceBuffer<char> workspace(tl::gpu::marlin_workspace_bytes(tlt::sm_count()));
+    for (bool ok : {dx.ok(), dy.ok(), dxq.ok(), dw8.ok(), dw4.ok(), dxs.ok(), dscales.ok(), dzeros.ok(), dsums.ok(),
+                    workspace.ok()}) {
+        ASSERT_TRUE(ok);
+    }
+    CUDA_OK(dx.upload(x));
+    CUDA_OK(dscales.upload(scales));
+    if (int4) {
+        CUDA_OK(dw4.upload(packed));
+        CUDA_OK(dzeros.upload(zeros));
+    } else {
+        CUDA_OK(dw8.upload(w8));
+    }
+    CUDA_OK(cudaMemset(workspace.get(), 0, workspace.bytes()));
+    tl::gpu::Int8GemmArgs a;
+    a.xq = dxq.get();
+    a.x_scales = dxs.get();
+    a.x_sums = int4 ? dsums.get() : nullptr;
+    a.w = int4 ? static_cast<const void *>(dw4.get()) : static_cast<const void *>(dw8.get());
+    a.w_scales = dscales.get();
+    a.w_zeros = int4 ? dzeros.get() : nullptr;
+    a.y = dy.get();
+    a.m = s.m;
+    a.n = s.n;
+    a.k = s.k;
+    const auto weights = int4 ? tl::gpu::Int8Weights::Int4Packed : tl::gpu::Int8Weights::Int8;
+    auto run = [&] {
+        CUDA_OK(dy.poison());
+        ASSERT_EQ(0, tl::gpu::quantize_rows_int8(dx.get(), s.m, s.k, dxq.get(), dxs.get(), nullptr,
+                                                 int4 ? dsums.get() : nullptr));
+        ASSERT_EQ(0, tl::gpu::int8_gemm(a, weights, workspace.get(), workspace.bytes(), nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+    };
+    run();
+    std::vector<uint16_t> y;
+    CUDA_OK(dy.download(y));
+    const std::vector<uint16_t> want =
+        rule_output(quantize_reference(x, s.m, s.k), s.m, s.n, s.k, weight_code, scales, zeros);
+    for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(y[i], want[i]) << "y[" << i / s.n << "][" << i % s.n << "] = " << tl::half_to_float(y[i])
+                                 << ", the rule gives " << tl::half_to_float(want[i]);
+    }
+
+    // A NaN in a row makes that row's outputs NaN and leaves the others as they were; the workspace came back zeroed.
+    x[0] = 0x7E00;
+    CUDA_OK(dx.upload(x));
+    run();
+    CUDA_OK(dy.download(y));
+    for (int c = 0; c < s.n; ++c) ASSERT_TRUE(std::isnan(tl::half_to_float(y[c]))) << "column " << c;
+    for (size_t i = static_cast<size_t>(s.n); i < y.size(); ++i) ASSERT_EQ(y[i], want[i]) << i;
+    std::vector<char> ws;
+    CUDA_OK(workspace.download(ws));
+    ASSERT_TRUE(std::all_of(ws.begin(), ws.end(), [](char b) { return b == 0; })) << "the workspace was left dirty";
+}
+
+// Whole tiles and stream-K (few tiles, many k slices: cut tiles summed in the workspace); N and K off the tile sizes.
+const Int8GemmCase kInt8GemmCases[] = {
+    {{1, 64, 128}, false},     {{1, 64, 128}, true},       {{5, 200, 144}, false},    {{5, 200, 144}, true},
+    {{64, 256, 512}, true},    {{300, 130, 2048}, false},  {{300, 130, 2048}, true},  {{256, 256, 8192}, false},
+    {{256, 256, 8192}, true},  {{1024, 512, 4096}, true},  {{2048, 2048, 1024}, false}, {{2048, 2048, 1024}, true},
+    {{4100, 384, 256}, true},
+};
+INSTANTIATE_TEST_SUITE_P(Shapes, Int8Gemm, ::testing::ValuesIn(kInt8GemmCases),
+                         [](const ::testing::TestParamInfo<Int8GemmCase> &info) {
+                             const W8a8Shape &s = info.param.shape;
+                             return std::string(info.param.int4 ? "w4a8" : "w8a8") + "_m" + std::to_string(s.m) +
+                                    "_n" + std::to_string(s.n) + "_k" + std::to_string(s.k);
+                         });
+
+TEST(Int8GemmLauncher, Refusals) {
+    DeviceBuffer<int8_t> xq(64 * 64), w(64 * 64);
+    DeviceBuffer<uint16_t> y(64 * 64);
+    DeviceBuffer<float> xs(64), ws(64);
+    DeviceBuffer<int32_t> sums(64);
+    DeviceBuffer<char> workspace(tl::gpu::marlin_workspace_bytes(tlt::sm_count()));
+    tl::gpu::Int8GemmArgs a;
+    a.xq = xq.get();
+    a.x_scales = xs.get();
+    a.w = w.get();
+    a.w_scales = ws.get();
+    a.y = y.get();
+    a.m = a.n = a.k = 64;
+    auto run = [&](tl::gpu::Int8GemmArgs b, tl::gpu::Int8Weights form = tl::gpu::Int8Weights::Int8) {
+        return tl::gpu::int8_gemm(b, form, workspace.get(), workspace.bytes(), nullptr);
+    };
+    tl::gpu::Int8GemmArgs b = a;
+    b.m = 0;
+    EXPECT_EQ(tl::gpu::kRcBadArgument, run(b));
+    b = a;
+    b.w = nullptr;
+    EXPECT_EQ(tl::gpu::kRcBadArgument, run(b));
+    b = a;
+    b.w_zeros = ws.get();  // zeros on INT8 weights
+    EXPECT_EQ(tl::gpu::kRcBadArgument, run(b));
+    b.x_sums = nullptr;  // zeros without the code sums
+    EXPECT_EQ(tl::gpu::kRcBadArgument, run(b, tl::gpu::Int8Weights::Int4Packed));
+    b = a;
+    b.k = 56;  // K % 16 != 0
+    EXPECT_EQ(tl::gpu::kRcUnsupported, run(b));
+    b = a;
+    b.xq = xq.get() + 4;  // misaligned codes
+    EXPECT_EQ(tl::gpu::kRcUnsupported, run(b));
+    if (!int8_gemm_runs()) {
+        EXPECT_EQ(tl::gpu::kRcUnsupported, run(a));
+    }
 }
 
 }  // namespace

@@ -1,0 +1,379 @@
+// The GEMM of INT8 activations on Hopper's INT8 tensor cores (sm_90a only: cuda/sources_sm90a.txt). X comes quantized
+// per row (quantize_rows_int8: codes, scale s_x and, for INT4 weights, the sum S of the row's codes); the weight is
+// INT8 codes [N][K] (W8A8) or INT4 codes packed by w4a8_pack (W4A8), with one scale s and zero z per output column.
+// The sums D = Σ_k xq·q are exact in INT32; the epilogue applies the activation-precision rule of docs/quality.md for
+// one group: y = fp16(fl(s_x · fl(fl(s · D) + fl(z · S)))) (z = 0 for INT8 weights).
+//
+// Operands swapped as in the Marlin-class kernels, Y^T = W X^T: the weight is wgmma's A (M = 64 columns a strip), the
+// tile's activation rows its N. A tile is 128 weight columns (two strips) x 256 rows; k slices of 128 (one 128-byte
+// swizzled row of INT8). Roles (384 threads, one block per SM):
+// - warp 8, lane 0, the producer: per slice one tensor copy of X (256 x 128; rows past M and k past K arrive as
+//   zeros) and, for INT8 weights, one of the tile's weights (128 x 128, likewise), or for INT4 weights one bulk copy
+//   of the two strips' packed codes (8 KB; the packing pads N and K). All complete on the stage's `full` mbarrier by
+//   byte count. The weights of the ring's first fill are requested before griddepcontrol.wait (programmatic
+//   dependent launch), X after it.
+// - warpgroups 0 and 1, the consumers, one strip each: four wgmma m64n256k32 per slice. INT8 weights: both operands
+//   from shared memory (s8 x s8), one wgmma group per slice. INT4: each lane reads its 32 bytes of the slice's codes,
+//   widens them to bytes with two logic operations per word (int8_gemm_layout.hpp) and gives them to wgmma as its
+//   register operand (u8 x s8), one group per k32 step so that the registers of step c + 1 are built while step c
+//   runs. A stage is released (256 arrivals) once the wgmma reading it have completed.
+// Scheduling as the INT4 TMA kernel (marlin_tma.cu; tma_pipeline.cuh): persistent, tiles numbered rows fastest, whole
+// tiles round robin where they fill the waves, else stream-K, the cut tiles' INT32 sums added by their finisher.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cuda/ptx>
+
+#include "gpu_common.cuh"
+#include "gpu_kernels.hpp"
+#include "int8_gemm_layout.hpp"
+#include "marlin/marlin.cuh"
+#include "marlin/marlin_device.cuh"
+#include "marlin/marlin_plan.hpp"
+#include "marlin/marlin_schedule.hpp"
+#include "tensor_map.hpp"
+#include "tma_pipeline.cuh"
+#include "wgmma.cuh"
+
+namespace tl::gpu {
+
+namespace {
+
+int check_int8_gemm_args(const Int8GemmArgs &a, Int8Weights weights) {
+    if (a.xq == nullptr || a.x_scales == nullptr || a.w == nullptr || a.w_scales == nullptr || a.y == nullptr ||
+        a.m < 1 || a.n < 1 || a.k < 1) {
+        return kRcBadArgument;
+    }
+    if (weights == Int8Weights::Int8 && a.w_zeros != nullptr) return kRcBadArgument;
+    if (a.w_zeros != nullptr && a.x_sums == nullptr) return kRcBadArgument;
+    // The tensor maps: row strides in multiples of 16 bytes, 16-byte aligned bases.
+    if (a.k % 16 != 0 || (reinterpret_cast<uintptr_t>(a.xq) & 15u) != 0 ||
+        (reinterpret_cast<uintptr_t>(a.w) & 15u) != 0) {
+        return kRcUnsupported;
+    }
+    return 0;
+}
+
+}  // namespace
+
+#if defined(TL_HAVE_SM90A)
+namespace {
+
+namespace ptx = cuda::ptx;
+using w4a8::kSliceK;
+using w4a8::kStripBytes;
+using w4a8::kTileColumns;
+
+constexpr int kTileRows = 256;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+template <bool INT4>
+struct Int8Layout {
+    static constexpr int kX = kTileRows * kSliceK;                     // [row][128 k], swizzled; first: 1024-aligned
+    static constexpr int kW = INT4 ? 2 * kStripBytes : kTileColumns * kSliceK;  // packed words, or [column][128 k]
+    static constexpr int kStage = kX + kW;                               // a multiple of 1024
+    static constexpr int kStages = (227 * 1024 - 1024) / kStage < 8 ? (227 * 1024 - 1024) / kStage : 8;
+    static constexpr int kSmem = kStages * kStage + 1024;
+};
+
+struct Int8Params {
+    const uint32_t *w4;      // INT4 weights, packed
+    const float *x_scales;   // [M]
+    const int32_t *x_sums;   // [M], or null where z is (zeros null)
+    const float *w_scales;   // [N]
+    const float *w_zeros;    // [N], or null
+    uint16_t *y;             // [M][N] FP16
+    int32_t *partials;       // stream-K: [grid][256 x 128] INT32, zero between calls
+    int *counters;           // stream-K: [grid], zero between calls
+    int m, n, k;
+    int m_slices, k_tiles, strips;  // strips: of the packed INT4 weight (N rounded up to 128, over 64)
+    long long total_iters;
+    int whole_tiles;
+};
+
+// One output: the rule's FP32 steps, never fused.
+__device__ __forceinline__ __half scale_out(int32_t d, float s, float z, float sx, float sum) {
+    return __float2half_rn(__fmul_rn(sx, __fadd_rn(__fmul_rn(s, __int2float_rn(d)), __fmul_rn(z, sum))));
+}
+
+// The end of a tile's slices [kt_begin, kt_end) in this block. Thread (warpgroup wg, warp wj, lane) holds weight
+// columns c and c + 8 (c = 64 wg + 16 wj + lane / 4 of the tile) of rows 8i + 2 (lane % 4) + {0, 1}: acc[4i .. 4i + 3]
+// = (r, c), (r + 1, c), (r, c + 8), (r + 1, c + 8). Whole tile: written. Cut, without its last slice: the sums stored
+// in this block's own workspace slot ([warp][i][lane][4] INT32; there is no vector atomic add for INT32, and a block
+// contributes to one tile at most), then its slices counted on the finisher's counter. Cut, with it: the slots of the
+// blocks before it that hold the tile's other slices added (and zeroed), the tile written.
+__device__ __forceinline__ void finish_tile(const Int8Params &p, int32_t (&acc)[128], int tile, int kt_begin,
+                                            int kt_end, int wg, int wj, int lane) {
+    const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
+    const int row0 = m_slice * kTileRows + 2 * (lane % 4);
+    if (kt_begin != 0 || kt_end != p.k_tiles) {
+        const bool leader = wg == 0 && wj == 0 && lane == 0;
+        const size_t in_slot = static_cast<size_t>(wg * 4 + wj) * 32 * 128 + lane * 4;
+        constexpr size_t kSlot = static_cast<size_t>(kTileRows) * kTileColumns;
+        const long long first_slice = static_cast<long long>(tile) * p.k_tiles;
+        if (kt_end < p.k_tiles) {  // a contributor
+            int32_t *part = p.partials + blockIdx.x * kSlot + in_slot;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                if (row0 + 8 * i < p.m) {
+                    __stcg(reinterpret_cast<int4 *>(part + i * 128),
+                           make_int4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+                }
+            }
+            const long long finisher = marlin::share_owner(first_slice + p.k_tiles - 1, gridDim.x, p.total_iters);
+            tma::signal_contribution(p.counters + finisher, kt_end - kt_begin, leader);
+            return;
+        }
+        tma::await_contributions(p.counters + blockIdx.x, kt_begin, leader);
+        const int first = static_cast<int>(marlin::share_owner(first_slice, gridDim.x, p.total_iters));
+        for (int b = first; b < static_cast<int>(blockIdx.x); ++b) {
+            int32_t *part = p.partials + b * kSlot + in_slot;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                if (row0 + 8 * i < p.m) {
+                    int4 *at = reinterpret_cast<int4 *>(part + i * 128);
+                    const int4 v = __ldcg(at);
+                    __stcg(at, make_int4(0, 0, 0, 0));
+                    acc[4 * i] += v.x;
+                    acc[4 * i + 1] += v.y;
+                    acc[4 * i + 2] += v.z;
+                    acc[4 * i + 3] += v.w;
+                }
+            }
+        }
+    }
+    const int col = n_tile * kTileColumns + 64 * wg + 16 * wj + lane / 4;
+    float s[2], z[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const bool in = col + 8 * h < p.n;
+        s[h] = in ? p.w_scales[col + 8 * h] : 0.0f;
+        z[h] = in && p.w_zeros != nullptr ? p.w_zeros[col + 8 * h] : 0.0f;
+    }
+    __half *y = reinterpret_cast<__half *>(p.y);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int row = row0 + 8 * i + rr;
+            if (row >= p.m) continue;
+            const float sx = p.x_scales[row];
+            const float sum = p.x_sums != nullptr ? static_cast<float>(p.x_sums[row]) : 0.0f;
+            __half *yr = y + static_cast<size_t>(row) * p.n + col;
+            if (col < p.n) yr[0] = scale_out(acc[4 * i + rr], s[0], z[0], sx, sum);
+            if (col + 8 < p.n) yr[8] = scale_out(acc[4 * i + 2 + rr], s[1], z[1], sx, sum);
+        }
+    }
+}
+
+template <bool INT4>
+__global__ void __launch_bounds__(384, 1)
+    int8_gemm_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                     const Int8Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = Int8Layout<INT4>;
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t full_bar[L::kStages], empty_bar[L::kStages];
+    const uint32_t raw_base = marlin::smem_addr(smem_raw);
+    const uint32_t ring_base = (raw_base + 1023u) & ~1023u;  // the launch adds 1024 bytes of slack
+    uint8_t *const ring = smem_raw + (ring_base - raw_base);
+
+    marlin::launch_dependents();
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n_tiles = (p.n + kTileColumns - 1) / kTileColumns;
+    const marlin::TmaWork work =
+        marlin::tma_work(p.whole_tiles != 0, static_cast<long long>(p.m_slices) * n_tiles, p.k_tiles,
+                         static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    if (work.tiles <= 0) return;
+    if (tid == 0) {
+        for (int s = 0; s < L::kStages; ++s) {
+            ptx::mbarrier_init(&full_bar[s], 1);
+            ptx::mbarrier_init(&empty_bar[s], 256);
+        }
+        ptx::fence_proxy_async(ptx::space_shared);  // the barriers, visible to the copy engine
+    }
+    __syncthreads();
+    const int total = static_cast<int>(work.slices(p.k_tiles));
+
+    if (warp >= 8) {  // the producer warpgroup: one thread issues every copy
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        if (warp != 8 || lane != 0) return;
+        auto copy_weights = [&](int stage, const tma::SliceCursor &c) {
+            const int n_tile = c.tile / p.m_slices;
+            uint64_t *bar = &full_bar[stage];
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, L::kStage);
+            uint8_t *dst = ring + stage * L::kStage + L::kX;
+            if constexpr (INT4) {
+                const uint32_t *src = p.w4 + (static_cast<size_t>(c.kt) * p.strips + 2 * n_tile) * (kStripBytes / 4);
+                ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst, src, 2 * kStripBytes, bar);
+            } else {
+                const int32_t coords[2] = {c.kt * kSliceK, n_tile * kTileColumns};
+                ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, &w_map, coords, bar);
+            }
+        };
+        auto copy_x = [&](int stage, const tma::SliceCursor &c) {
+            const int m_slice = c.tile - c.tile / p.m_slices * p.m_slices;
+            const int32_t coords[2] = {c.kt * kSliceK, m_slice * kTileRows};
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, ring + stage * L::kStage, &x_map,
+                                      coords, &full_bar[stage]);
+        };
+        tma::produce<L::kStages>(work, p.k_tiles, total, empty_bar, copy_weights, copy_x);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    marlin::wait_for_primary();  // the epilogue reads the row scales and sums the previous kernel wrote
+    const int wg = warp / 4, wj = warp % 4;
+    int32_t acc[128];
+    uint32_t a[2][4];  // INT4: the register operand of two k32 steps (the running one's must stay unchanged)
+    int stage = 0, prev = -1;
+    uint32_t phase = 0;
+#pragma unroll 1
+    for (int j = 0; j < work.tiles; ++j) {
+        const int tile = work.tile(j);
+        const int kt_begin = work.lo(tile, p.k_tiles), kt_end = work.hi(tile, p.k_tiles);
+#pragma unroll 1
+        for (int kt = kt_begin; kt < kt_end; ++kt) {
+            tma::wait_parity(&full_bar[stage], phase);
+            const uint32_t x_addr = ring_base + stage * L::kStage;
+            if constexpr (INT4) {
+                const uint8_t *codes = ring + stage * L::kStage + L::kX + wg * kStripBytes + wj * 1024 + lane * 16;
+                const uint4 h0 = *reinterpret_cast<const uint4 *>(codes);
+                const uint4 h1 = *reinterpret_cast<const uint4 *>(codes + 512);
+                const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const uint32_t lo = words[2 * c], hi = words[2 * c + 1];  // rows r and r + 8
+                    uint32_t(&f)[4] = a[c % 2];
+                    f[0] = lo & 0x0F0F0F0Fu;
+                    f[1] = hi & 0x0F0F0F0Fu;
+                    f[2] = (lo >> 4) & 0x0F0F0F0Fu;
+                    f[3] = (hi >> 4) & 0x0F0F0F0Fu;
+                    wgmma::fence();
+                    wgmma::mma_u8s8(acc, f, wgmma::desc_sw128(x_addr + c * 32), kt != kt_begin || c != 0);
+                    wgmma::commit();
+                    // Step c - 1 is done: its registers may be rebuilt, and after step 0 the previous slice's last
+                    // step, so its stage may be released.
+                    wgmma::wait<1>();
+                    wgmma::pin(a[(c + 1) % 2]);  // step c - 1's registers live until here
+                    if (c == 0 && prev >= 0) ptx::mbarrier_arrive(&empty_bar[prev]);
+                }
+            } else {
+                wgmma::fence();
+                const uint32_t w_addr = x_addr + L::kX + wg * (64 * kSliceK);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    wgmma::mma_s8(acc, wgmma::desc_sw128(w_addr + c * 32), wgmma::desc_sw128(x_addr + c * 32),
+                                  kt != kt_begin || c != 0);
+                }
+                wgmma::commit();
+                wgmma::wait<1>();  // the previous slice's group is done: its stage may be released
+                if (prev >= 0) ptx::mbarrier_arrive(&empty_bar[prev]);
+            }
+            prev = stage;
+            tma::next_stage<L::kStages>(stage, phase);
+        }
+        wgmma::wait<0>();
+        wgmma::pin(acc);
+        ptx::mbarrier_arrive(&empty_bar[prev]);
+        prev = -1;
+        finish_tile(p, acc, tile, kt_begin, kt_end, wg, wj, lane);
+    }
+#endif
+}
+
+// A [rows][k] INT8 matrix as 128 x box_rows boxes, 128-byte swizzle, zeros outside.
+bool encode_int8_map(CUtensorMap &map, const void *base, int rows, int k, int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return false;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(kSliceK), static_cast<cuuint32_t>(box_rows)};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <bool INT4>
+int launch_int8_gemm(const Int8GemmArgs &a, const marlin::LaunchEnv &env) {
+    using L = Int8Layout<INT4>;
+    static_assert(L::kStages >= 3, "the ring needs three stages");
+    static std::atomic<int> ready_cache[64];  // 0 = not set up, 1 = fits, -1 = does not
+    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    const auto kernel = int8_gemm_kernel<INT4>;
+    int ready = ready_cache[env.device].load(std::memory_order_relaxed);
+    if (ready == 0) {
+        ready = -1;
+        if (L::kSmem + 128 <= env.max_smem_optin) {
+            TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
+            int resident = 0;
+            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 384, L::kSmem));
+            ready = resident >= 1 ? 1 : -1;
+        }
+        ready_cache[env.device].store(ready, std::memory_order_relaxed);
+    }
+    if (ready < 0) return kRcUnsupported;
+    CUtensorMap x_map, w_map;
+    if (!encode_int8_map(x_map, a.xq, a.m, a.k, kTileRows)) return kRcUnsupported;
+    if constexpr (INT4) {
+        w_map = x_map;  // unused
+    } else {
+        if (!encode_int8_map(w_map, a.w, a.n, a.k, kTileColumns)) return kRcUnsupported;
+    }
+    Int8Params p{};
+    p.w4 = INT4 ? static_cast<const uint32_t *>(a.w) : nullptr;
+    p.x_scales = a.x_scales;
+    p.x_sums = a.x_sums;
+    p.w_scales = a.w_scales;
+    p.w_zeros = a.w_zeros;
+    p.y = a.y;
+    p.m = a.m;
+    p.n = a.n;
+    p.k = a.k;
+    p.m_slices = (a.m + kTileRows - 1) / kTileRows;
+    p.k_tiles = (a.k + kSliceK - 1) / kSliceK;
+    p.strips = static_cast<int>(w4a8::padded_n(a.n) / 64);
+    const long long tiles = static_cast<long long>(p.m_slices) * ((a.n + kTileColumns - 1) / kTileColumns);
+    p.total_iters = tiles * p.k_tiles;
+    if (p.total_iters >= (1LL << 31)) return kRcUnsupported;
+    const tma::PersistentGrid grid =
+        tma::persistent_grid(tiles, p.k_tiles, env, static_cast<size_t>(kTileRows) * kTileColumns * sizeof(int32_t));
+    if (grid.rc != 0) return grid.rc;
+    p.whole_tiles = grid.whole_tiles ? 1 : 0;
+    p.counters = grid.counters;
+    p.partials = static_cast<int32_t *>(grid.slots);
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(grid.blocks));
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = L::kSmem;
+    config.stream = env.stream;
+    cudaLaunchAttribute early;
+    allow_early_start(config, early);
+    TL_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, static_cast<const Int8Params>(p)));
+    return 0;
+}
+
+}  // namespace
+
+int int8_gemm(const Int8GemmArgs &a, Int8Weights weights, void *workspace, size_t workspace_bytes,
+              cudaStream_t stream) {
+    if (const int rc = check_int8_gemm_args(a, weights)) return rc;
+    DeviceInfo dev;
+    if (const int rc = current_device_info(dev)) return rc;
+    if (dev.compute_capability != 90) return kRcUnsupported;  // sm_90a code runs on 9.0 alone
+    const marlin::LaunchEnv env = marlin::launch_env(dev, workspace, workspace_bytes, stream);
+    return weights == Int8Weights::Int4Packed ? launch_int8_gemm<true>(a, env) : launch_int8_gemm<false>(a, env);
+}
+
+#else  // built without sm_90a
+
+int int8_gemm(const Int8GemmArgs &a, Int8Weights weights, void *, size_t, cudaStream_t) {
+    if (const int rc = check_int8_gemm_args(a, weights)) return rc;
+    return kRcUnsupported;
+}
+
+#endif
+
+}  // namespace tl::gpu
