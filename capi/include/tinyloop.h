@@ -672,8 +672,9 @@ typedef struct tl_score_options {
      *  (not the head) with one scale per token, to INT8 or to FP8 e4m3, and multiply it with the weight's 4-bit codes
      *  in exact group sums, scales and zero offsets applied per group in FP32 (docs/quality.md, "Activation
      *  precision", gives the rule). The CPU backend implements all three. The CUDA backend runs INT8 on models whose
-     *  block linears are all INT8 weights with one scale per row (W8A8), and declines the rest and FP8
-     *  (TL_ERR_UNSUPPORTED; AUTO then scores on the CPU). Another value is TL_ERR_INVALID_ARGUMENT. */
+     *  block linears all have one scale per row: INT8 weights (W8A8) on any GPU, and also INT4 weights (W4A8) on one
+     *  of compute capability 9.0; it declines the rest and FP8 (TL_ERR_UNSUPPORTED; AUTO then scores on the CPU).
+     *  Another value is TL_ERR_INVALID_ARGUMENT. */
     int32_t activations;
     /** Must be 0. It sets this version's size apart from the fourth's, whose tail padding `activations` fills. */
     int32_t reserved;

@@ -25,6 +25,8 @@ namespace tl {
 
 // ---- A build without CUDA -------------------------------------------------------------------------------------
 
+bool int8_tensor_cores(int32_t) { return false; }
+
 ScoreResult score_cuda(GpuModel &, const int32_t *, size_t, const ScoreOptions &, int32_t, void *, GpuScoreStats *) {
     fail_without_cuda();
 }
@@ -55,19 +57,56 @@ void check_rc(int rc, const std::string &what) {
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
 
+constexpr size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// y = x W for m rows of INT8 activations (w has its a8_ forms): x quantized per row into the workspace past the
+// region the kernels keep zeroed, then gpu::int8_gemm; an INT8 weight where that does not run takes cuBLAS's INT8 GEMM
+// (gpu::w8a8_gemm) in chunks of rows, each quantizing its rows and summing in INT32 into the same place.
+void int8_activations_gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m,
+                           cudaStream_t stream) {
+    const size_t zeroed = zeroed_workspace_bytes(s.sm_count);
+    char *scratch = s.workspace.get<char>() + zeroed;
+    const size_t scratch_bytes = s.workspace.bytes() - zeroed;
+    const std::string what = (w.a8_int4 ? "W4A8 GEMM of '" : "W8A8 GEMM of '") + w.name + "'";
+    if (s.int8_tensor_cores && w.k % 16 == 0) {
+        gpu::Int8GemmArgs a;
+        auto *xq = reinterpret_cast<int8_t *>(scratch);
+        auto *scales = reinterpret_cast<float *>(scratch + round_up_256(static_cast<size_t>(m) * w.k));
+        auto *sums = reinterpret_cast<int32_t *>(reinterpret_cast<char *>(scales) + round_up_256(m * sizeof(float)));
+        check_rc(gpu::quantize_rows_int8(x, m, w.k, xq, scales, stream, w.a8_int4 ? sums : nullptr),
+                 "INT8 quantization of the input of '" + w.name + "'");
+        a.xq = xq;
+        a.x_scales = scales;
+        a.x_sums = w.a8_int4 ? sums : nullptr;
+        a.w = w.a8_codes.get();
+        a.w_scales = w.a8_scales.get<float>();
+        a.w_zeros = w.a8_int4 ? w.a8_zeros.get<float>() : nullptr;
+        a.y = y;
+        a.m = m;
+        a.n = w.n;
+        a.k = w.k;
+        check_rc(gpu::int8_gemm(a, w.a8_int4 ? gpu::Int8Weights::Int4Packed : gpu::Int8Weights::Int8,
+                                s.workspace.get(), zeroed, stream),
+                 what);
+        ++s.int8_calls;
+        return;
+    }
+    if (w.a8_int4) fail(TL_ERR_INTERNAL, what + ": the INT8 tensor-core kernel does not run here");
+    for (int32_t r0 = 0; r0 < m; r0 += kW8a8ChunkRows) {
+        const int32_t rows = std::min(kW8a8ChunkRows, m - r0);
+        check_rc(gpu::w8a8_gemm(s.cublas, x + static_cast<size_t>(r0) * w.k, w.a8_codes.get<int8_t>(),
+                                w.a8_scales.get<float>(), y + static_cast<size_t>(r0) * w.n, rows, w.n, w.k, scratch,
+                                scratch_bytes, stream),
+                 what);
+    }
+    ++s.dense_calls;
+}
+
 // y = x W (+ bias) for m rows. `dequantized`: w's FP16 form from loop_fp16, or nullptr.
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
           const uint16_t *dequantized = nullptr) {
-    if (s.activations == ActivationMode::Int8 && w.w8_codes) {
-        // W8A8 in chunks of rows, each quantizing its rows of x and summing in INT32 into the workspace.
-        for (int32_t r0 = 0; r0 < m; r0 += kW8a8ChunkRows) {
-            const int32_t rows = std::min(kW8a8ChunkRows, m - r0);
-            check_rc(gpu::w8a8_gemm(s.cublas, x + static_cast<size_t>(r0) * w.k, w.w8_codes.get<int8_t>(),
-                                    w.w8_scales.get<float>(), y + static_cast<size_t>(r0) * w.n, rows, w.n, w.k,
-                                    s.workspace.get(), s.workspace.bytes(), stream),
-                     "W8A8 GEMM of '" + w.name + "'");
-        }
-        ++s.dense_calls;
+    if (s.activations == ActivationMode::Int8 && w.a8_codes) {
+        int8_activations_gemm(s, w, x, y, m, stream);
     } else if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
         quant_gemm(*w.quant, x, y, m, Dtype::F16, s.dispatch, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
@@ -81,6 +120,11 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
 }
 
 }  // namespace
+
+bool int8_tensor_cores(int32_t device) {
+    const DeviceProperties props = device_info(device);
+    return gpu::marlin_wgmma_built() && props.sm_major == 9 && props.sm_minor == 0;
+}
 
 namespace detail {
 
@@ -336,16 +380,21 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
         fail(TL_ERR_UNSUPPORTED, "activations fp8 on the CUDA backend: not implemented (the CPU backend has them)");
     }
     if (options.activations == ActivationMode::Int8) {  // the host check (require_gpu_activations), on the device forms
-        auto check_block = [](const DeviceBlock &b) {
+        auto check_block = [&](const DeviceBlock &b, bool looped) {
             for (const DeviceLinear *l : block_linears(b)) {
-                if (l->n > 0 && !l->w8_codes) {
+                if (l->n > 0 && !l->a8_codes) {
                     fail(TL_ERR_UNSUPPORTED, "activations int8 on the CUDA backend: '" + l->name + "' is not an "
-                                             "INT8 weight with one scale per row, the only kind its W8A8 kernel takes");
+                                             "INT8 weight with one scale per row, or an INT4 one on a GPU of compute "
+                                             "capability 9.0, the kinds its INT8 kernels take");
+                }
+                if (looped && l->a8_int4 && options.cross_iter_round()) {
+                    fail(TL_ERR_UNSUPPORTED, "activations int8 on the CUDA backend: cross-iteration rounding of '" +
+                                                 l->name + "' with INT8 activations runs on the CPU backend only");
                 }
             }
         };
-        for (const DeviceBlock &b : s.pre) check_block(b);
-        check_block(s.loop);
+        for (const DeviceBlock &b : s.pre) check_block(b, false);
+        check_block(s.loop, true);
     }
     return stream != nullptr ? static_cast<cudaStream_t>(stream) : s.own_stream;
 }

@@ -64,25 +64,35 @@ inline void require_gpu_activations(ActivationMode mode) {
     }
 }
 
-// INT8 activations on the GPU take a block linear that is an INT8 weight with one scale per row, K a multiple of 4 up
-// to 2^17 (W8A8 through cuBLAS's INT8 GEMM, cuda/w8a8_gemm.cu: the CPU backend's rule for such weights).
+// INT8 activations on the GPU take a block linear with one scale per row (per output column) and K up to 2^17: an
+// INT8 weight, K a multiple of 4 (W8A8: the INT8 tensor-core kernel, cuda/int8_gemm.cu, where it runs, else cuBLAS's
+// INT8 GEMM and an epilogue, cuda/w8a8_gemm.cu), or where the INT8 tensor-core kernel runs, an INT4 weight, K a
+// multiple of 16 (W4A8). Both compute the CPU backend's rule for such weights.
 inline bool w8a8_linear(const Linear &w) {
     return w.quantized && w.bits == 8 && w.group_size == w.k && w.k % 4 == 0 && w.k <= (1 << 17);
 }
+inline bool w4a8_linear(const Linear &w) {
+    return w.quantized && w.bits == 4 && w.group_size == w.k && w.k % 16 == 0 && w.k <= (1 << 17);
+}
 
-// Scoring: FP16 always; INT8 when every block linear is w8a8_linear; FP8 not yet.
-inline void require_gpu_activations(const Model &model, ActivationMode mode) {
+// Scoring: FP16 always; INT8 when every block linear is w8a8_linear, or w4a8_linear where `int8_tensor_cores` (the
+// device runs gpu::int8_gemm); FP8 not yet.
+inline void require_gpu_activations(const Model &model, ActivationMode mode, bool int8_tensor_cores) {
     if (mode == ActivationMode::Fp16) return;
     const std::string what = std::string("activations ") + activation_mode_name(mode) + " on the CUDA backend: ";
     if (mode != ActivationMode::Int8) fail(TL_ERR_UNSUPPORTED, what + "not implemented (the CPU backend has them)");
     for (const Linear *w : model.linears()) {
         if (w == &model.head) continue;  // the head's input stays as computed
-        if (!w8a8_linear(*w)) {
-            fail(TL_ERR_UNSUPPORTED, what + "'" + w->name + "' is not an INT8 weight with one scale per row (K a " +
-                                         "multiple of 4 up to 131072), the only kind its W8A8 kernel takes; the CPU " +
-                                         "backend takes every weight");
-        }
+        if (w8a8_linear(*w) || (int8_tensor_cores && w4a8_linear(*w))) continue;
+        fail(TL_ERR_UNSUPPORTED,
+             what + "'" + w->name + "' is not an INT8 weight with one scale per row (K a multiple of 4 up to 131072)" +
+                 (int8_tensor_cores ? " or an INT4 weight with one scale per row (K a multiple of 16 up to 131072)"
+                                    : " (INT4 weights need a GPU of compute capability 9.0)") +
+                 ", the kinds its INT8 kernels take; the CPU backend takes every weight");
     }
 }
+
+// Whether gpu::int8_gemm runs on `device` (compute capability 9.0, a build for sm_90a).
+bool int8_tensor_cores(int32_t device);
 
 }  // namespace tl

@@ -28,6 +28,7 @@
 #include "gpu/device_memory.hpp"
 #include "gpu/device_weight_layout.hpp"
 #include "gpu/gpu_model_state.hpp"
+#include "gpu/w4a8_pack.hpp"
 #endif
 
 namespace tl {
@@ -167,23 +168,40 @@ void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, 
     jobs.push_back([&s, &slot, &w, n_multiple] { slot = make_linear(s, w, n_multiple); });
 }
 
-// A block's INT8 weight with one scale per row also keeps its codes (in input order) and FP32 scales, for INT8
-// activations (gpu::w8a8_gemm): 1 byte a weight beside its FP16 form.
-void attach_w8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
-    if (!w8a8_linear(w)) return;
+// A block's weight with one scale per row also keeps its integer codes in input order and FP32 scales (and zeros),
+// for INT8 activations: an INT8 weight's codes (W8A8), or where gpu::int8_gemm runs an INT4 weight's, packed (W4A8).
+void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
+    const bool int4 = s.int8_tensor_cores && w4a8_linear(w);
+    if (!w8a8_linear(w) && !int4) return;
     const size_t K = static_cast<size_t>(w.k), N = static_cast<size_t>(w.n);
-    std::vector<int8_t> codes(N * K);
-    std::vector<float> scales(N);
+    auto input = [&](size_t kk) { return w.k_perm != nullptr ? static_cast<size_t>(w.k_perm[kk]) : kk; };
+    std::vector<float> scales(N), zeros(int4 ? N : 0);
     for (size_t n = 0; n < N; ++n) {
-        for (size_t kk = 0; kk < K; ++kk) {
-            const size_t input = w.k_perm != nullptr ? static_cast<size_t>(w.k_perm[kk]) : kk;
-            codes[n * K + input] = static_cast<int8_t>(w.codes[n * K + kk]);
-        }
         scales[n] = half_to_float(w.scales[n]);
+        if (int4) zeros[n] = half_to_float(w.zeros[n]);
     }
-    d.w8_codes = DeviceBuffer::upload_sync(s.device, codes.data(), codes.size());
-    d.w8_scales = DeviceBuffer::upload_sync(s.device, scales.data(), scales.size() * sizeof(float));
-    d.bytes += d.w8_codes.bytes() + d.w8_scales.bytes();
+    if (int4) {
+        std::vector<uint8_t> codes(N * K / 2, 0);  // the file's layout, in input order
+        for (size_t n = 0; n < N; ++n) {
+            for (size_t kk = 0; kk < K; ++kk) {
+                const uint8_t q = (w.codes[n * K / 2 + kk / 2] >> (4 * (kk % 2))) & 0xF;
+                const size_t c = input(kk);
+                codes[n * K / 2 + c / 2] |= static_cast<uint8_t>(q << (4 * (c % 2)));
+            }
+        }
+        const std::vector<uint32_t> packed = w4a8_pack(codes.data(), w.n, w.k);
+        d.a8_codes = DeviceBuffer::upload_sync(s.device, packed.data(), packed.size() * sizeof(uint32_t));
+        d.a8_zeros = DeviceBuffer::upload_sync(s.device, zeros.data(), zeros.size() * sizeof(float));
+    } else {
+        std::vector<int8_t> codes(N * K);
+        for (size_t n = 0; n < N; ++n) {
+            for (size_t kk = 0; kk < K; ++kk) codes[n * K + input(kk)] = static_cast<int8_t>(w.codes[n * K + kk]);
+        }
+        d.a8_codes = DeviceBuffer::upload_sync(s.device, codes.data(), codes.size());
+    }
+    d.a8_scales = DeviceBuffer::upload_sync(s.device, scales.data(), scales.size() * sizeof(float));
+    d.a8_int4 = int4;
+    d.bytes += d.a8_codes.bytes() + d.a8_scales.bytes() + d.a8_zeros.bytes();
 }
 
 // A looped linear keeps its rounding channels on the device, for cross-iteration rounding (`second`: the weight whose
@@ -206,7 +224,7 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
     auto add = [&](DeviceLinear &slot, const Linear &w) {
         jobs.push_back([&s, &slot, &w, looped] {
             slot = make_linear(s, w);
-            attach_w8(s, slot, w);
+            attach_act8(s, slot, w);
             if (looped) attach_rounding(s, slot, w);
         });
     };
@@ -226,6 +244,7 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
                 gate_up.bias = std::move(bias);
             }
             d.gate_up = make_linear(s, gate_up);
+            attach_act8(s, d.gate_up, gate_up);
             if (looped) attach_rounding(s, d.gate_up, gate, &up);
         });
     } else {
@@ -316,9 +335,14 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
         if (dequantized_per_iteration(s, *l)) {
             needed = std::max(needed, dequantized_gemm_workspace_size(*l->quant, max_m));
         }
-        if (s.activations == ActivationMode::Int8 && l->w8_codes) {
-            needed = std::max(needed, gpu::w8a8_scratch_bytes(std::min<int32_t>(static_cast<int32_t>(max_m),
-                                                                               kW8a8ChunkRows), l->n, l->k));
+        if (s.activations == ActivationMode::Int8 && l->a8_codes) {
+            // Past the region the kernels keep zeroed: X's codes, scales and code sums, or the cuBLAS path's scratch.
+            const size_t rows = static_cast<size_t>(max_m);
+            const size_t own = s.int8_tensor_cores && l->k % 16 == 0
+                                   ? (rows * l->k + 255) / 256 * 256 + 2 * ((rows * 4 + 255) / 256 * 256)
+                                   : gpu::w8a8_scratch_bytes(std::min<int32_t>(static_cast<int32_t>(max_m),
+                                                                              kW8a8ChunkRows), l->n, l->k);
+            needed = std::max(needed, zeroed_workspace_bytes(s.sm_count) + own);
         }
     }
     return needed;
@@ -488,6 +512,8 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
     s->config = model.config;
     s->options = options;
     check_cuda(cudaStreamCreateWithFlags(&s->own_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    s->sm_count = device_info(device).sm_count;
+    s->int8_tensor_cores = int8_tensor_cores(device);
 
     const ModelConfig &c = model.config;
     s->embed_type = table_type(model.embed_dtype);

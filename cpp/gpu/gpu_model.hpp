@@ -40,6 +40,7 @@ struct GpuModelOptions {
 struct GpuScoreStats {
     DispatchCounts dispatch;  // INT4 GEMMs by path, summed over the model's weights
     uint64_t cublas_dense = 0;      // FP16 GEMMs of dense linears and dense/tied heads
+    uint64_t int8_activations = 0;  // GEMMs of INT8 activations on the INT8 tensor-core kernel (W8A8 and W4A8)
     uint64_t windows = 0;  // windows (score_cuda) and sequences (score_batch_cuda)
     uint64_t graph_captures = 0;
     uint64_t graph_replays = 0;

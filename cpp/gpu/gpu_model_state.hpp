@@ -22,14 +22,15 @@
 #include "gpu/device_memory.hpp"
 #include "gpu/gemm_dispatch.hpp"
 #include "gpu/gpu_model.hpp"
+#include "gpu_kernels.hpp"
 
 namespace tl {
 namespace detail {
 
 // GEMM calls by path: the dispatcher's per-weight counters summed, plus the dense (cuBLAS) calls.
 struct Tally {
-    // fp16_body, marlin_fused, marlin_correction, dequant_cublas, native, fallbacks, dense
-    std::array<uint64_t, 7> v{};
+    // fp16_body, marlin_fused, marlin_correction, dequant_cublas, native, fallbacks, dense, int8 activations
+    std::array<uint64_t, 8> v{};
     Tally &operator+=(const Tally &o) {
         for (size_t i = 0; i < v.size(); ++i) v[i] += o.v[i];
         return *this;
@@ -49,6 +50,7 @@ inline void add_tally(GpuScoreStats &out, const Tally &t) {
     out.dispatch.native += t.v[4];
     out.dispatch.fallbacks += t.v[5];
     out.cublas_dense += t.v[6];
+    out.int8_activations += t.v[7];
 }
 
 // One linear layer on the device: INT4 through the dispatcher, or FP16 values through cuBLAS.
@@ -60,9 +62,12 @@ struct DeviceLinear {
     DeviceBuffer dense;                      // FP16 [n][k], unless the values are shared
     const uint16_t *dense_values = nullptr;  // dense, or the embedding table (tied F16 head)
     DeviceBuffer bias;                       // FP32 [n] (zero in padding rows), added after the GEMM; empty: none
-    // A block's INT8 weight with one scale per row also keeps its codes [n][k] (in input order: a k_perm undone) and
-    // FP32 scales [n], for INT8 activations (W8A8, gpu::w8a8_gemm); empty otherwise.
-    DeviceBuffer w8_codes, w8_scales;
+    // For INT8 activations, a block's weight with one scale per row also keeps its integer codes in input order (a
+    // k_perm undone) and FP32 scales [n] (and zeros [n]): an INT8 weight's codes [n][k] (W8A8: gpu::int8_gemm, or
+    // gpu::w8a8_gemm where that does not run), or on a device where gpu::int8_gemm runs an INT4 weight's codes packed
+    // by w4a8_pack (W4A8). Empty otherwise.
+    DeviceBuffer a8_codes, a8_scales, a8_zeros;
+    bool a8_int4 = false;
     uint64_t bytes = 0;
 };
 
@@ -130,6 +135,12 @@ struct Graph {
 // Rows per W8A8 GEMM call: bounds its scratch (the INT32 sums of [rows][N]) whatever a pass's rows.
 constexpr int32_t kW8a8ChunkRows = 2048;
 
+// The head of the model's workspace that the Marlin-class and INT8 kernels keep zeroed between calls; other scratch
+// (the INT8 activations' codes) lies past it.
+inline size_t zeroed_workspace_bytes(int32_t sm_count) {
+    return (gpu::marlin_workspace_bytes(sm_count) + 255) / 256 * 256;
+}
+
 using BlockLinears = std::array<const DeviceLinear *, 5>;
 inline BlockLinears block_linears(const DeviceBlock &b) { return {&b.qkv, &b.out, &b.gate_up, &b.up, &b.down}; }
 
@@ -146,6 +157,8 @@ struct GpuModel::State {
     ActivationMode activations = ActivationMode::Fp16;  // likewise the call's activation precision
     cudaStream_t own_stream = nullptr;
     cublasHandle_t cublas = nullptr;
+    int32_t sm_count = 0;
+    bool int8_tensor_cores = false;  // gpu::int8_gemm runs on the device
 
     DeviceBuffer embed;  // [vocab][d_model] in the file's dtype
     gpu::TableType embed_type = gpu::TableType::F32;
@@ -168,6 +181,7 @@ struct GpuModel::State {
     std::set<detail::PassShape> uncapturable;  // pass shapes whose capture failed: they run eagerly
 
     uint64_t dense_calls = 0;  // cuBLAS GEMMs enqueued (captured ones included)
+    uint64_t int8_calls = 0;   // gpu::int8_gemm calls enqueued (likewise)
     detail::Tally ran;                 // GEMMs executed
     uint64_t windows = 0, captures = 0, replays = 0;
     double capture_seconds = 0.0;
@@ -201,6 +215,7 @@ struct GpuModel::State {
             for (int i = 0; i < 6; ++i) t.v[i] += v[i];
         }
         t.v[6] = dense_calls;
+        t.v[7] = int8_calls;
         return t;
     }
 };

@@ -857,19 +857,24 @@ TEST(ScoreInt8, MatchesCpuWithinFp16Error) {
     }
 }
 
-// INT8 activations on the GPU: a model of INT8 weights with one scale per row runs its block linears through the W8A8
-// kernel (per-token INT8 x, cuBLAS INT8 GEMM, the rule's epilogue) and agrees with the CPU backend's INT8 activations
-// within the FP16 bounds, eager and with graphs, a window per pass and packed; FP16 activations give other bits. A
-// grouped INT8 model, and FP8 activations, are declined by name.
-TEST(ScoreInt8, Int8ActivationsMatchCpu) {
+// INT8 activations on the GPU: a model of INT8 weights with one scale per row runs its block linears as W8A8 (per-token
+// INT8 x; the INT8 tensor-core kernel on compute capability 9.0, else cuBLAS's INT8 GEMM and the rule's epilogue),
+// one of INT4 weights with one scale and zero per row as W4A8 on the INT8 tensor-core kernel (declined by name on other
+// GPUs), and both agree with the CPU backend's INT8 activations within the FP16 bounds, eager and with graphs, a window
+// per pass and packed; FP16 activations give other bits. FP8 activations are declined by name.
+static void int8_activations_match_cpu(int32_t bits) {
+    const bool tensor_cores = tl::int8_tensor_cores(0);
     tl::ModelConfig c = tiny_config();
     c.group_size = 0;
-    c.bits = 8;
+    c.bits = bits;
     tl::SyntheticOptions synthetic;
     synthetic.seed = rng()();
     synthetic.quantize_head = true;
     const std::unique_ptr<tl::Model> model = tl::make_synthetic_model(c, synthetic);
-    const std::vector<int32_t> tokens = random_tokens(300, c.vocab);
+    // 2000 tokens: the two sides' flipped codes (below) move each position's NLL by noise of up to ~0.2 nats on
+    // these random models, and the perplexity comparison must average that down below its bound (300 tokens left
+    // W4A8 0.26% apart on an H100, under the per-position bound but over the perplexity's).
+    const std::vector<int32_t> tokens = random_tokens(2000, c.vocab);
     const size_t n = tokens.size() - 1;
     std::vector<float> cpu(n);
     tl::ScoreOptions o;
@@ -882,6 +887,15 @@ TEST(ScoreInt8, Int8ActivationsMatchCpu) {
     o.token_nll = fp16.data();
     o.activations = tl::ActivationMode::Fp16;
     tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr);
+    o.activations = tl::ActivationMode::Int8;
+    if (bits == 4 && !tensor_cores) {
+        EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "compute capability 9.0",
+                               [&] { tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr); }));
+        EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "compute capability 9.0",
+                               [&] { tl::require_gpu_activations(*model, tl::ActivationMode::Int8, false); }));
+        return;
+    }
+    EXPECT_NO_THROW(tl::require_gpu_activations(*model, tl::ActivationMode::Int8, tensor_cores));
     for (bool graphs : {false, true}) {
         for (int32_t pass_tokens : {128, 0}) {
             SCOPED_TRACE("graphs " + std::to_string(graphs) + " pass_tokens " + std::to_string(pass_tokens));
@@ -889,7 +903,6 @@ TEST(ScoreInt8, Int8ActivationsMatchCpu) {
             o.token_nll = gpu.data();
             o.use_graphs = graphs;
             o.pass_tokens = pass_tokens;
-            o.activations = tl::ActivationMode::Int8;
             tl::GpuScoreStats stats;
             const double gpu_sum = tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr, &stats).nll_sum;
             // The two sides quantize slightly different rows (FP16 on the GPU, FP32 on the CPU): their row maxima, and
@@ -897,24 +910,40 @@ TEST(ScoreInt8, Int8ActivationsMatchCpu) {
             // boundary (a few percent) take the neighbouring code, a whole step, on one side. That is noise of the
             // size of the quantization's own: measured up to 0.09 nats a position, as the CPU's INT8 moves this kind
             // of model from its FP16 result (0.06). The perplexity keeps the FP16 bound; a wrong scale or row would
-            // move it by far more. The kernel itself equals the rule bit for bit (tests/gpu/w8a8_test.cpp).
+            // move it by far more. The kernels themselves equal the rule bit for bit (tests/gpu/w8a8_test.cpp).
             EXPECT_TRUE(agree(gpu, gpu_sum, cpu, cpu_sum, kMaxInt8PositionDiff, kMaxPplRelDiff, "INT8 activations"));
             EXPECT_NE(gpu, fp16) << "INT8 activations gave FP16's bits";
             EXPECT_EQ(stats.dispatch.fallbacks, 0u);
+            if (tensor_cores) {
+                EXPECT_GT(stats.int8_activations, 0u) << "the INT8 tensor-core kernel did not run";
+            }
         }
     }
-    // A grouped INT8 model, and FP8 activations, are declined.
-    c.group_size = 32;
-    const std::unique_ptr<tl::Model> grouped = tl::make_synthetic_model(c, synthetic);
-    tl::GpuModel gg(*grouped, 0);
     o.token_nll = nullptr;
-    o.activations = tl::ActivationMode::Int8;
-    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "one scale per row",
-                           [&] { tl::score_cuda(gg, tokens.data(), tokens.size(), o, 0, nullptr); }));
-    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "one scale per row",
-                           [&] { tl::require_gpu_activations(*grouped, tl::ActivationMode::Int8); }));
-    EXPECT_NO_THROW(tl::require_gpu_activations(*model, tl::ActivationMode::Int8));
     o.activations = tl::ActivationMode::Fp8;
     EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "fp8",
                            [&] { tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr); }));
+}
+
+TEST(ScoreInt8, Int8ActivationsMatchCpu) { int8_activations_match_cpu(8); }
+TEST(ScoreInt8, Int8ActivationsOnInt4WeightsMatchCpu) { int8_activations_match_cpu(4); }
+
+// A grouped INT8 model is declined by name.
+TEST(ScoreInt8, GroupedWeightsAreDeclined) {
+    tl::ModelConfig c = tiny_config();
+    c.bits = 8;
+    c.group_size = 32;
+    tl::SyntheticOptions synthetic;
+    synthetic.seed = rng()();
+    const std::unique_ptr<tl::Model> grouped = tl::make_synthetic_model(c, synthetic);
+    const std::vector<int32_t> tokens = random_tokens(300, c.vocab);
+    tl::ScoreOptions o;
+    o.window = 128;
+    o.activations = tl::ActivationMode::Int8;
+    tl::GpuModel gg(*grouped, 0);
+    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "one scale per row",
+                           [&] { tl::score_cuda(gg, tokens.data(), tokens.size(), o, 0, nullptr); }));
+    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "one scale per row", [&] {
+        tl::require_gpu_activations(*grouped, tl::ActivationMode::Int8, tl::int8_tensor_cores(0));
+    }));
 }
