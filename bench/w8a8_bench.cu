@@ -4,7 +4,7 @@
 // W4A8 (the quantization with code sums, then int8_gemm on packed INT4 codes with zero points), and int8_gemm alone
 // on quantized X (against the bare INT8 GEMM).
 //
-//   w8a8_bench <out.csv> [--m M[,M...]]      (default M = 1024,4096)
+//   w8a8_bench <out.csv> [--m M[,M...]] [--layer NAME]      (default M = 1024,4096; every layer)
 //
 // Method: random data; each path run 20 times back to back between CUDA events, after 3 warm-up calls; the median of 7
 // such timings, divided by 20. The weights are not rotated: at these M the GEMMs are compute-bound, so whether the
@@ -90,16 +90,19 @@ double time_us(cudaStream_t stream, Run run) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: w8a8_bench <out.csv> [--m M[,M...]]\n");
+        std::fprintf(stderr, "usage: w8a8_bench <out.csv> [--m M[,M...]] [--layer NAME]\n");
         return 2;
     }
     std::vector<int> ms = {1024, 4096};
+    const char *only_layer = nullptr;  // --layer NAME: that layer alone (a profiler's run)
     for (int i = 2; i + 1 < argc; ++i) {
         if (std::strcmp(argv[i], "--m") == 0) {
             ms.clear();
             for (char *tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ",")) {
                 ms.push_back(std::atoi(tok));
             }
+        } else if (std::strcmp(argv[i], "--layer") == 0) {
+            only_layer = argv[++i];
         }
     }
     FILE *csv = std::fopen(argv[1], "w");
@@ -126,6 +129,7 @@ int main(int argc, char **argv) {
     std::mt19937_64 g(1);
     const int max_m = *std::max_element(ms.begin(), ms.end());
     for (const Layer &l : kLayers) {
+        if (only_layer != nullptr && std::strcmp(l.name, only_layer) != 0) continue;
         auto *w16 = device_random<__half>(static_cast<size_t>(l.k) * l.n, g);
         auto *w8 = device_random<int8_t>(static_cast<size_t>(l.k) * l.n, g);
         auto *ws = device_random<float>(static_cast<size_t>(l.n), g);
