@@ -33,7 +33,7 @@ using tlt::rng;
 
 constexpr double kMaxPositionDiff = 0.02;  // nats, GPU vs CPU, per position
 constexpr double kMaxPplRelDiff = 0.0025;  // total perplexity, GPU vs CPU
-constexpr double kMaxInt8PositionDiff = 0.25;  // nats, INT8 activations (rounding flips; see Int8ActivationsMatchCpu)
+constexpr double kMaxInt8PositionDiff = 0.35;  // nats, INT8 activations (rounding flips; see int8_activations_match_cpu)
 // Graphs on vs off: bitwise on deterministic paths; within this where the Marlin-class kernel's FP32 atomics (split-k
 // reduction) or cuBLAS make repeated runs differ in the last FP16 bit of a few outputs.
 constexpr double kMaxRerunDiff = 0.01;
@@ -873,8 +873,10 @@ static void int8_activations_match_cpu(int32_t bits) {
     const std::unique_ptr<tl::Model> model = tl::make_synthetic_model(c, synthetic);
     // 4000 tokens: the two sides' flipped codes (below) are noise in the perplexity too, which must average down
     // below its bound. Rounding only the linears' inputs to FP16 before the CPU's own INT8 quantization moved its
-    // perplexity on such models by up to 0.23% (INT4) and 0.35% (INT8) over 300 tokens, 0.12% and 0.06% over 4000
-    // (12 random models each); over 300 tokens the GPU's W4A8 came out 0.26% from the CPU's.
+    // perplexity on such models by up to 0.23% (INT4) and 0.35% (INT8) over 300 tokens, 0.12% and 0.06% over 4000,
+    // and single positions by up to 0.17 nats over 4000 (12 random models each). The GPU differs from the CPU in more
+    // roundings than that: over 300 tokens its W4A8 came out 0.26% and up to 0.18 nats from the CPU's. Hence the
+    // per-position bound of 0.35 nats for the longer run.
     const std::vector<int32_t> tokens = random_tokens(4000, c.vocab);
     const size_t n = tokens.size() - 1;
     std::vector<float> cpu(n);
