@@ -45,11 +45,12 @@ pub enum Activations {
     #[default]
     Fp16,
     /// Each token's input quantized to INT8 with its own scale (max |x| / 127), multiplied with the weights' codes
-    /// in exact int32 group sums. CPU backend only: the CUDA backend declines it ([`Error::Unsupported`]; `Auto`
-    /// then runs on the CPU).
+    /// in exact int32 group sums. The CUDA backend runs it on models whose block linears have one scale per row
+    /// (INT8 weights on any GPU, INT4 ones on compute capability 9.0) and declines the others
+    /// ([`Error::Unsupported`]; `Auto` then runs on the CPU).
     Int8,
     /// Each token's input quantized to FP8 e4m3 with its own scale (max |x| / 448), exact group sums. CPU backend
-    /// only, as `Int8`.
+    /// only: the CUDA backend declines it, as `Int8` on other models.
     Fp8,
 }
 
