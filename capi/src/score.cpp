@@ -187,8 +187,9 @@ tl_score_result run_score(const tl_model &model, const tl_score_options &opts, c
     if (gpu) {
         try {
             // Before any upload: a model the GPU cannot score this way is not copied there first.
-            tl::require_gpu_activations(*model.model, static_cast<tl::ActivationMode>(opts.activations),
-                                        tl::int8_tensor_cores(opts.device));
+            const auto activations = static_cast<tl::ActivationMode>(opts.activations);
+            tl::require_gpu_activations(*model.model, activations,
+                                        activations == tl::ActivationMode::Int8 && tl::int8_tensor_cores(opts.device));
             tl::GpuModel &gpu_model = gpu_model_for(model, opts.device, &result.setup_seconds);
             tl::GpuScoreStats ran;  // this call's own counts, whatever other threads run on the model
             r = on_gpu(gpu_model, &ran);

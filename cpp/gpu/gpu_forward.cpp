@@ -122,8 +122,11 @@ void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t
 }  // namespace
 
 bool int8_tensor_cores(int32_t device) {
-    const DeviceProperties props = device_info(device);
-    return gpu::marlin_wgmma_built() && props.sm_major == 9 && props.sm_minor == 0;
+    require_device(device);
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+    return gpu::marlin_wgmma_built() && major == 9 && minor == 0;
 }
 
 namespace detail {

@@ -92,7 +92,7 @@ inline void require_gpu_activations(const Model &model, ActivationMode mode, boo
     }
 }
 
-// Whether gpu::int8_gemm runs on `device` (compute capability 9.0, a build for sm_90a).
+// Whether gpu::int8_gemm runs on `device` (compute capability 9.0, a build for sm_90a). Two attribute queries.
 bool int8_tensor_cores(int32_t device);
 
 }  // namespace tl
