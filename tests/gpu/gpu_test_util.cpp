@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "gpu_kernels.hpp"
 #include "util/half.hpp"
 
 namespace tlt {
@@ -208,6 +209,16 @@ int sm_count() {
     if (cudaGetDevice(&device) != cudaSuccess) return 0;
     if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
     return count;
+}
+
+bool sm90a_kernels_run() {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        return false;
+    }
+    return tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
 }
 
 }  // namespace tlt

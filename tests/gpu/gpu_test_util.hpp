@@ -94,6 +94,8 @@ std::vector<int> sample_columns(int n, int count);
 double relative_error(const std::vector<uint16_t> &y, int m, int n, const std::vector<double> &ref, tl::Dtype dtype);
 
 int sm_count();
+// Whether the sm_90a kernels (wgmma, TMA) run here: the library holds them and the device is compute capability 9.0.
+bool sm90a_kernels_run();
 
 }  // namespace tlt
 

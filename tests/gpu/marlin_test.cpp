@@ -26,17 +26,6 @@ namespace {
 
 using tlt::DeviceBuffer;
 
-// Whether the sm_90a kernels (wgmma, TMA) run here: the library holds them and the device is compute capability 9.0.
-bool sm90a_kernels_run() {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        return false;
-    }
-    return tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
-}
-
 // Which packings a FusedCase uploads: the fused one (W = q*s + z) only, or also the symmetric one with its
 // correction (W = (q - 8)*s + delta, marlin_gemm_corrected).
 enum class Modes { Fused, Both };
@@ -450,7 +439,7 @@ TEST(MarlinLauncher, RefusesInvalidArgumentsWithoutLaunching) {
 // workspace is left zeroed. Where the kernel cannot run the launcher falls through to the classic kernel, and the
 // results must still match (the launch counter then stays put).
 TEST(MarlinWgmma, EveryTileFormMatchesReference) {
-    const bool runs = sm90a_kernels_run();
+    const bool runs = tlt::sm90a_kernels_run();
     std::printf("wgmma kernel %s (built for sm_90a: %s)\n", runs ? "runs" : "does not run",
                 tl::gpu::marlin_wgmma_built() ? "yes" : "no");
     struct Case {
@@ -503,7 +492,7 @@ TEST(MarlinWgmma, EveryTileFormMatchesReference) {
 // block and several: the grid is one block per SM) and stream-K with tiles cut between two or more blocks, K from one
 // slice to many rounds of the ring; against FP64, and the workspace of the cut tiles' sums is left zeroed.
 TEST(MarlinTma, MatchesReference) {
-    const bool runs = sm90a_kernels_run();
+    const bool runs = tlt::sm90a_kernels_run();
     struct Case {
         int m, k, n, group_size;
     };
@@ -591,7 +580,7 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
             CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(dy.download(out));
         };
-        const bool wgmma_runs = sm90a_kernels_run();
+        const bool wgmma_runs = tlt::sm90a_kernels_run();
         auto kernel_for = [&](int m) { return tl::plan_marlin(m, k, n, wgmma_runs, tlt::sm_count()).kernel; };
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_FP16_BODY, 0));
         ASSERT_EQ(TL_OK, tl_set_dispatch(TL_DISPATCH_CUBLAS_MIN_M, 0));
@@ -677,7 +666,7 @@ TEST(MarlinLauncher, DispatcherRunsThePolicysKernel) {
 TEST(MarlinLauncher, DispatcherSendsSmallWeightsToCublasFrom128Rows) {
     int32_t saved[5];
     for (int32_t setting = 0; setting < 5; ++setting) ASSERT_EQ(TL_OK, tl_get_dispatch(setting, &saved[setting]));
-    const bool hopper = sm90a_kernels_run();
+    const bool hopper = tlt::sm90a_kernels_run();
     struct Case {
         int k, n, m;
         int32_t cublas_min_m;

@@ -162,16 +162,6 @@ TEST(W8a8Launcher, Refusals) {
 
 // ---- The INT8 tensor-core GEMM (int8_gemm) -------------------------------------------------------------------------
 
-bool int8_gemm_runs() {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        return false;
-    }
-    return tl::gpu::marlin_wgmma_built() && major == 9 && minor == 0;
-}
-
 struct Int8GemmCase {
     W8a8Shape shape;
     bool int4;  // W4A8 (packed INT4 codes with zero points), else W8A8
@@ -181,7 +171,7 @@ class Int8Gemm : public ::testing::TestWithParam<Int8GemmCase> {};
 
 TEST_P(Int8Gemm, EqualsTheRuleBitForBit) {
     const auto [s, int4] = GetParam();
-    if (!int8_gemm_runs()) GTEST_SKIP() << "needs compute capability 9.0 and a build for sm_90a";
+    if (!tlt::sm90a_kernels_run()) GTEST_SKIP() << "needs compute capability 9.0 and a build for sm_90a";
     if (tlt::g_quick && static_cast<double>(s.m) * s.n * s.k > 6e7) GTEST_SKIP() << "quick mode";
     std::vector<uint16_t> x = tlt::random_normal_half(static_cast<size_t>(s.m) * s.k);
     if (s.m >= 3) {
@@ -321,7 +311,7 @@ TEST(Int8GemmLauncher, Refusals) {
     b = a;
     b.xq = xq.get() + 4;  // misaligned codes
     EXPECT_EQ(tl::gpu::kRcUnsupported, run(b));
-    if (!int8_gemm_runs()) {
+    if (!tlt::sm90a_kernels_run()) {
         EXPECT_EQ(tl::gpu::kRcUnsupported, run(a));
     }
 }
