@@ -1,11 +1,13 @@
-// tl_score_bench: tl_score end to end on one model file, through the public C API, in each configuration issue 4
-// compares: the CPU reference (only when asked), CUDA native INT4, Marlin-class fused, Marlin-class correction, the
-// FP16 body, and the dispatcher's defaults; every CUDA configuration with CUDA graphs off and on; full windows, the
+// tl_score_bench: tl_score end to end on one model file, through the public C API, in each configuration: the CPU
+// reference (only when asked), CUDA native INT4, Marlin-class fused, Marlin-class correction, the FP16 body, the
+// dispatcher's defaults, and the defaults with INT8 activations (int8; lossy: its NLL agreement with the first CUDA
+// configuration is the change it costs); every CUDA configuration with CUDA graphs off and on; full windows, the
 // decode-like regime of short (16-token) windows, and a batch of independent documents scored in one call.
 //
 //   tl_score_bench MODEL OUT.csv OUT.md [--tokens 1024,4096] [--chunked 1024] [--chunk-window 16]
 //                  [--docs 0 --doc-min 100 --doc-max 2000] [--seed 1 | --text FILE] [--reps 3] [--cpu-max-tokens 0]
-//                  [--device 0] [--label NAME] [--append] [--configs cpu,native,fused,correction,fp16body,default]
+//                  [--device 0] [--label NAME] [--append]
+//                  [--configs cpu,native,fused,correction,fp16body,default,int8]
 //
 // Tokens: the first T of one sequence, either the bytes of --text FILE or pseudo-random ids in [0, vocab): output i
 // of splitmix64 seeded with --seed, modulo vocab (tools/torch_reference.py --random makes the same sequence).
@@ -72,6 +74,7 @@ struct Config {
     const char *name;
     bool cpu;
     int use_marlin, marlin_mode, cublas_min_m, fp16_body;
+    int32_t activations = TL_ACTIVATIONS_FP16;
 };
 
 // The Marlin-class rows pin CUBLAS_MIN_M to 0: otherwise large windows take dequantize + cuBLAS and the row would
@@ -83,6 +86,7 @@ const Config kConfigs[] = {
     {"correction", false, 1, 2, 0, 0},
     {"fp16body", false, kDefault, kDefault, kDefault, 1},
     {"default", false, kDefault, kDefault, kDefault, kDefault},
+    {"int8", false, kDefault, kDefault, kDefault, kDefault, TL_ACTIVATIONS_INT8},
 };
 
 const int32_t kSettings[] = {TL_DISPATCH_USE_MARLIN, TL_DISPATCH_FP16_BODY, TL_DISPATCH_CROSS_ITER_ROUND,
@@ -145,7 +149,8 @@ int64_t to_int(const std::string &s, const std::string &flag) {
 const char *kUsage =
     "usage: tl_score_bench MODEL OUT.csv OUT.md [--tokens T1,T2,...] [--chunked T] [--chunk-window L]\n"
     "                      [--docs N [--doc-min A] [--doc-max B]] [--seed S | --text FILE] [--reps N>=3]\n"
-    "                      [--cpu-max-tokens N] [--device D] [--configs cpu,native,fused,correction,fp16body,default]\n"
+    "                      [--cpu-max-tokens N] [--device D]\n"
+    "                      [--configs cpu,native,fused,correction,fp16body,default,int8]\n"
     "                      [--label NAME] [--append]\n"
     "  --tokens          token counts scored in the model's default window (default 1024,4096)\n"
     "  --chunked         tokens scored in --chunk-window windows, 0 = skip (default 1024; window 16)\n"
@@ -302,6 +307,7 @@ struct Row {
     Scenario scenario;
     std::string config;
     bool cpu = false;
+    int32_t activations = TL_ACTIVATIONS_FP16;
     int graphs = 0;
     std::vector<double> ms;
     tl_score_result result{};
@@ -367,6 +373,7 @@ void run_row(const tl_model *model, const std::vector<int32_t> &all_tokens,
     o.window = row.scenario.window;
     o.device = a.device;
     o.use_graphs = row.graphs;
+    o.activations = row.activations;
     row.nll.assign(scored, NAN);
     row.warmup_nll.assign(scored, NAN);
     tl_score_result r;
@@ -631,6 +638,7 @@ int run(const Args &a) {
             for (int graphs = 0; graphs <= (c->cpu ? 0 : 1); ++graphs) {
                 Row row;
                 row.scenario = s, row.config = c->name, row.cpu = c->cpu, row.graphs = graphs;
+                row.activations = c->activations;
                 rows.push_back(row);
             }
         }

@@ -15,7 +15,8 @@
 # 8192, V 50257, 2 pre + loop x 8, tied head, per-row and group 128; made again only when older than the tinyloop
 # binary); then those of the $STEPS asked for, in this order, most essential first:
 #   bench-row   tl_score_bench on the per-row model, the four scenarios, configurations default, fused and fp16body
-#               (native and correction are never the fastest: docs/benchmarks.md), CUDA graphs off and on;
+#               (native and correction are never the fastest: docs/benchmarks.md) and int8 (INT8 activations, judged
+#               on their own against the target INT8_TARGET and their perplexity change), CUDA graphs off and on;
 #   bench-g128  the same on the group-128 model;
 #   peer        tools/torch_reference.py --speed --compile both on the per-row model, the four scenarios in one
 #               process: eager first, then torch.compile(mode="max-autotune-no-cudagraphs"), which compiles each
@@ -97,7 +98,7 @@ fi
 bench() {
   echo "---- tl_score_bench $2" >>"$LOG"
   bounded 150 "$BIN/tl_score_bench" "$WORK/2b-$1.tinyloop" "$OUT/score_bench.csv" "$OUT/score_bench.md" --label "$2" \
-    --tokens 1024,4096 --chunked 1024 --chunk-window 16 "${DOCS[@]}" --configs default,fused,fp16body \
+    --tokens 1024,4096 --chunked 1024 --chunk-window 16 "${DOCS[@]}" --configs default,fused,fp16body,int8 \
     --seed "$SEED" "${@:3}" >>"$LOG" 2>&1
   summary+=("tl_score_bench $2: rc=$?")
 }
@@ -184,6 +185,7 @@ step summary
 import csv, math, os, sys
 
 TARGET = 1.3
+INT8_TARGET = 1.5  # INT8 activations (the int8 configuration): lossy, so judged apart from the FP16 rows
 PPL_TOL = 0.03  # the peer and TinyLoop score the same tokens in FP16: their perplexities must agree this closely
 SCENARIOS = [(("tokens", 4096, 0), "(a) 4096 tokens, one window"), (("tokens", 1024, 16), "(b) 1024 tokens in 16-token "
              "windows"), (("tokens", 1024, 0), "(c) 1024 tokens, one window"), (("docs",), "(d) 256 documents of "
@@ -208,8 +210,8 @@ for line in open(sys.argv[2]) if os.path.exists(sys.argv[2]) else []:
         peer[key, mode] = p
 
 def ours(model, key, configs=None):
-    ok = [r for r in rows if r["model"] == model and r["key"] == key and not r["error"] and r["config"] != "cpu"
-          and (configs is None or r["config"] in configs)]
+    ok = [r for r in rows if r["model"] == model and r["key"] == key and not r["error"]
+          and (r["config"] in configs if configs is not None else r["config"] not in ("cpu", "int8"))]
     return max(ok, key=lambda r: float(r["tokens_per_s"]), default=None)
 
 def tps(x):
@@ -248,6 +250,24 @@ print(f"\n## The target: tl_score >= {TARGET}x the faster of eager and compiled\
 print("| model | scenario | met? by the best configuration (by the default one) |")
 print("|---|---|---|")
 print("\n".join(verdicts))
+
+print(f"\n## INT8 activations: tl_score (int8, best of graphs off and on) >= {INT8_TARGET}x the faster peer\n")
+print("| model | scenario | int8 tokens/s | / faster peer | / ours default | PPL int8 / default - 1 | met? |")
+print("|---|---|---:|---:|---:|---:|---|")
+for model in sorted({r["model"] for r in rows}):
+    for key, what in SCENARIOS:
+        r8, default = ours(model, key, ["int8"]), ours(model, key, ["default"])
+        faster = max((p["tps"] for p in (peer.get((key, "eager")), peer.get((key, "compiled"))) if p), default=None)
+        if r8 is None:
+            print(f"| {model} | {what} | not measured | | | | |")
+            continue
+        t8 = float(r8["tokens_per_s"])
+        dppl = (f"{100 * math.expm1(float(r8['nll_per_token']) - float(default['nll_per_token'])):+.3f}%"
+                if default else "-")
+        met = ("met" if t8 >= INT8_TARGET * faster else "MISSED") if faster and (key, "compiled") in peer else "-"
+        vs_peer = f"{t8 / faster:.2f}x" if faster else "-"
+        vs_default = f"{t8 / float(default['tokens_per_s']):.2f}x" if default else "-"
+        print(f"| {model} | {what} | {tps(t8)} | {vs_peer} | {vs_default} | {dppl} | {met} |")
 
 print(f"\n## Same tokens, same scores: perplexity of the peer (eager) against ours (default), {PEER_MODEL} model\n")
 for key, what in SCENARIOS:
