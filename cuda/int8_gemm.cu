@@ -151,18 +151,26 @@ __device__ __forceinline__ void finish_tile(const Int8Params &p, int32_t (&acc)[
         s[h] = in ? p.w_scales[col + 8 * h] : 0.0f;
         z[h] = in && p.w_zeros != nullptr ? p.w_zeros[col + 8 * h] : 0.0f;
     }
+    // The rows' scales and code sums are loaded in batches of 8 rows ahead of their stores: the compiler cannot tell
+    // them from Y, so a load after a store waits for it, and one row at a time each row paid a load's latency.
     __half *y = reinterpret_cast<__half *>(p.y);
+    constexpr int kBatch = 4;  // i per batch: 2 kBatch rows
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+    for (int i0 = 0; i0 < 32; i0 += kBatch) {
+        float sx[2 * kBatch], sum[2 * kBatch];
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const int row = row0 + 8 * i + rr;
+        for (int b = 0; b < 2 * kBatch; ++b) {
+            const int row = row0 + 8 * (i0 + b / 2) + b % 2;
+            sx[b] = row < p.m ? p.x_scales[row] : 0.0f;
+            sum[b] = row < p.m && p.x_sums != nullptr ? static_cast<float>(p.x_sums[row]) : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < 2 * kBatch; ++b) {
+            const int i = i0 + b / 2, rr = b % 2, row = row0 + 8 * i + rr;
             if (row >= p.m) continue;
-            const float sx = p.x_scales[row];
-            const float sum = p.x_sums != nullptr ? static_cast<float>(p.x_sums[row]) : 0.0f;
             __half *yr = y + static_cast<size_t>(row) * p.n + col;
-            if (col < p.n) yr[0] = scale_out(acc[4 * i + rr], s[0], z[0], sx, sum);
-            if (col + 8 < p.n) yr[8] = scale_out(acc[4 * i + 2 + rr], s[1], z[1], sx, sum);
+            if (col < p.n) yr[0] = scale_out(acc[4 * i + rr], s[0], z[0], sx[b], sum[b]);
+            if (col + 8 < p.n) yr[8] = scale_out(acc[4 * i + 2 + rr], s[1], z[1], sx[b], sum[b]);
         }
     }
 }
