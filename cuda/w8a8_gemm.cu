@@ -23,28 +23,82 @@ __device__ __forceinline__ int quantize_one(float x, float s) {
     return q < -127 ? -127 : q > 127 ? 127 : q;
 }
 
-// Block r: s_x[r] = fl(max |x| / 127) by a true division, then the row's codes and, where `sums` is given, their
-// sum. kVec (K % 8 == 0): 16-byte loads of 8 values and 8-byte stores of their codes.
-template <bool kVec>
+// Eight FP16 values' codes as two words (byte j = value j) and their sum.
+__device__ __forceinline__ uint2 quantize8(const uint4 &raw, float s, int &sum) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h[j]);
+        const int q0 = quantize_one(f.x, s), q1 = quantize_one(f.y, s);
+        sum += q0 + q1;
+        const uint32_t pair = (static_cast<uint32_t>(q0) & 0xFFu) | ((static_cast<uint32_t>(q1) & 0xFFu) << 8);
+        packed[j / 2] |= pair << (16 * (j % 2));
+    }
+    return make_uint2(packed[0], packed[1]);
+}
+
+__device__ __forceinline__ float amax8(const uint4 &raw, float amax) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h[j]);
+        amax = max_nan(max_nan(amax, fabsf(f.x)), fabsf(f.y));
+    }
+    return amax;
+}
+
+// K % 8 == 0, 16-byte aligned rows: one warp per row, eight rows a block, no block barrier (one block per row waited
+// on its barriers with little else in flight). CHUNKS > 0: a lane holds its CHUNKS 16-byte chunks (K <= 256 CHUNKS)
+// between the maximum and the codes, so X is read once; 0: any K, read twice.
+template <int CHUNKS>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_warp_kernel(const __half *x, int m, int k, int8_t *xq,
+                                                                           float *scales, int32_t *sums) {
+    const int lane = threadIdx.x % 32;
+    const size_t row = static_cast<size_t>(blockIdx.x) * (kQuantThreads / 32) + threadIdx.x / 32;
+    if (row >= static_cast<size_t>(m)) return;
+    const __half *xr = x + row * k;
+    int8_t *qr = xq + row * k;
+    float amax = 0.0f;
+    uint4 held[CHUNKS > 0 ? CHUNKS : 1];
+    if constexpr (CHUNKS > 0) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int i = (c * 32 + lane) * 8;
+            held[c] = i < k ? *reinterpret_cast<const uint4 *>(xr + i) : make_uint4(0, 0, 0, 0);
+            amax = amax8(held[c], amax);
+        }
+    } else {
+        for (int i = lane * 8; i < k; i += 256) amax = amax8(*reinterpret_cast<const uint4 *>(xr + i), amax);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    const float s = __fdiv_rn(amax, 127.0f);
+    int sum = 0;
+    if constexpr (CHUNKS > 0) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int i = (c * 32 + lane) * 8;
+            if (i < k) *reinterpret_cast<uint2 *>(qr + i) = quantize8(held[c], s, sum);
+        }
+    } else {
+        for (int i = lane * 8; i < k; i += 256) {
+            *reinterpret_cast<uint2 *>(qr + i) = quantize8(*reinterpret_cast<const uint4 *>(xr + i), s, sum);
+        }
+    }
+    if (lane == 0) scales[row] = s;
+    if (sums == nullptr) return;
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) sums[row] = sum;
+}
+
+// Any K and alignment: block r, one value a thread at a time.
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __half *x, int k, int8_t *xq,
                                                                       float *scales, int32_t *sums) {
     const size_t row = blockIdx.x;
     const __half *xr = x + row * k;
     int8_t *qr = xq + row * k;
     float amax = 0.0f;
-    if constexpr (kVec) {
-        for (int i = threadIdx.x * 8; i < k; i += kQuantThreads * 8) {
-            const uint4 raw = *reinterpret_cast<const uint4 *>(xr + i);
-            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float2 f = __half22float2(h[j]);
-                amax = max_nan(max_nan(amax, fabsf(f.x)), fabsf(f.y));
-            }
-        }
-    } else {
-        for (int i = threadIdx.x; i < k; i += kQuantThreads) amax = max_nan(amax, fabsf(__half2float(xr[i])));
-    }
+    for (int i = threadIdx.x; i < k; i += kQuantThreads) amax = max_nan(amax, fabsf(__half2float(xr[i])));
     __shared__ float partial[kQuantThreads / 32];
     for (int offset = 16; offset > 0; offset /= 2) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
     if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = amax;
@@ -54,27 +108,10 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
     const float s = __fdiv_rn(amax, 127.0f);
     if (threadIdx.x == 0) scales[row] = s;
     int sum = 0;
-    if constexpr (kVec) {
-        for (int i = threadIdx.x * 8; i < k; i += kQuantThreads * 8) {
-            const uint4 raw = *reinterpret_cast<const uint4 *>(xr + i);
-            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
-            uint32_t packed[2] = {0, 0};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float2 f = __half22float2(h[j]);
-                const int q0 = quantize_one(f.x, s), q1 = quantize_one(f.y, s);
-                sum += q0 + q1;
-                const uint32_t pair = (static_cast<uint32_t>(q0) & 0xFFu) | ((static_cast<uint32_t>(q1) & 0xFFu) << 8);
-                packed[j / 2] |= pair << (16 * (j % 2));
-            }
-            *reinterpret_cast<uint2 *>(qr + i) = make_uint2(packed[0], packed[1]);
-        }
-    } else {
-        for (int i = threadIdx.x; i < k; i += kQuantThreads) {
-            const int q = quantize_one(__half2float(xr[i]), s);
-            sum += q;
-            qr[i] = static_cast<int8_t>(q);
-        }
+    for (int i = threadIdx.x; i < k; i += kQuantThreads) {
+        const int q = quantize_one(__half2float(xr[i]), s);
+        sum += q;
+        qr[i] = static_cast<int8_t>(q);
     }
     if (sums == nullptr) return;
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -128,9 +165,21 @@ int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scale
     if (x == nullptr || xq == nullptr || scales == nullptr || m < 1 || k < 1) return kRcBadArgument;
     const auto *xh = reinterpret_cast<const __half *>(x);
     if (k % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(xq) & 7u) == 0) {
-        quantize_rows_kernel<true><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales, sums);
+        const unsigned blocks = static_cast<unsigned>((m + kQuantThreads / 32 - 1) / (kQuantThreads / 32));
+        auto launch = [&](auto kernel) { kernel<<<blocks, kQuantThreads, 0, stream>>>(xh, m, k, xq, scales, sums); };
+        if (k <= 512) {
+            launch(quantize_rows_warp_kernel<2>);
+        } else if (k <= 1024) {
+            launch(quantize_rows_warp_kernel<4>);
+        } else if (k <= 2048) {
+            launch(quantize_rows_warp_kernel<8>);
+        } else if (k <= 4096) {
+            launch(quantize_rows_warp_kernel<16>);
+        } else {
+            launch(quantize_rows_warp_kernel<0>);
+        }
     } else {
-        quantize_rows_kernel<false><<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales, sums);
+        quantize_rows_kernel<<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales, sums);
     }
     TL_GPU_CHECK_LAUNCH();
     return 0;
