@@ -6,6 +6,7 @@
 
 #include "cublas_loader.hpp"
 #include "gpu_common.cuh"
+#include "int8_quant.cuh"
 
 namespace tl::gpu {
 
@@ -13,15 +14,8 @@ namespace {
 
 constexpr int kQuantThreads = 256;
 
-// max that keeps a NaN (fmaxf drops it): a row holding one must get a NaN scale.
-__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
-
-// One code of the rule: clamp(rne(fl(x / s)), -127, 127), 0 where s is 0 or NaN (a NaN scale makes the outputs NaN).
-__device__ __forceinline__ int quantize_one(float x, float s) {
-    if (!(s > 0.0f)) return 0;
-    const int q = __float2int_rn(__fdiv_rn(x, s));
-    return q < -127 ? -127 : q > 127 ? 127 : q;
-}
+using int8q::max_nan;
+using int8q::quantize_one;
 
 // Eight FP16 values' codes as two words (byte j = value j) and their sum.
 __device__ __forceinline__ uint2 quantize8(const uint4 &raw, float s, int &sum) {
@@ -71,8 +65,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_warp_kernel(const
     } else {
         for (int i = lane * 8; i < k; i += 256) amax = amax8(*reinterpret_cast<const uint4 *>(xr + i), amax);
     }
-    for (int offset = 16; offset > 0; offset /= 2) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    const float s = __fdiv_rn(amax, 127.0f);
+    amax = int8q::warp_max_nan(amax);
+    const float s = int8q::row_scale(amax);
     int sum = 0;
     if constexpr (CHUNKS > 0) {
 #pragma unroll
@@ -87,7 +81,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_warp_kernel(const
     }
     if (lane == 0) scales[row] = s;
     if (sums == nullptr) return;
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    sum = int8q::warp_sum(sum);
     if (lane == 0) sums[row] = sum;
 }
 
@@ -99,13 +93,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
     int8_t *qr = xq + row * k;
     float amax = 0.0f;
     for (int i = threadIdx.x; i < k; i += kQuantThreads) amax = max_nan(amax, fabsf(__half2float(xr[i])));
-    __shared__ float partial[kQuantThreads / 32];
-    for (int offset = 16; offset > 0; offset /= 2) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = partial[0];
-    for (int w = 1; w < kQuantThreads / 32; ++w) amax = max_nan(amax, partial[w]);
-    const float s = __fdiv_rn(amax, 127.0f);
+    __shared__ float partial[32];
+    __shared__ int partial_sum[32];
+    const float s = int8q::row_scale(int8q::block_max_nan(amax, partial));
     if (threadIdx.x == 0) scales[row] = s;
     int sum = 0;
     for (int i = threadIdx.x; i < k; i += kQuantThreads) {
@@ -114,14 +104,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
         qr[i] = static_cast<int8_t>(q);
     }
     if (sums == nullptr) return;
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    __shared__ int partial_sum[kQuantThreads / 32];
-    if (threadIdx.x % 32 == 0) partial_sum[threadIdx.x / 32] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kQuantThreads / 32; ++w) sum += partial_sum[w];
-        sums[row] = sum;
-    }
+    sum = int8q::block_sum(sum, partial_sum);
+    if (threadIdx.x == 0) sums[row] = sum;
 }
 
 // y[r][c] = fp16(fl(s_x[r] · fl(s_w[c] · fl(acc[r][c])))): the rule's order for a weight with one group. Thread t of

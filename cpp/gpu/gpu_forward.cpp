@@ -59,25 +59,40 @@ void check_rc(int rc, const std::string &what) {
 
 constexpr size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// y = x W for m rows of INT8 activations (w has its a8_ forms): x quantized per row into the workspace past the
-// region the kernels keep zeroed, then gpu::int8_gemm; an INT8 weight where that does not run takes cuBLAS's INT8 GEMM
-// (gpu::w8a8_gemm) in chunks of rows, each quantizing its rows and summing in INT32 into the same place.
+// Whether w's INT8 activations go through gpu::int8_gemm, whose input (codes, row scales and code sums) lies in the
+// workspace past the region the kernels keep zeroed: where the norm or SwiGLU before it can write it (int8_input).
+bool int8_tensor_core_linear(const GpuModel::State &s, const DeviceLinear &w) {
+    return s.activations == ActivationMode::Int8 && w.a8_codes && s.int8_tensor_cores && w.k % 16 == 0;
+}
+struct Int8Input {
+    int8_t *codes;
+    float *scales;
+    int32_t *sums;
+};
+Int8Input int8_input(GpuModel::State &s, int32_t m, int32_t k) {
+    char *scratch = s.workspace.get<char>() + zeroed_workspace_bytes(s.sm_count);
+    auto *scales = reinterpret_cast<float *>(scratch + round_up_256(static_cast<size_t>(m) * k));
+    auto *sums = reinterpret_cast<int32_t *>(reinterpret_cast<char *>(scales) + round_up_256(m * sizeof(float)));
+    return {reinterpret_cast<int8_t *>(scratch), scales, sums};
+}
+
+// y = x W for m rows of INT8 activations (w has its a8_ forms). Through gpu::int8_gemm: x quantized per row into
+// int8_input, unless `quantized` (the kernel before wrote it there; x is then unused). Else (an INT8 weight where that
+// does not run) cuBLAS's INT8 GEMM (gpu::w8a8_gemm) in chunks of rows, each quantizing its rows and summing in INT32
+// into the same place.
 void int8_activations_gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m,
-                           cudaStream_t stream) {
-    const size_t zeroed = zeroed_workspace_bytes(s.sm_count);
-    char *scratch = s.workspace.get<char>() + zeroed;
-    const size_t scratch_bytes = s.workspace.bytes() - zeroed;
+                           cudaStream_t stream, bool quantized) {
     const std::string what = (w.a8_int4 ? "W4A8 GEMM of '" : "W8A8 GEMM of '") + w.name + "'";
-    if (s.int8_tensor_cores && w.k % 16 == 0) {
+    if (int8_tensor_core_linear(s, w)) {
+        const Int8Input in = int8_input(s, m, w.k);
+        if (!quantized) {
+            check_rc(gpu::quantize_rows_int8(x, m, w.k, in.codes, in.scales, stream, w.a8_int4 ? in.sums : nullptr),
+                     "INT8 quantization of the input of '" + w.name + "'");
+        }
         gpu::Int8GemmArgs a;
-        auto *xq = reinterpret_cast<int8_t *>(scratch);
-        auto *scales = reinterpret_cast<float *>(scratch + round_up_256(static_cast<size_t>(m) * w.k));
-        auto *sums = reinterpret_cast<int32_t *>(reinterpret_cast<char *>(scales) + round_up_256(m * sizeof(float)));
-        check_rc(gpu::quantize_rows_int8(x, m, w.k, xq, scales, stream, w.a8_int4 ? sums : nullptr),
-                 "INT8 quantization of the input of '" + w.name + "'");
-        a.xq = xq;
-        a.x_scales = scales;
-        a.x_sums = w.a8_int4 ? sums : nullptr;
+        a.xq = in.codes;
+        a.x_scales = in.scales;
+        a.x_sums = w.a8_int4 ? in.sums : nullptr;
         a.w = w.a8_codes.get();
         a.w_scales = w.a8_scales.get<float>();
         a.w_zeros = w.a8_int4 ? w.a8_zeros.get<float>() : nullptr;
@@ -86,27 +101,29 @@ void int8_activations_gemm(GpuModel::State &s, const DeviceLinear &w, const uint
         a.n = w.n;
         a.k = w.k;
         check_rc(gpu::int8_gemm(a, w.a8_int4 ? gpu::Int8Weights::Int4Packed : gpu::Int8Weights::Int8,
-                                s.workspace.get(), zeroed, stream),
+                                s.workspace.get(), zeroed_workspace_bytes(s.sm_count), stream),
                  what);
         ++s.int8_calls;
         return;
     }
-    if (w.a8_int4) fail(TL_ERR_INTERNAL, what + ": the INT8 tensor-core kernel does not run here");
+    if (quantized || w.a8_int4) fail(TL_ERR_INTERNAL, what + ": the INT8 tensor-core kernel does not run here");
+    const size_t zeroed = zeroed_workspace_bytes(s.sm_count);
     for (int32_t r0 = 0; r0 < m; r0 += kW8a8ChunkRows) {
         const int32_t rows = std::min(kW8a8ChunkRows, m - r0);
         check_rc(gpu::w8a8_gemm(s.cublas, x + static_cast<size_t>(r0) * w.k, w.a8_codes.get<int8_t>(),
-                                w.a8_scales.get<float>(), y + static_cast<size_t>(r0) * w.n, rows, w.n, w.k, scratch,
-                                scratch_bytes, stream),
+                                w.a8_scales.get<float>(), y + static_cast<size_t>(r0) * w.n, rows, w.n, w.k,
+                                s.workspace.get<char>() + zeroed, s.workspace.bytes() - zeroed, stream),
                  what);
     }
     ++s.dense_calls;
 }
 
-// y = x W (+ bias) for m rows. `dequantized`: w's FP16 form from loop_fp16, or nullptr.
+// y = x W (+ bias) for m rows. `dequantized`: w's FP16 form from loop_fp16, or nullptr. `x_quantized`: x's INT8 form
+// is already in int8_input (int8_tensor_core_linear weights only).
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
-          const uint16_t *dequantized = nullptr) {
+          const uint16_t *dequantized = nullptr, bool x_quantized = false) {
     if (s.activations == ActivationMode::Int8 && w.a8_codes) {
-        int8_activations_gemm(s, w, x, y, m, stream);
+        int8_activations_gemm(s, w, x, y, m, stream, x_quantized);
     } else if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
         quant_gemm(*w.quant, x, y, m, Dtype::F16, s.dispatch, stream, s.workspace.get(), s.workspace.bytes(), s.cublas,
@@ -143,10 +160,24 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
     check_rc(gpu::embed_gather(a.tokens(), s.embed.get(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
     const uint16_t *pending = nullptr;  // the last block's mlp_down output, added to x by the next norm
     using Fp16Forms = std::array<const uint16_t *, 5>;  // per block_linears entry: its FP16 form, or nullptr
+    // A norm whose linears all take INT8 activations on the INT8 tensor cores writes their input in INT8 itself, as
+    // SwiGLU does for mlp_down's: one pass over the row instead of a write and the quantization's two reads.
+    auto norm = [&](const DeviceLinear &first, const DeviceLinear *second, const uint16_t *add, const DeviceBuffer &gain,
+                    const char *what) {
+        const bool int8 = int8_tensor_core_linear(s, first) && (second == nullptr || int8_tensor_core_linear(s, *second));
+        if (int8) {
+            const Int8Input in = int8_input(s, T, D);
+            check_rc(gpu::rmsnorm_residual_int8(x, add, gain.get<float>(), nullptr, in.codes, in.scales, in.sums, T, D,
+                                                c.norm_eps, stream),
+                     what);
+        } else {
+            check_rc(gpu::rmsnorm_residual(x, add, gain.get<float>(), xn, T, D, c.norm_eps, stream), what);
+        }
+        return int8;
+    };
     auto run_block = [&](const DeviceBlock &b, const Fp16Forms &fp16) {
-        check_rc(gpu::rmsnorm_residual(x, pending, b.attn_norm.get<float>(), xn, T, D, c.norm_eps, stream),
-                 "residual + attn_norm");
-        gemm(s, b.qkv, xn, qkv, T, stream, fp16[0]);
+        const bool qkv_int8 = norm(b.qkv, nullptr, pending, b.attn_norm, "residual + attn_norm");
+        gemm(s, b.qkv, xn, qkv, T, stream, fp16[0], qkv_int8);
         check_rc(gpu::rope_qk(qkv, a.rope_cos.get<float>(), a.rope_sin.get<float>(), T, H, hd, stream, a.positions(),
                               KV),
                  "RoPE");
@@ -156,16 +187,20 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
                                                                         : gpu::AttentionKernel::Auto;
         check_rc(gpu::causal_attention(qkv, att, T, H, hd, stream, attention, segments, KV), "attention");
         gemm(s, b.out, att, proj, T, stream, fp16[1]);
-        check_rc(gpu::rmsnorm_residual(x, proj, b.mlp_norm.get<float>(), xn, T, D, c.norm_eps, stream),
-                 "residual + mlp_norm");
-        gemm(s, b.gate_up, xn, gu, T, stream, fp16[2]);
-        if (b.up.n == 0) {
-            check_rc(gpu::swiglu(gu, gu + F, 2 * F, hidden, T, F, stream), "SwiGLU");
+        const bool gate_up_int8 =
+            norm(b.gate_up, b.up.n == 0 ? nullptr : &b.up, proj, b.mlp_norm, "residual + mlp_norm");
+        gemm(s, b.gate_up, xn, gu, T, stream, fp16[2], gate_up_int8);
+        if (b.up.n != 0) gemm(s, b.up, xn, gu + a.up_offset, T, stream, fp16[3], gate_up_int8);
+        const uint16_t *up = b.up.n == 0 ? gu + F : gu + a.up_offset;
+        const int ld = b.up.n == 0 ? 2 * F : F;
+        const bool down_int8 = int8_tensor_core_linear(s, b.down);
+        if (down_int8) {
+            const Int8Input in = int8_input(s, T, F);
+            check_rc(gpu::swiglu_int8(gu, up, ld, in.codes, in.scales, in.sums, T, F, stream), "SwiGLU");
         } else {
-            gemm(s, b.up, xn, gu + a.up_offset, T, stream, fp16[3]);
-            check_rc(gpu::swiglu(gu, gu + a.up_offset, F, hidden, T, F, stream), "SwiGLU");
+            check_rc(gpu::swiglu(gu, up, ld, hidden, T, F, stream), "SwiGLU");
         }
-        gemm(s, b.down, hidden, proj, T, stream, fp16[4]);
+        gemm(s, b.down, hidden, proj, T, stream, fp16[4], down_int8);
         pending = proj;
     };
     for (const DeviceBlock &b : s.pre) run_block(b, Fp16Forms{});

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "../gpu_common.cuh"
+#include "../int8_quant.cuh"
 #include "forward_kernels.hpp"
 #include "reduce.cuh"
 
@@ -73,6 +74,46 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(float *x, const __
     const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
     __half *yr = y + offset;
     for (int i = threadIdx.x; i < d; i += kRowThreads) yr[i] = __float2half_rn(xr[i] * inv_rms * gain[i]);
+}
+
+// rmsnorm_kernel whose FP16 rows are then quantized to INT8 by the rule (int8_quant.cuh) into yq, scales and (where
+// given) sums: the same bits as rmsnorm_kernel followed by quantize_rows_int8. The FP16 value of each element is
+// computed again in the third pass by the same expression (no stored copy needed); y keeps it where given.
+__global__ void __launch_bounds__(kRowThreads) rmsnorm_int8_kernel(float *x, const __half *add, const float *gain,
+                                                                   __half *y, int8_t *yq, float *scales,
+                                                                   int32_t *sums, int d, float eps) {
+    __shared__ float scratch[32];
+    __shared__ int int_scratch[32];
+    const size_t offset = static_cast<size_t>(blockIdx.x) * d;
+    float *xr = x + offset;
+    float sum_sq = 0.0f;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+        float v = xr[i];
+        if (add != nullptr) {
+            v += __half2float(add[offset + i]);
+            xr[i] = v;
+        }
+        sum_sq = fmaf(v, v, sum_sq);
+    }
+    sum_sq = block_reduce<false>(sum_sq, scratch);
+    const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+        const __half h = __float2half_rn(xr[i] * inv_rms * gain[i]);
+        if (y != nullptr) y[offset + i] = h;
+        amax = int8q::max_nan(amax, fabsf(__half2float(h)));
+    }
+    const float s = int8q::row_scale(int8q::block_max_nan(amax, scratch));
+    int sum = 0;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+        const int q = int8q::quantize_one(__half2float(__float2half_rn(xr[i] * inv_rms * gain[i])), s);
+        yq[offset + i] = static_cast<int8_t>(q);
+        sum += q;
+    }
+    if (threadIdx.x == 0) scales[blockIdx.x] = s;
+    if (sums == nullptr) return;
+    sum = int8q::block_sum(sum, int_scratch);
+    if (threadIdx.x == 0) sums[blockIdx.x] = sum;
 }
 
 // ---- RoPE -------------------------------------------------------------------------------------------------------
@@ -156,6 +197,32 @@ __global__ void __launch_bounds__(kFlatThreads) swiglu_kernel(const __half *gate
     }
 }
 
+// SwiGLU's row t quantized to INT8 by the rule, one block per row: the same bits as swiglu_kernel followed by
+// quantize_rows_int8 (each FP16 value computed again in the second pass by the same expression).
+__global__ void __launch_bounds__(kRowThreads) swiglu_int8_kernel(const __half *gate, const __half *up, int ld,
+                                                                  int8_t *hq, float *scales, int32_t *sums, int f) {
+    __shared__ float scratch[32];
+    __shared__ int int_scratch[32];
+    const size_t t = blockIdx.x;
+    const __half *g = gate + t * ld, *u = up + t * ld;
+    auto value = [&](int j) {
+        return __half2float(__float2half_rn(silu_times(__half2float(g[j]), __half2float(u[j]))));
+    };
+    float amax = 0.0f;
+    for (int j = threadIdx.x; j < f; j += kRowThreads) amax = int8q::max_nan(amax, fabsf(value(j)));
+    const float s = int8q::row_scale(int8q::block_max_nan(amax, scratch));
+    int sum = 0;
+    for (int j = threadIdx.x; j < f; j += kRowThreads) {
+        const int q = int8q::quantize_one(value(j), s);
+        hq[t * f + j] = static_cast<int8_t>(q);
+        sum += q;
+    }
+    if (threadIdx.x == 0) scales[t] = s;
+    if (sums == nullptr) return;
+    sum = int8q::block_sum(sum, int_scratch);
+    if (threadIdx.x == 0) sums[t] = sum;
+}
+
 // ---- Head: log-softmax NLL --------------------------------------------------------------------------------------
 
 // One block per row: the maximum, then the sum of e^(l - max) in FP32 (each term <= 1, ~200 per thread plus a tree:
@@ -214,6 +281,18 @@ int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t 
     return 0;
 }
 
+int rmsnorm_residual_int8(float *x, const uint16_t *add, const float *gain, uint16_t *y, int8_t *yq, float *scales,
+                          int32_t *sums, int t_count, int d, float eps, cudaStream_t stream) {
+    if (x == nullptr || gain == nullptr || yq == nullptr || scales == nullptr || t_count < 1 || d < 1 ||
+        !(eps >= 0.0f)) {
+        return kRcBadArgument;
+    }
+    rmsnorm_int8_kernel<<<t_count, kRowThreads, 0, stream>>>(x, reinterpret_cast<const __half *>(add), gain,
+                                                              reinterpret_cast<__half *>(y), yq, scales, sums, d, eps);
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
 int rope_qk(uint16_t *qkv, const float *cos_table, const float *sin_table, int t_count, int n_heads, int head_dim,
             cudaStream_t stream, const int32_t *positions, int n_kv_heads) {
     if (n_kv_heads == 0) n_kv_heads = n_heads;
@@ -262,6 +341,18 @@ int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_
         swiglu_kernel<1><<<flat_blocks(static_cast<size_t>(t_count) * f), kFlatThreads, 0, stream>>>(g, u, ld, out,
                                                                                                       t_count, f);
     }
+    TL_GPU_CHECK_LAUNCH();
+    return 0;
+}
+
+int swiglu_int8(const uint16_t *gate, const uint16_t *up, int ld, int8_t *hq, float *scales, int32_t *sums,
+                int t_count, int f, cudaStream_t stream) {
+    if (gate == nullptr || up == nullptr || hq == nullptr || scales == nullptr || t_count < 1 || f < 1 || ld < f) {
+        return kRcBadArgument;
+    }
+    swiglu_int8_kernel<<<t_count, kRowThreads, 0, stream>>>(reinterpret_cast<const __half *>(gate),
+                                                             reinterpret_cast<const __half *>(up), ld, hq, scales,
+                                                             sums, f);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }

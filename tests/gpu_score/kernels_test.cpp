@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
 #include "forward/forward_kernels.hpp"
+#include "gpu_kernels.hpp"
 #include "gpu/gpu_model.hpp"
 #include "util/half.hpp"
 #include "test_util.hpp"
@@ -694,6 +696,110 @@ TEST(Kernels, Swiglu) {
             }
             EXPECT_TRUE(h.guard_intact() && d_gate.guard_intact());
         }
+    }
+}
+
+// ---- INT8 inputs written by the norm and SwiGLU -----------------------------------------------------------------
+
+// The fused forms against the unfused kernels followed by quantize_rows_int8: the same codes, scales and sums, bit for
+// bit, on rows with a zero row, a huge value and a NaN among them.
+struct Int8Rows {
+    std::vector<int8_t> codes;
+    std::vector<float> scales;
+    std::vector<int32_t> sums;
+};
+Int8Rows download_int8(DeviceArray<int8_t> &codes, DeviceArray<float> &scales, DeviceArray<int32_t> &sums) {
+    Int8Rows r;
+    EXPECT_EQ(cudaSuccess, codes.download(r.codes));
+    EXPECT_EQ(cudaSuccess, scales.download(r.scales));
+    EXPECT_EQ(cudaSuccess, sums.download(r.sums));
+    return r;
+}
+::testing::AssertionResult same_int8(const Int8Rows &got, const Int8Rows &want) {
+    for (size_t t = 0; t < want.scales.size(); ++t) {
+        const bool both_nan = std::isnan(got.scales[t]) && std::isnan(want.scales[t]);
+        if (!both_nan && got.scales[t] != want.scales[t]) {
+            return ::testing::AssertionFailure() << "scale of row " << t << ": " << got.scales[t] << " against "
+                                                 << want.scales[t];
+        }
+        if (got.sums[t] != want.sums[t]) return ::testing::AssertionFailure() << "code sum of row " << t;
+    }
+    for (size_t i = 0; i < want.codes.size(); ++i) {
+        if (got.codes[i] != want.codes[i]) return ::testing::AssertionFailure() << "code " << i;
+    }
+    return ::testing::AssertionSuccess();
+}
+
+TEST(Kernels, RmsNormInt8EqualsRmsNormThenQuantization) {
+    const float eps = 1e-5f;
+    for (auto [T, d] : {std::pair{1, 64}, {5, 300}, {33, 2048}, {3, 8192}}) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " d=" + std::to_string(d));
+        const size_t n = static_cast<size_t>(T) * d;
+        std::vector<float> x = random_float(n, 0.0, 2.0);
+        if (T >= 3) {
+            std::fill_n(x.begin() + d, d, 0.0f);  // row 1: zeros
+            x[2 * static_cast<size_t>(d)] = NAN;  // row 2: a NaN
+        }
+        const std::vector<uint16_t> add = random_half(n, 1.0);
+        const std::vector<float> gain = random_float(d, 1.0, 0.1);
+        DeviceArray<float> x_fused(n), x_plain(n), gd(d), scales(T), want_scales(T);
+        DeviceArray<uint16_t> ad(n), y_fused(n), y_plain(n);
+        DeviceArray<int8_t> codes(n), want_codes(n);
+        DeviceArray<int32_t> sums(T), want_sums(T);
+        ASSERT_TRUE(upload_guarded(x_fused, x) && upload_guarded(x_plain, x) && upload_guarded(gd, gain) &&
+                    upload_guarded(ad, add));
+        for (auto *a : {&codes, &want_codes}) CUDA_OK(a->poison(0x7F));
+        CUDA_OK(scales.poison(0xFF));
+        CUDA_OK(sums.poison(0xFF));
+        CUDA_OK(y_fused.poison(0xFF));
+        ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual_int8(x_fused.get(), ad.get(), gd.get(), y_fused.get(),
+                                                            codes.get(), scales.get(), sums.get(), T, d, eps,
+                                                            nullptr)));
+        ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual(x_plain.get(), ad.get(), gd.get(), y_plain.get(), T, d, eps,
+                                                       nullptr)));
+        ASSERT_EQ(0, tl::gpu::quantize_rows_int8(y_plain.get(), T, d, want_codes.get(), want_scales.get(), nullptr,
+                                                 want_sums.get()));
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_TRUE(same_int8(download_int8(codes, scales, sums), download_int8(want_codes, want_scales, want_sums)));
+        std::vector<float> xf, xp;
+        std::vector<uint16_t> yf, yp;
+        CUDA_OK(x_fused.download(xf));
+        CUDA_OK(x_plain.download(xp));
+        CUDA_OK(y_fused.download(yf));
+        CUDA_OK(y_plain.download(yp));
+        EXPECT_EQ(0, std::memcmp(xf.data(), xp.data(), n * sizeof(float))) << "the residual stream differs";
+        EXPECT_EQ(yf, yp) << "the FP16 rows differ";
+        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact());
+    }
+}
+
+TEST(Kernels, SwigluInt8EqualsSwigluThenQuantization) {
+    for (auto [T, F] : {std::pair{1, 1}, {9, 100}, {130, 1024}, {4, 8192}}) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " F=" + std::to_string(F));
+        const size_t n = static_cast<size_t>(T) * F;
+        std::vector<uint16_t> gate = random_half(2 * n, 3.0);  // one [T][2F] array, as the fused gate|up GEMM leaves it
+        gate[0] = float_to_half(-100.0f);
+        if (T >= 3) {
+            for (int j = 0; j < F; ++j) gate[static_cast<size_t>(1) * 2 * F + j] = 0;  // row 1: zeros
+            gate[static_cast<size_t>(2) * 2 * F] = 0x7E00;                          // row 2: a NaN
+        }
+        DeviceArray<uint16_t> d_gate(gate.size()), h(n);
+        DeviceArray<int8_t> codes(n), want_codes(n);
+        DeviceArray<float> scales(T), want_scales(T);
+        DeviceArray<int32_t> sums(T), want_sums(T);
+        ASSERT_TRUE(upload_guarded(d_gate, gate) && h.ok());
+        for (auto *a : {&codes, &want_codes}) CUDA_OK(a->poison(0x7F));
+        CUDA_OK(scales.poison(0xFF));
+        CUDA_OK(sums.poison(0xFF));
+        const uint16_t *up = d_gate.get() + F;
+        ASSERT_TRUE(launched(tl::gpu::swiglu_int8(d_gate.get(), up, 2 * F, codes.get(), scales.get(), sums.get(), T,
+                                                  F, nullptr)));
+        ASSERT_TRUE(launched(tl::gpu::swiglu(d_gate.get(), up, 2 * F, h.get(), T, F, nullptr)));
+        ASSERT_EQ(0, tl::gpu::quantize_rows_int8(h.get(), T, F, want_codes.get(), want_scales.get(), nullptr,
+                                                 want_sums.get()));
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_TRUE(same_int8(download_int8(codes, scales, sums), download_int8(want_codes, want_scales, want_sums)));
+        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact());
     }
 }
 

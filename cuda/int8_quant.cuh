@@ -1,0 +1,55 @@
+// The activation-precision rule's INT8 quantization of a row (docs/quality.md), as device functions for the kernels
+// that quantize rows: quantize_rows_int8 (w8a8_gemm.cu) and the forward pass's RMSNorm and SwiGLU that write INT8
+// (forward/rowwise.cu). s = fl(max |x| / 127) by a true division; codes clamp(rne(fl(x / s)), -127, 127), 0 where s is
+// 0 or NaN (a NaN scale makes the outputs NaN).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tl::gpu::int8q {
+
+// max that keeps a NaN (fmaxf drops it): a row holding one must get a NaN scale.
+__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
+__device__ __forceinline__ float row_scale(float amax) { return __fdiv_rn(amax, 127.0f); }
+
+__device__ __forceinline__ int quantize_one(float x, float s) {
+    if (!(s > 0.0f)) return 0;
+    const int q = __float2int_rn(__fdiv_rn(x, s));
+    return q < -127 ? -127 : q > 127 ? 127 : q;
+}
+
+__device__ __forceinline__ float warp_max_nan(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum(int v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Over the block (blockDim.x a multiple of 32): every thread gets the result. `scratch` holds 32 entries and may be
+// reused once it returns.
+__device__ __forceinline__ float block_max_nan(float v, float *scratch) {
+    v = warp_max_nan(v);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    float t = scratch[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) t = max_nan(t, scratch[w]);
+    __syncthreads();
+    return t;
+}
+__device__ __forceinline__ int block_sum(int v, int *scratch) {
+    v = warp_sum(v);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    int t = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += scratch[w];
+    __syncthreads();
+    return t;
+}
+
+}  // namespace tl::gpu::int8q
