@@ -291,44 +291,22 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// A [rows][k] INT8 matrix as 128 x box_rows boxes, 128-byte swizzle, zeros outside.
-bool encode_int8_map(CUtensorMap &map, const void *base, int rows, int k, int box_rows) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (encode == nullptr) return false;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-    const cuuint32_t box[2] = {static_cast<cuuint32_t>(kSliceK), static_cast<cuuint32_t>(box_rows)};
-    const cuuint32_t elem_strides[2] = {1, 1};
-    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <bool INT4>
 int launch_int8_gemm(const Int8GemmArgs &a, const marlin::LaunchEnv &env) {
     using L = Int8Layout<INT4>;
     static_assert(L::kStages >= 3, "the ring needs three stages");
-    static std::atomic<int> ready_cache[64];  // 0 = not set up, 1 = fits, -1 = does not
-    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    static std::atomic<int> ready[64];
     const auto kernel = int8_gemm_kernel<INT4>;
-    int ready = ready_cache[env.device].load(std::memory_order_relaxed);
-    if (ready == 0) {
-        ready = -1;
-        if (L::kSmem + 128 <= env.max_smem_optin) {
-            TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
-            int resident = 0;
-            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 384, L::kSmem));
-            ready = resident >= 1 ? 1 : -1;
-        }
-        ready_cache[env.device].store(ready, std::memory_order_relaxed);
-    }
-    if (ready < 0) return kRcUnsupported;
+    if (const int rc = tma::prepare_persistent(kernel, L::kSmem, env, ready)) return rc;
+    // [rows][k] INT8 matrices in 128 x box_rows boxes.
     CUtensorMap x_map, w_map;
-    if (!encode_int8_map(x_map, a.xq, a.m, a.k, kTileRows)) return kRcUnsupported;
+    if (!encode_rows_map(x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.xq, a.m, a.k, a.k, kTileRows, kSliceK)) {
+        return kRcUnsupported;
+    }
     if constexpr (INT4) {
         w_map = x_map;  // unused
-    } else {
-        if (!encode_int8_map(w_map, a.w, a.n, a.k, kTileColumns)) return kRcUnsupported;
+    } else if (!encode_rows_map(w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k, a.k, kTileColumns, kSliceK)) {
+        return kRcUnsupported;
     }
     Int8Params p{};
     p.w4 = INT4 ? static_cast<const uint32_t *>(a.w) : nullptr;
@@ -352,15 +330,8 @@ int launch_int8_gemm(const Int8GemmArgs &a, const marlin::LaunchEnv &env) {
     p.whole_tiles = grid.whole_tiles ? 1 : 0;
     p.counters = grid.counters;
     p.partials = static_cast<int32_t *>(grid.slots);
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(grid.blocks));
-    config.blockDim = dim3(384);
-    config.dynamicSmemBytes = L::kSmem;
-    config.stream = env.stream;
-    cudaLaunchAttribute early;
-    allow_early_start(config, early);
-    TL_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, static_cast<const Int8Params>(p)));
-    return 0;
+    return tma::launch_persistent(kernel, grid, L::kSmem, env.stream, x_map, w_map,
+                                  static_cast<const Int8Params>(p));
 }
 
 }  // namespace

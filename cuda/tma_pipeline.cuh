@@ -9,6 +9,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <utility>
 #include <cstddef>
 #include <cstdint>
 #include <cuda/ptx>
@@ -124,6 +126,42 @@ inline PersistentGrid persistent_grid(long long tiles, int k_tiles, const marlin
     g.counters = static_cast<int *>(env.workspace);
     g.slots = static_cast<uint8_t *>(env.workspace) + counter_bytes;
     return g;
+}
+
+// A persistent kernel of 384 threads and `smem` bytes of dynamic shared memory, set up once per device: its
+// shared-memory opt-in and whether one block fits an SM, remembered in `ready` (per kernel instantiation, by device:
+// 0 = not set up, 1 = fits, -1 = does not). 0 when it can launch, kRcUnsupported when it cannot, else a CUDA error.
+template <class Kernel>
+int prepare_persistent(Kernel kernel, int smem, const marlin::LaunchEnv &env, std::atomic<int> (&ready)[64]) {
+    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    int state = ready[env.device].load(std::memory_order_relaxed);
+    if (state == 0) {
+        state = -1;
+        if (smem + marlin::kStaticSmemReserve <= env.max_smem_optin) {
+            TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            int resident = 0;
+            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 384, smem));
+            state = resident >= 1 ? 1 : -1;
+        }
+        ready[env.device].store(state, std::memory_order_relaxed);
+    }
+    return state > 0 ? 0 : kRcUnsupported;
+}
+
+// Launches it on `grid.blocks` blocks, allowed to start before the previous kernel on the stream has finished
+// (programmatic dependent launch: the kernel waits for it before reading what it wrote).
+template <class... Params, class... Args>
+int launch_persistent(void (*kernel)(Params...), const PersistentGrid &grid, int smem, cudaStream_t stream,
+                      Args &&...args) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(grid.blocks));
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute early;
+    allow_early_start(config, early);
+    TL_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+    return 0;
 }
 
 }  // namespace tl::gpu::tma

@@ -57,8 +57,6 @@ void check_rc(int rc, const std::string &what) {
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
 
-constexpr size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // Whether w's INT8 activations go through gpu::int8_gemm, whose input (codes, row scales and code sums) lies in the
 // workspace past the region the kernels keep zeroed: where the norm or SwiGLU before it can write it (int8_input).
 bool int8_tensor_core_linear(const GpuModel::State &s, const DeviceLinear &w) {
@@ -71,9 +69,9 @@ struct Int8Input {
 };
 Int8Input int8_input(GpuModel::State &s, int32_t m, int32_t k) {
     char *scratch = s.workspace.get<char>() + zeroed_workspace_bytes(s.sm_count);
-    auto *scales = reinterpret_cast<float *>(scratch + round_up_256(static_cast<size_t>(m) * k));
-    auto *sums = reinterpret_cast<int32_t *>(reinterpret_cast<char *>(scales) + round_up_256(m * sizeof(float)));
-    return {reinterpret_cast<int8_t *>(scratch), scales, sums};
+    const Int8InputLayout at = int8_input_layout(static_cast<size_t>(m), static_cast<size_t>(k));
+    return {reinterpret_cast<int8_t *>(scratch), reinterpret_cast<float *>(scratch + at.scales),
+            reinterpret_cast<int32_t *>(scratch + at.sums)};
 }
 
 // y = x W for m rows of INT8 activations (w has its a8_ forms). Through gpu::int8_gemm: x quantized per row into

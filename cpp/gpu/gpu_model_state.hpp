@@ -141,6 +141,17 @@ inline size_t zeroed_workspace_bytes(int32_t sm_count) {
     return (gpu::marlin_workspace_bytes(sm_count) + 255) / 256 * 256;
 }
 
+// INT8 activations for gpu::int8_gemm, past that head: m rows of k codes, then m row scales, then m code sums, each
+// part 256-byte aligned. The offsets of the scales and the sums, and the bytes of all three.
+struct Int8InputLayout {
+    size_t scales, sums, bytes;
+};
+inline Int8InputLayout int8_input_layout(size_t m, size_t k) {
+    auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t scales = up(m * k), sums = scales + up(m * sizeof(float));
+    return {scales, sums, sums + up(m * sizeof(int32_t))};
+}
+
 using BlockLinears = std::array<const DeviceLinear *, 5>;
 inline BlockLinears block_linears(const DeviceBlock &b) { return {&b.qkv, &b.out, &b.gate_up, &b.up, &b.down}; }
 

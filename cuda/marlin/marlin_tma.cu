@@ -284,30 +284,12 @@ template <int ROWS, bool FUSED, int GPT, Dtype D>
 int launch_tma_kernel(Params p, const LaunchEnv &env) {
     using L = TmaLayout<ROWS, FUSED, GPT, D>;
     static_assert(L::kStages >= 3, "the ring needs three stages");
-    static std::atomic<int> ready_cache[64];  // 0 = not set up, 1 = fits, -1 = does not
-    if (env.device < 0 || env.device >= 64) return static_cast<int>(cudaErrorInvalidDevice);
+    static std::atomic<int> ready[64];
     const auto kernel = marlin_tma_kernel<ROWS, FUSED, GPT, D>;
-    int ready = ready_cache[env.device].load(std::memory_order_relaxed);
-    if (ready == 0) {
-        ready = -1;
-        if (L::kSmem + kStaticSmemReserve <= env.max_smem_optin) {
-            TL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
-            int resident = 0;
-            TL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 384, L::kSmem));
-            ready = resident >= 1 ? 1 : -1;
-        }
-        ready_cache[env.device].store(ready, std::memory_order_relaxed);
-    }
-    if (ready < 0) return kRcUnsupported;
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (encode == nullptr) return kRcUnsupported;
+    if (const int rc = tma::prepare_persistent(kernel, L::kSmem, env, ready)) return rc;
     CUtensorMap x_map;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.m)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.k) * 2};
-    const cuuint32_t box[2] = {kTileK, ROWS}, elem_strides[2] = {1, 1};
-    if (encode(&x_map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<uint16_t *>(p.x), dims, strides, box,
-               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    if (!encode_rows_map(x_map, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.x, p.m, p.k, static_cast<uint64_t>(p.k) * 2, ROWS,
+                         kTileK)) {
         return kRcUnsupported;
     }
     p.m_slices = (p.m + ROWS - 1) / ROWS;
@@ -321,15 +303,7 @@ int launch_tma_kernel(Params p, const LaunchEnv &env) {
     p.whole_tiles = grid.whole_tiles ? 1 : 0;
     p.counters = grid.counters;
     p.partials = static_cast<float *>(grid.slots);
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(grid.blocks));
-    config.blockDim = dim3(384);
-    config.dynamicSmemBytes = L::kSmem;
-    config.stream = env.stream;
-    cudaLaunchAttribute early;
-    allow_early_start(config, early);
-    TL_GPU_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, static_cast<const Params>(p)));
-    return 0;
+    return tma::launch_persistent(kernel, grid, L::kSmem, env.stream, x_map, static_cast<const Params>(p));
 }
 
 template <int ROWS, bool FUSED, Dtype D>
