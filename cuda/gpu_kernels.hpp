@@ -121,7 +121,7 @@ int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const f
               int n, int k, void *scratch, size_t scratch_bytes, cudaStream_t stream, void *cublas_workspace = nullptr,
               size_t cublas_workspace_bytes = 0);
 // The GEMM of INT8 activations on the INT8 tensor cores (int8_gemm.cu; compute capability 9.0, built for sm_90a):
-// Y [M][N] FP16 = fp16(fl(s_x[r] · fl(fl(s[c] · D) + fl(z[c] · S[r])))), D = Σ_k xq[r][k]·q[c][k] exact in INT32, the
+// Y [M][N] FP16 = fp16(fl(s_x[r] · fma(z[c], S[r], fl(s[c] · D)))), D = Σ_k xq[r][k]·q[c][k] exact in INT32, the
 // activation-precision rule for one group per column. X as quantize_rows_int8 leaves it ([M][K] codes, scales, and
 // the code sums S where zeros are given). Weights: Int8, codes [N][K] (W8A8, no zeros); Int4Packed, codes 0..15
 // packed by w4a8_pack (W4A8; zeros optional). K % 16 == 0 and 16-byte aligned xq and w (else kRcUnsupported).

@@ -2,7 +2,7 @@
 // per row (quantize_rows_int8: codes, scale s_x and, for INT4 weights, the sum S of the row's codes); the weight is
 // INT8 codes [N][K] (W8A8) or INT4 codes packed by w4a8_pack (W4A8), with one scale s and zero z per output column.
 // The sums D = Σ_k xq·q are exact in INT32; the epilogue applies the activation-precision rule of docs/quality.md for
-// one group: y = fp16(fl(s_x · fl(fl(s · D) + fl(z · S)))) (z = 0 for INT8 weights).
+// one group: y = fp16(fl(s_x · fma(z, S, fl(s · D)))) (z = 0 for INT8 weights).
 //
 // Operands swapped as in the Marlin-class kernels, Y^T = W X^T: the weight is wgmma's A (M = 64 columns a strip), the
 // tile's activation rows its N. A tile is 128 weight columns (two strips) x 256 rows; k slices of 128 (one 128-byte
@@ -92,9 +92,9 @@ struct Int8Params {
     int whole_tiles;
 };
 
-// One output: the rule's FP32 steps, never fused.
+// One output of one group: the rule's FP32 steps (fl(s · D) is its first fma from acc = -0).
 __device__ __forceinline__ __half scale_out(int32_t d, float s, float z, float sx, float sum) {
-    return __float2half_rn(__fmul_rn(sx, __fadd_rn(__fmul_rn(s, __int2float_rn(d)), __fmul_rn(z, sum))));
+    return __float2half_rn(__fmul_rn(sx, __fmaf_rn(z, sum, __fmul_rn(s, __int2float_rn(d)))));
 }
 
 // The end of a tile's slices [kt_begin, kt_end) in this block. Thread (warpgroup wg, warp wj, lane) holds weight

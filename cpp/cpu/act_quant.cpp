@@ -466,13 +466,12 @@ void quantized_input_tile(const Linear &w, const QuantizedInput &in, int32_t n0,
             const float *z = t.zeros.data() + static_cast<size_t>(c) * G;
             for (int r = 0; r < rows; ++r) {
                 const size_t row = static_cast<size_t>(m + r);
-                // The documented order: per group s*D + z*S, each product and the sum rounded to FP32, then added to
-                // the row's total group by group; the token's scale last.
-                float acc = 0.0f;
+                // The documented order: per group two fused multiply-adds into the row's total, s*D then z*S, each
+                // rounded once; the token's scale last. -0 is the sum's identity: one group gives fl(s*D) exactly.
+                float acc = -0.0f;
                 for (int32_t g = 0; g < G; ++g) {
                     const float sum = fp8 ? in.group_sum_f[row * G + g] : static_cast<float>(in.group_sum[row * G + g]);
-                    const float term = s[g] * dots[r * G + g] + z[g] * sum;
-                    acc += term;
+                    acc = std::fmaf(z[g], sum, std::fmaf(s[g], dots[r * G + g], acc));
                 }
                 float out = in.scale[row] * acc;
                 if (bias != nullptr) out += bias[n0 + c];

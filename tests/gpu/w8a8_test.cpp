@@ -52,7 +52,7 @@ QuantizedRows quantize_reference(const std::vector<uint16_t> &x, int m, int k) {
     return out;
 }
 
-// y = fp16(fl(s_x · fl(fl(s · D) + fl(z · S)))) with D exact; `code(c, k)` is weight column c's code at k.
+// y = fp16(fl(s_x · fma(z, S, fl(s · D)))) with D exact; `code(c, k)` is weight column c's code at k.
 template <class Code>
 std::vector<uint16_t> rule_output(const QuantizedRows &xq, int m, int n, int k, Code code,
                                   const std::vector<float> &scales, const std::vector<float> &zeros) {
@@ -63,8 +63,8 @@ std::vector<uint16_t> rule_output(const QuantizedRows &xq, int m, int n, int k, 
             int64_t d = 0;
             for (int kk = 0; kk < k; ++kk) d += static_cast<int64_t>(qr[kk]) * code(c, kk);
             const float z = zeros.empty() ? 0.0f : zeros[c];
-            const float acc = scales[c] * static_cast<float>(static_cast<int32_t>(d)) +
-                              z * static_cast<float>(xq.sum[r]);
+            const float acc =
+                std::fmaf(z, static_cast<float>(xq.sum[r]), scales[c] * static_cast<float>(static_cast<int32_t>(d)));
             y[static_cast<size_t>(r) * n + c] = tl::float_to_half(xq.scale[r] * acc);
         }
     }
