@@ -46,4 +46,24 @@ TL_HOST_DEVICE inline CodeAt code_at(int64_t n, int64_t k, int64_t n_padded) {
     return {chunk * 4 + (c % 2) * 2 + r, 8 * j + 4 * high};
 }
 
+// Grouped weights (group size G of 32, 64 or 128): the scales s and zeros z of each 128-column tile and group, FP32,
+// in the order a consumer thread reads them: 256 floats per (tile, group), tiles outermost so that the groups of one k
+// slice are one contiguous copy:
+//   [tile][group][p][s(c), s(c + 8), z(c), z(c + 8)]  with column c = 128 tile + 64 (p / 32) + 16 (p / 8 % 4) + p % 8
+// p = 32 warpgroup + 8 warp + lane / 4 is the thread's pair of columns, so one 16-byte load gives it all four values.
+// Groups cover K rounded up to 128 and tiles N rounded up to 128; entries past N or K are 0.
+constexpr int kGroupFloats = 256;  // per tile and group
+TL_HOST_DEVICE inline int64_t padded_groups(int64_t k, int group) { return padded_k(k) / group; }
+TL_HOST_DEVICE inline size_t group_floats(int64_t n, int64_t k, int group) {
+    return static_cast<size_t>(padded_n(n) / kTileColumns) * static_cast<size_t>(padded_groups(k, group)) *
+           kGroupFloats;
+}
+// The float holding s (zero = false) or z of column n in group g.
+TL_HOST_DEVICE inline size_t group_param_at(int64_t n, int64_t g, bool zero, int64_t k, int group) {
+    const int64_t tile = n / kTileColumns, col = n % kTileColumns;
+    const int64_t p = (col / 64) * 32 + (col % 64) / 16 * 8 + col % 8;
+    const int h = static_cast<int>((col % 16) / 8);
+    return static_cast<size_t>((tile * padded_groups(k, group) + g) * kGroupFloats + p * 4 + (zero ? 2 : 0) + h);
+}
+
 }  // namespace tl::gpu::w4a8

@@ -9,6 +9,7 @@
 
 #include "gpu/w4a8_pack.hpp"
 #include "int8_gemm_layout.hpp"
+#include "util/half.hpp"
 #include "../common/tl_error.hpp"
 
 namespace {
@@ -83,11 +84,64 @@ INSTANTIATE_TEST_SUITE_P(Shapes, W4a8Pack,
                              return "n" + std::to_string(info.param.first) + "_k" + std::to_string(info.param.second);
                          });
 
+struct GroupShape {
+    int32_t n, k, group;
+};
+class W4a8PackGroups : public ::testing::TestWithParam<GroupShape> {};
+
+// A grouped weight's scales and zeros read back as the kernel does: per k slice one copy of the tile's groups, then
+// thread (warpgroup wg, warp wj, lane) of group q loads 16 bytes: s and z of columns c and c + 8.
+TEST_P(W4a8PackGroups, ThreadsReadTheirColumnsScalesAndZeros) {
+    const auto [n, k, group] = GetParam();
+    const int32_t groups = k / group;
+    std::mt19937 rng(static_cast<uint32_t>(n * 31 + k + group));
+    std::vector<uint16_t> scales(static_cast<size_t>(n) * groups), zeros(scales.size());
+    for (auto &v : scales) v = static_cast<uint16_t>(0x1800 + rng() % 0x1000);  // positive, normal FP16
+    for (auto &v : zeros) v = static_cast<uint16_t>(0x9800 + rng() % 0x1000);   // negative
+    const std::vector<float> packed = tl::w4a8_pack_groups(scales.data(), zeros.data(), n, k, group);
+    namespace lay = tl::gpu::w4a8;
+    ASSERT_EQ(packed.size(), lay::group_floats(n, k, group));
+    const int64_t tiles = lay::padded_n(n) / lay::kTileColumns, per_slice = lay::kSliceK / group;
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+        for (int64_t slice = 0; slice < lay::padded_k(k) / lay::kSliceK; ++slice) {
+            const float *copied = packed.data() + (tile * lay::padded_groups(k, group) + slice * per_slice) * 256;
+            for (int64_t q = 0; q < per_slice; ++q) {
+                const int64_t g = slice * per_slice + q;
+                for (int t = 0; t < 256; ++t) {
+                    const int wg = t / 128, wj = t / 32 % 4, lane = t % 32;
+                    const float *v = copied + q * 256 + (wg * 32 + wj * 8 + lane / 4) * 4;
+                    for (int h = 0; h < 2; ++h) {
+                        const int64_t col = tile * 128 + 64 * wg + 16 * wj + lane / 4 + 8 * h;
+                        const bool in = col < n && g < groups;
+                        const size_t at = static_cast<size_t>(col) * groups + static_cast<size_t>(g);
+                        ASSERT_EQ(v[h], in ? tl::half_to_float(scales[at]) : 0.0f)
+                            << "s, column " << col << ", g " << g;
+                        ASSERT_EQ(v[2 + h], in ? tl::half_to_float(zeros[at]) : 0.0f) << "z, column " << col;
+                    }
+                }
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, W4a8PackGroups,
+                         ::testing::Values(GroupShape{64, 128, 32}, GroupShape{200, 160, 32}, GroupShape{130, 384, 64},
+                                           GroupShape{1, 128, 128}, GroupShape{300, 640, 128}),
+                         [](const auto &info) {
+                             return "n" + std::to_string(info.param.n) + "_k" + std::to_string(info.param.k) + "_g" +
+                                    std::to_string(info.param.group);
+                         });
+
 TEST(W4a8Pack, Refusals) {
     const uint8_t codes[64] = {};
     EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"w4a8_pack"}, [&] { tl::w4a8_pack(nullptr, 4, 4); }));
     EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"w4a8_pack"}, [&] { tl::w4a8_pack(codes, 0, 4); }));
     EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"w4a8_pack"}, [&] { tl::w4a8_pack(codes, 4, 0); }));
+    const uint16_t params[64] = {};
+    auto groups = [&](const uint16_t *s, int32_t k, int32_t group) { tl::w4a8_pack_groups(s, params, 2, k, group); };
+    EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"w4a8_pack_groups"}, [&] { groups(nullptr, 128, 32); }));
+    EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"group 16"}, [&] { groups(params, 128, 16); }));
+    EXPECT_TRUE(tlt::throws(TL_ERR_INVALID_ARGUMENT, {"group 64"}, [&] { groups(params, 96, 64); }));
 }
 
 }  // namespace
