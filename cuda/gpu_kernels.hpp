@@ -109,9 +109,14 @@ int dequant_int4_iteration(const uint8_t *codes, const uint16_t *scales, const u
 // ---- W8A8: per-token INT8 activations, INT8 weights with a scale per output channel ---------------------------------
 // Row r of X [M][K] FP16 quantized: scales[r] = fl(max_k |x| / 127), xq[r][k] = clamp(rne(fl(x / scales[r])), ±127)
 // (true divisions; a zero scale gives zero codes, a NaN or infinite x a NaN scale); sums[r] = Σ_k xq[r][k] where
-// `sums` is given (the zero term of asymmetric weights).
+// `sums` is given (the zero term of asymmetric weights). Where `group_sums` is given (grouped weights): the sums of
+// each group of `group_size` codes as FP32 (exact), group_sums[g * int8_group_sums_ld(m) + r] for g < K / group_size;
+// group_size a multiple of 16 dividing K (else kRcBadArgument), xq 16-byte aligned (else kRcUnsupported).
+// Group-major so that a GEMM tile's rows of one group are contiguous; the stride keeps each group's row 16-byte
+// aligned (a tensor copy's rule).
+constexpr int int8_group_sums_ld(int m) { return (m + 3) / 4 * 4; }
 int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream,
-                       int32_t *sums = nullptr);
+                       int32_t *sums = nullptr, float *group_sums = nullptr, int group_size = 0);
 // Y [M][N] FP16 = fp16(fl(s_x[r] · fl(s_w[c] · Σ_k xq[r][k]·w[c][k]))): X quantized by quantize_rows_int8, one cuBLAS
 // INT8 GEMM into INT32 (exact), the scales applied by an epilogue kernel. w [N][K] INT8 (16-byte aligned), w_scales
 // [N] FP32; K % 4 == 0 (else kRcUnsupported); `scratch` holds w8a8_scratch_bytes(m, n, k): the codes and scales of X

@@ -1,7 +1,7 @@
 // The activation-precision rule's INT8 quantization of a row (docs/quality.md), as device functions for the kernels
 // that quantize rows: quantize_rows_int8 (w8a8_gemm.cu) and the forward pass's RMSNorm and SwiGLU that write INT8
 // (forward/rowwise.cu). s = fl(max |x| / 127) by a true division; codes clamp(rne(fl(x / s)), -127, 127), 0 where s is
-// 0 or NaN (a NaN scale makes the outputs NaN).
+// 0 or NaN (a NaN scale makes the outputs NaN); the code sums per row or per group.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,6 +50,26 @@ __device__ __forceinline__ int block_sum(int v, int *scratch) {
     for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += scratch[w];
     __syncthreads();
     return t;
+}
+
+// The sums of a row's codes in groups of `group` (a multiple of 16 dividing k; codes 16-byte aligned) as FP32 (exact:
+// |sum| <= 127 group), out[g * ld] for group g; thread t of `threads` takes groups t, t + threads, ... Call once the
+// row's codes are stored and the threads that stored them have synchronized (__syncwarp, __syncthreads): reading them
+// back from L2 costs less than carrying a sum per group through the quantizing loop, whose groups run across lanes.
+__device__ __forceinline__ void group_sums(const int8_t *codes, int k, int group, float *out, size_t ld, int t,
+                                           int threads) {
+    for (int g = t; g < k / group; g += threads) {
+        const int4 *at = reinterpret_cast<const int4 *>(codes + static_cast<size_t>(g) * group);
+        int sum = 0;
+        for (int c = 0; c < group / 16; ++c) {
+            const int4 v = __ldcg(at + c);  // from L2: other threads stored them
+            sum = __dp4a(v.x, 0x01010101, sum);
+            sum = __dp4a(v.y, 0x01010101, sum);
+            sum = __dp4a(v.z, 0x01010101, sum);
+            sum = __dp4a(v.w, 0x01010101, sum);
+        }
+        out[static_cast<size_t>(g) * ld] = static_cast<float>(sum);
+    }
 }
 
 }  // namespace tl::gpu::int8q

@@ -45,9 +45,11 @@ __device__ __forceinline__ float amax8(const uint4 &raw, float amax) {
 // K % 8 == 0, 16-byte aligned rows: one warp per row, eight rows a block, no block barrier (one block per row waited
 // on its barriers with little else in flight). CHUNKS > 0: a lane holds its CHUNKS 16-byte chunks (K <= 256 CHUNKS)
 // between the maximum and the codes, so X is read once; 0: any K, read twice.
+// Group sums where `group_sums` is given (int8q::group_sums).
 template <int CHUNKS>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_warp_kernel(const __half *x, int m, int k, int8_t *xq,
-                                                                           float *scales, int32_t *sums) {
+                                                                           float *scales, int32_t *sums,
+                                                                           float *group_sums, int group) {
     const int lane = threadIdx.x % 32;
     const size_t row = static_cast<size_t>(blockIdx.x) * (kQuantThreads / 32) + threadIdx.x / 32;
     if (row >= static_cast<size_t>(m)) return;
@@ -80,14 +82,19 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_warp_kernel(const
         }
     }
     if (lane == 0) scales[row] = s;
+    if (group_sums != nullptr) {
+        __syncwarp();
+        int8q::group_sums(qr, k, group, group_sums + row, int8_group_sums_ld(m), lane, 32);
+    }
     if (sums == nullptr) return;
     sum = int8q::warp_sum(sum);
     if (lane == 0) sums[row] = sum;
 }
 
 // Any K and alignment: block r, one value a thread at a time.
-__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __half *x, int k, int8_t *xq,
-                                                                      float *scales, int32_t *sums) {
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __half *x, int m, int k, int8_t *xq,
+                                                                      float *scales, int32_t *sums,
+                                                                      float *group_sums, int group) {
     const size_t row = blockIdx.x;
     const __half *xr = x + row * k;
     int8_t *qr = xq + row * k;
@@ -102,6 +109,10 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __ha
         const int q = quantize_one(__half2float(xr[i]), s);
         sum += q;
         qr[i] = static_cast<int8_t>(q);
+    }
+    if (group_sums != nullptr) {
+        __syncthreads();
+        int8q::group_sums(qr, k, group, group_sums + row, int8_group_sums_ld(m), threadIdx.x, kQuantThreads);
     }
     if (sums == nullptr) return;
     sum = int8q::block_sum(sum, partial_sum);
@@ -145,12 +156,18 @@ size_t w8a8_scratch_bytes(int m, int n, int k) {
 }
 
 int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scales, cudaStream_t stream,
-                       int32_t *sums) {
+                       int32_t *sums, float *group_sums, int group_size) {
     if (x == nullptr || xq == nullptr || scales == nullptr || m < 1 || k < 1) return kRcBadArgument;
+    if (group_sums != nullptr) {
+        if (group_size < 16 || group_size % 16 != 0 || k % group_size != 0) return kRcBadArgument;
+        if ((reinterpret_cast<uintptr_t>(xq) & 15u) != 0) return kRcUnsupported;
+    }
     const auto *xh = reinterpret_cast<const __half *>(x);
     if (k % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(xq) & 7u) == 0) {
         const unsigned blocks = static_cast<unsigned>((m + kQuantThreads / 32 - 1) / (kQuantThreads / 32));
-        auto launch = [&](auto kernel) { kernel<<<blocks, kQuantThreads, 0, stream>>>(xh, m, k, xq, scales, sums); };
+        auto launch = [&](auto kernel) {
+            kernel<<<blocks, kQuantThreads, 0, stream>>>(xh, m, k, xq, scales, sums, group_sums, group_size);
+        };
         if (k <= 512) {
             launch(quantize_rows_warp_kernel<2>);
         } else if (k <= 1024) {
@@ -163,7 +180,7 @@ int quantize_rows_int8(const uint16_t *x, int m, int k, int8_t *xq, float *scale
             launch(quantize_rows_warp_kernel<0>);
         }
     } else {
-        quantize_rows_kernel<<<m, kQuantThreads, 0, stream>>>(xh, k, xq, scales, sums);
+        quantize_rows_kernel<<<m, kQuantThreads, 0, stream>>>(xh, m, k, xq, scales, sums, group_sums, group_size);
     }
     TL_GPU_CHECK_LAUNCH();
     return 0;

@@ -38,9 +38,10 @@ int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t 
                      cudaStream_t stream);
 // rmsnorm_residual whose FP16 rows are then quantized to INT8 by the activation-precision rule: the same bits as
 // rmsnorm_residual followed by quantize_rows_int8 (gpu_kernels.hpp), into yq INT8 [T][d], scales FP32 [T] and, where
-// given, sums INT32 [T]. y (FP16) is written too where given, else not kept.
+// given, sums INT32 [T] and group sums (as quantize_rows_int8's). y (FP16) is written too where given, else not kept.
 int rmsnorm_residual_int8(float *x, const uint16_t *add, const float *gain, uint16_t *y, int8_t *yq, float *scales,
-                          int32_t *sums, int t_count, int d, float eps, cudaStream_t stream);
+                          int32_t *sums, int t_count, int d, float eps, cudaStream_t stream,
+                          float *group_sums = nullptr, int group_size = 0);
 
 // Rotate-half RoPE in place on the q and k parts of qkv [T][n_heads + 2 n_kv_heads][head_dim] (FP16: n_heads query
 // heads, then n_kv_heads key and n_kv_heads value heads; v is left alone): for i < head_dim/2 the pair (x[i],
@@ -89,9 +90,10 @@ int add_bias(uint16_t *y, const float *bias, int rows, int n, cudaStream_t strea
 // of stride ld (ld = 2f with gate = gu, up = gu + f for the fused gate|up GEMM output), h is FP16 [T][f].
 int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_count, int f, cudaStream_t stream);
 // swiglu's rows quantized to INT8 by the activation-precision rule instead of stored: the same bits as swiglu followed
-// by quantize_rows_int8, into hq INT8 [T][f], scales FP32 [T] and, where given, sums INT32 [T].
+// by quantize_rows_int8, into hq INT8 [T][f], scales FP32 [T] and, where given, sums INT32 [T] and group sums (as
+// quantize_rows_int8's).
 int swiglu_int8(const uint16_t *gate, const uint16_t *up, int ld, int8_t *hq, float *scales, int32_t *sums,
-                int t_count, int f, cudaStream_t stream);
+                int t_count, int f, cudaStream_t stream, float *group_sums = nullptr, int group_size = 0);
 
 // NLL of each row of a chunk of logits: nll[r] = logsumexp_{v < vocab}(logits[r][v]) - logits[r][targets[r]],
 // FP32 with the row maximum subtracted. logits FP16 [rows][ld], ld >= vocab (columns vocab..ld-1, the head's

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(float *x, const __
 // computed again in the third pass by the same expression (no stored copy needed); y keeps it where given.
 __global__ void __launch_bounds__(kRowThreads) rmsnorm_int8_kernel(float *x, const __half *add, const float *gain,
                                                                    __half *y, int8_t *yq, float *scales,
-                                                                   int32_t *sums, int d, float eps) {
+                                                                   int32_t *sums, float *group_sums, int group,
+                                                                   int t_count, int d, float eps) {
     __shared__ float scratch[32];
     __shared__ int int_scratch[32];
     const size_t offset = static_cast<size_t>(blockIdx.x) * d;
@@ -111,6 +112,11 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_int8_kernel(float *x, con
         sum += q;
     }
     if (threadIdx.x == 0) scales[blockIdx.x] = s;
+    if (group_sums != nullptr) {
+        __syncthreads();
+        int8q::group_sums(yq + offset, d, group, group_sums + blockIdx.x, int8_group_sums_ld(t_count), threadIdx.x,
+                          kRowThreads);
+    }
     if (sums == nullptr) return;
     sum = int8q::block_sum(sum, int_scratch);
     if (threadIdx.x == 0) sums[blockIdx.x] = sum;
@@ -200,7 +206,8 @@ __global__ void __launch_bounds__(kFlatThreads) swiglu_kernel(const __half *gate
 // SwiGLU's row t quantized to INT8 by the rule, one block per row: the same bits as swiglu_kernel followed by
 // quantize_rows_int8 (each FP16 value computed again in the second pass by the same expression).
 __global__ void __launch_bounds__(kRowThreads) swiglu_int8_kernel(const __half *gate, const __half *up, int ld,
-                                                                  int8_t *hq, float *scales, int32_t *sums, int f) {
+                                                                  int8_t *hq, float *scales, int32_t *sums,
+                                                                  float *group_sums, int group, int t_count, int f) {
     __shared__ float scratch[32];
     __shared__ int int_scratch[32];
     const size_t t = blockIdx.x;
@@ -218,6 +225,10 @@ __global__ void __launch_bounds__(kRowThreads) swiglu_int8_kernel(const __half *
         sum += q;
     }
     if (threadIdx.x == 0) scales[t] = s;
+    if (group_sums != nullptr) {
+        __syncthreads();
+        int8q::group_sums(hq + t * f, f, group, group_sums + t, int8_group_sums_ld(t_count), threadIdx.x, kRowThreads);
+    }
     if (sums == nullptr) return;
     sum = int8q::block_sum(sum, int_scratch);
     if (threadIdx.x == 0) sums[t] = sum;
@@ -281,14 +292,28 @@ int rmsnorm_residual(float *x, const uint16_t *add, const float *gain, uint16_t 
     return 0;
 }
 
+namespace {
+
+// The group sums' arguments as quantize_rows_int8 takes them.
+int check_group_sums(const int8_t *codes, int k, const float *group_sums, int group) {
+    if (group_sums == nullptr) return 0;
+    if (group < 16 || group % 16 != 0 || k % group != 0) return kRcBadArgument;
+    return aligned16(codes) ? 0 : kRcUnsupported;
+}
+
+}  // namespace
+
 int rmsnorm_residual_int8(float *x, const uint16_t *add, const float *gain, uint16_t *y, int8_t *yq, float *scales,
-                          int32_t *sums, int t_count, int d, float eps, cudaStream_t stream) {
+                          int32_t *sums, int t_count, int d, float eps, cudaStream_t stream, float *group_sums,
+                          int group_size) {
     if (x == nullptr || gain == nullptr || yq == nullptr || scales == nullptr || t_count < 1 || d < 1 ||
         !(eps >= 0.0f)) {
         return kRcBadArgument;
     }
+    if (const int rc = check_group_sums(yq, d, group_sums, group_size)) return rc;
     rmsnorm_int8_kernel<<<t_count, kRowThreads, 0, stream>>>(x, reinterpret_cast<const __half *>(add), gain,
-                                                              reinterpret_cast<__half *>(y), yq, scales, sums, d, eps);
+                                                              reinterpret_cast<__half *>(y), yq, scales, sums,
+                                                              group_sums, group_size, t_count, d, eps);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }
@@ -346,13 +371,14 @@ int swiglu(const uint16_t *gate, const uint16_t *up, int ld, uint16_t *h, int t_
 }
 
 int swiglu_int8(const uint16_t *gate, const uint16_t *up, int ld, int8_t *hq, float *scales, int32_t *sums,
-                int t_count, int f, cudaStream_t stream) {
+                int t_count, int f, cudaStream_t stream, float *group_sums, int group_size) {
     if (gate == nullptr || up == nullptr || hq == nullptr || scales == nullptr || t_count < 1 || f < 1 || ld < f) {
         return kRcBadArgument;
     }
+    if (const int rc = check_group_sums(hq, f, group_sums, group_size)) return rc;
     swiglu_int8_kernel<<<t_count, kRowThreads, 0, stream>>>(reinterpret_cast<const __half *>(gate),
                                                              reinterpret_cast<const __half *>(up), ld, hq, scales,
-                                                             sums, f);
+                                                             sums, group_sums, group_size, t_count, f);
     TL_GPU_CHECK_LAUNCH();
     return 0;
 }

@@ -715,6 +715,27 @@ Int8Rows download_int8(DeviceArray<int8_t> &codes, DeviceArray<float> &scales, D
     EXPECT_EQ(cudaSuccess, sums.download(r.sums));
     return r;
 }
+// Group sums [d / group][int8_group_sums_ld(T)] as the producers write them: a row's codes summed per group on the
+// host, and both kernels' downloads equal to that.
+::testing::AssertionResult group_sums_match(const std::vector<int8_t> &codes, int T, int d, int group,
+                                            DeviceArray<float> &got, DeviceArray<float> &want) {
+    std::vector<float> g, w;
+    if (got.download(g) != cudaSuccess || want.download(w) != cudaSuccess) return ::testing::AssertionFailure();
+    const size_t ld = static_cast<size_t>(tl::gpu::int8_group_sums_ld(T));
+    for (int t = 0; t < T; ++t) {
+        for (int q = 0; q < d / group; ++q) {
+            int32_t sum = 0;
+            for (int i = 0; i < group; ++i) sum += codes[static_cast<size_t>(t) * d + q * group + i];
+            const size_t at = q * ld + t;
+            if (g[at] != static_cast<float>(sum) || w[at] != static_cast<float>(sum)) {
+                return ::testing::AssertionFailure() << "group " << q << " of row " << t << ": " << g[at] << " and "
+                                                     << w[at] << " against " << sum;
+            }
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult same_int8(const Int8Rows &got, const Int8Rows &want) {
     for (size_t t = 0; t < want.scales.size(); ++t) {
         const bool both_nan = std::isnan(got.scales[t]) && std::isnan(want.scales[t]);
@@ -746,21 +767,30 @@ TEST(Kernels, RmsNormInt8EqualsRmsNormThenQuantization) {
         DeviceArray<uint16_t> ad(n), y_fused(n), y_plain(n);
         DeviceArray<int8_t> codes(n), want_codes(n);
         DeviceArray<int32_t> sums(T), want_sums(T);
+        // Group sums too where d takes groups of 128 (else 32, else none), for grouped INT4 weights.
+        const int group = d % 128 == 0 ? 128 : d % 32 == 0 ? 32 : 0;
+        const size_t n_group_sums = group > 0 ? static_cast<size_t>(d / group) * tl::gpu::int8_group_sums_ld(T) : 1;
+        DeviceArray<float> group_sums(n_group_sums), want_group_sums(n_group_sums);
         ASSERT_TRUE(upload_guarded(x_fused, x) && upload_guarded(x_plain, x) && upload_guarded(gd, gain) &&
                     upload_guarded(ad, add));
         for (auto *a : {&codes, &want_codes}) CUDA_OK(a->poison(0x7F));
         CUDA_OK(scales.poison(0xFF));
         CUDA_OK(sums.poison(0xFF));
         CUDA_OK(y_fused.poison(0xFF));
+        CUDA_OK(group_sums.poison(0xFF));
         ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual_int8(x_fused.get(), ad.get(), gd.get(), y_fused.get(),
                                                             codes.get(), scales.get(), sums.get(), T, d, eps,
-                                                            nullptr)));
+                                                            nullptr, group > 0 ? group_sums.get() : nullptr, group)));
         ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual(x_plain.get(), ad.get(), gd.get(), y_plain.get(), T, d, eps,
                                                        nullptr)));
         ASSERT_EQ(0, tl::gpu::quantize_rows_int8(y_plain.get(), T, d, want_codes.get(), want_scales.get(), nullptr,
-                                                 want_sums.get()));
+                                                 want_sums.get(), group > 0 ? want_group_sums.get() : nullptr, group));
         CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_TRUE(same_int8(download_int8(codes, scales, sums), download_int8(want_codes, want_scales, want_sums)));
+        const Int8Rows fused = download_int8(codes, scales, sums);
+        EXPECT_TRUE(same_int8(fused, download_int8(want_codes, want_scales, want_sums)));
+        if (group > 0) {
+            EXPECT_TRUE(group_sums_match(fused.codes, T, d, group, group_sums, want_group_sums));
+        }
         std::vector<float> xf, xp;
         std::vector<uint16_t> yf, yp;
         CUDA_OK(x_fused.download(xf));
@@ -769,7 +799,7 @@ TEST(Kernels, RmsNormInt8EqualsRmsNormThenQuantization) {
         CUDA_OK(y_plain.download(yp));
         EXPECT_EQ(0, std::memcmp(xf.data(), xp.data(), n * sizeof(float))) << "the residual stream differs";
         EXPECT_EQ(yf, yp) << "the FP16 rows differ";
-        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact());
+        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact() && group_sums.guard_intact());
     }
 }
 
@@ -787,19 +817,27 @@ TEST(Kernels, SwigluInt8EqualsSwigluThenQuantization) {
         DeviceArray<int8_t> codes(n), want_codes(n);
         DeviceArray<float> scales(T), want_scales(T);
         DeviceArray<int32_t> sums(T), want_sums(T);
+        const int group = F % 128 == 0 ? 128 : F % 32 == 0 ? 32 : 0;  // as in the RMSNorm test
+        const size_t n_group_sums = group > 0 ? static_cast<size_t>(F / group) * tl::gpu::int8_group_sums_ld(T) : 1;
+        DeviceArray<float> group_sums(n_group_sums), want_group_sums(n_group_sums);
         ASSERT_TRUE(upload_guarded(d_gate, gate) && h.ok());
         for (auto *a : {&codes, &want_codes}) CUDA_OK(a->poison(0x7F));
         CUDA_OK(scales.poison(0xFF));
         CUDA_OK(sums.poison(0xFF));
+        CUDA_OK(group_sums.poison(0xFF));
         const uint16_t *up = d_gate.get() + F;
         ASSERT_TRUE(launched(tl::gpu::swiglu_int8(d_gate.get(), up, 2 * F, codes.get(), scales.get(), sums.get(), T,
-                                                  F, nullptr)));
+                                                  F, nullptr, group > 0 ? group_sums.get() : nullptr, group)));
         ASSERT_TRUE(launched(tl::gpu::swiglu(d_gate.get(), up, 2 * F, h.get(), T, F, nullptr)));
         ASSERT_EQ(0, tl::gpu::quantize_rows_int8(h.get(), T, F, want_codes.get(), want_scales.get(), nullptr,
-                                                 want_sums.get()));
+                                                 want_sums.get(), group > 0 ? want_group_sums.get() : nullptr, group));
         CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_TRUE(same_int8(download_int8(codes, scales, sums), download_int8(want_codes, want_scales, want_sums)));
-        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact());
+        const Int8Rows fused = download_int8(codes, scales, sums);
+        EXPECT_TRUE(same_int8(fused, download_int8(want_codes, want_scales, want_sums)));
+        if (group > 0) {
+            EXPECT_TRUE(group_sums_match(fused.codes, T, F, group, group_sums, want_group_sums));
+        }
+        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact() && group_sums.guard_intact());
     }
 }
 
