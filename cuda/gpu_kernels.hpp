@@ -130,7 +130,13 @@ int w8a8_gemm(cublasHandle_t handle, const uint16_t *x, const int8_t *w, const f
 // activation-precision rule for one group per column. X as quantize_rows_int8 leaves it ([M][K] codes, scales, and
 // the code sums S where zeros are given). Weights: Int8, codes [N][K] (W8A8, no zeros); Int4Packed, codes 0..15
 // packed by w4a8_pack (W4A8; zeros optional). K % 16 == 0 and 16-byte aligned xq and w (else kRcUnsupported).
-// The workspace is marlin_gemm's (zeroed once, left zeroed); it is needed where the tiles do not fill the GPU's waves.
+// Grouped INT4 weights (group_size 32, 64 or 128; Int4Packed only): the rule over the groups in order,
+// acc = fma(z_g, S_g, fma(s_g, D_g, acc)) from acc = -0, Y = fp16(fl(s_x · acc)); s and z from w_groups
+// (w4a8_pack_groups), S_g from x_group_sums (quantize_rows_int8's group sums, 16-byte aligned), w_scales, w_zeros and
+// x_sums null. A group size other than 0, 32, 64 or 128, K not a multiple of it, or a misaligned x_group_sums:
+// kRcUnsupported; missing or extra pointers: kRcBadArgument.
+// The workspace is marlin_gemm's (zeroed once, left zeroed); it is needed where the tiles do not fill the GPU's waves
+// (per-row weights; grouped ones run whole tiles only and need none).
 enum class Int8Weights { Int8, Int4Packed };
 struct Int8GemmArgs {
     const int8_t *xq = nullptr;
@@ -141,6 +147,9 @@ struct Int8GemmArgs {
     const float *w_zeros = nullptr;   // [N] FP32, or null
     uint16_t *y = nullptr;
     int m = 0, n = 0, k = 0;
+    int group_size = 0;                  // 0: one group per row (w_scales, w_zeros, x_sums); else 32, 64 or 128
+    const float *w_groups = nullptr;     // grouped: s and z, w4a8_pack_groups's layout
+    const float *x_group_sums = nullptr;  // grouped: [K / group_size][int8_group_sums_ld(M)] FP32
 };
 int int8_gemm(const Int8GemmArgs &args, Int8Weights weights, void *workspace, size_t workspace_bytes,
               cudaStream_t stream);

@@ -28,17 +28,18 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A row-major matrix of `rows` x `cols` elements (`row_bytes` apart) as boxes of box_rows x box_cols, 128-byte
-// swizzle (box_cols elements are 128 bytes), elements outside read as zeros. False where the driver lacks the encoder
-// or refuses the shape.
+// swizzle (box_cols elements are 128 bytes) unless told otherwise, elements outside read as zeros. False where the
+// driver lacks the encoder or refuses the shape.
 inline bool encode_rows_map(CUtensorMap &map, CUtensorMapDataType type, const void *base, uint64_t rows,
-                            uint64_t cols, uint64_t row_bytes, uint32_t box_rows, uint32_t box_cols) {
+                            uint64_t cols, uint64_t row_bytes, uint32_t box_rows, uint32_t box_cols,
+                            CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (encode == nullptr) return false;
     const cuuint64_t dims[2] = {cols, rows};
     const cuuint64_t strides[1] = {row_bytes};
     const cuuint32_t box[2] = {box_cols, box_rows}, elem_strides[2] = {1, 1};
     return encode(&map, type, 2, const_cast<void *>(base), dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

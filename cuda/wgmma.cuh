@@ -1,6 +1,6 @@
 // Hopper's warpgroup MMA (wgmma.mma_async; sm_90a code only) for the kernels that use it: the fence / commit / wait
 // steps, shared-memory descriptors, the m64nNk16 instructions with FP32 accumulators, A in registers (RS) or in
-// shared memory (SS), and m64n256k32 on 8-bit integers into INT32. Include only from sources listed in
+// shared memory (SS), and m64n256k32 and m64n128k32 on 8-bit integers into INT32. Include only from sources listed in
 // cuda/sources_sm90a.txt, inside `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` or a launcher that refuses other devices.
 #pragma once
 
@@ -163,6 +163,19 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t leading =
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0) \
         : "memory")
 
+// D[64 x 128] (+)= A[64 x 32] (registers) * B[32 x 128] (shared memory, K-major), 8-bit integers into INT32.
+#define TL_WGMMA_INT8_RS_128(ATYPE, BTYPE) \
+    asm volatile( \
+        "{\n" \
+        ".reg .pred p;\n" \
+        "setp.ne.b32 p, %69, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32." ATYPE "." BTYPE " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p;\n" \
+        "}\n" \
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0) \
+        : "memory")
+
 // The instruction by the accumulator's size (N / 2 registers a thread: 16, 32, 64, or 128 for SS) and the element type.
 // accumulate false: D = A * B (the accumulator's old values are ignored).
 template <Dtype D, bool TRANS_B = false>
@@ -258,6 +271,10 @@ __device__ __forceinline__ void mma_u8s8(int32_t (&d)[128], const uint32_t (&a)[
                                          bool accumulate) {
     TL_WGMMA_INT8_RS_256("u8", "s8");
 }
+// The same with N = 128 (m64n128k32): 64 accumulators a thread.
+__device__ __forceinline__ void mma_u8s8(int32_t (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+    TL_WGMMA_INT8_RS_128("u8", "s8");
+}
 
 #undef TL_WGMMA_RS_32
 #undef TL_WGMMA_RS_64
@@ -268,5 +285,6 @@ __device__ __forceinline__ void mma_u8s8(int32_t (&d)[128], const uint32_t (&a)[
 #undef TL_WGMMA_SS_256
 #undef TL_WGMMA_INT8_SS_256
 #undef TL_WGMMA_INT8_RS_256
+#undef TL_WGMMA_INT8_RS_128
 
 }  // namespace tl::gpu::wgmma
