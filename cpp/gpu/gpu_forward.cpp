@@ -66,13 +66,16 @@ struct Int8Input {
     int8_t *codes;
     float *scales;
     int32_t *sums;
+    float *group_sums;
 };
 Int8Input int8_input(GpuModel::State &s, int32_t m, int32_t k) {
     char *scratch = s.workspace.get<char>() + zeroed_workspace_bytes(s.sm_count);
     const Int8InputLayout at = int8_input_layout(static_cast<size_t>(m), static_cast<size_t>(k));
     return {reinterpret_cast<int8_t *>(scratch), reinterpret_cast<float *>(scratch + at.scales),
-            reinterpret_cast<int32_t *>(scratch + at.sums)};
+            reinterpret_cast<int32_t *>(scratch + at.sums), reinterpret_cast<float *>(scratch + at.group_sums)};
 }
+// Where a producer writes w's INT8 input: the group sums for a grouped INT4 weight (null otherwise).
+float *group_sums_for(const DeviceLinear &w, const Int8Input &in) { return w.a8_group > 0 ? in.group_sums : nullptr; }
 
 // y = x W for m rows of INT8 activations (w has its a8_ forms). Through gpu::int8_gemm: x quantized per row into
 // int8_input, unless `quantized` (the kernel before wrote it there; x is then unused). Else (an INT8 weight where that
@@ -83,21 +86,26 @@ void int8_activations_gemm(GpuModel::State &s, const DeviceLinear &w, const uint
     const std::string what = (w.a8_int4 ? "W4A8 GEMM of '" : "W8A8 GEMM of '") + w.name + "'";
     if (int8_tensor_core_linear(s, w)) {
         const Int8Input in = int8_input(s, m, w.k);
+        const bool grouped = w.a8_group > 0, row_sums = w.a8_int4 && !grouped;
         if (!quantized) {
-            check_rc(gpu::quantize_rows_int8(x, m, w.k, in.codes, in.scales, stream, w.a8_int4 ? in.sums : nullptr),
+            check_rc(gpu::quantize_rows_int8(x, m, w.k, in.codes, in.scales, stream, row_sums ? in.sums : nullptr,
+                                             group_sums_for(w, in), w.a8_group),
                      "INT8 quantization of the input of '" + w.name + "'");
         }
         gpu::Int8GemmArgs a;
         a.xq = in.codes;
         a.x_scales = in.scales;
-        a.x_sums = w.a8_int4 ? in.sums : nullptr;
+        a.x_sums = row_sums ? in.sums : nullptr;
         a.w = w.a8_codes.get();
-        a.w_scales = w.a8_scales.get<float>();
-        a.w_zeros = w.a8_int4 ? w.a8_zeros.get<float>() : nullptr;
+        a.w_scales = grouped ? nullptr : w.a8_scales.get<float>();
+        a.w_zeros = row_sums ? w.a8_zeros.get<float>() : nullptr;
         a.y = y;
         a.m = m;
         a.n = w.n;
         a.k = w.k;
+        a.group_size = w.a8_group;
+        a.w_groups = grouped ? w.a8_scales.get<float>() : nullptr;
+        a.x_group_sums = group_sums_for(w, in);
         check_rc(gpu::int8_gemm(a, w.a8_int4 ? gpu::Int8Weights::Int4Packed : gpu::Int8Weights::Int8,
                                 s.workspace.get(), zeroed_workspace_bytes(s.sm_count), stream),
                  what);
@@ -158,15 +166,18 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
     check_rc(gpu::embed_gather(a.tokens(), s.embed.get(), s.embed_type, x, T, D, c.vocab, stream), "embedding gather");
     const uint16_t *pending = nullptr;  // the last block's mlp_down output, added to x by the next norm
     using Fp16Forms = std::array<const uint16_t *, 5>;  // per block_linears entry: its FP16 form, or nullptr
-    // A norm whose linears all take INT8 activations on the INT8 tensor cores writes their input in INT8 itself, as
-    // SwiGLU does for mlp_down's: one pass over the row instead of a write and the quantization's two reads.
+    // A norm whose linears all take INT8 activations on the INT8 tensor cores (with one group size) writes their
+    // input in INT8 itself, as SwiGLU does for mlp_down's: one pass over the row instead of a write and the
+    // quantization's two reads.
     auto norm = [&](const DeviceLinear &first, const DeviceLinear *second, const uint16_t *add, const DeviceBuffer &gain,
                     const char *what) {
-        const bool int8 = int8_tensor_core_linear(s, first) && (second == nullptr || int8_tensor_core_linear(s, *second));
+        const bool int8 = int8_tensor_core_linear(s, first) &&
+                          (second == nullptr ||
+                           (int8_tensor_core_linear(s, *second) && second->a8_group == first.a8_group));
         if (int8) {
             const Int8Input in = int8_input(s, T, D);
             check_rc(gpu::rmsnorm_residual_int8(x, add, gain.get<float>(), nullptr, in.codes, in.scales, in.sums, T, D,
-                                                c.norm_eps, stream),
+                                                c.norm_eps, stream, group_sums_for(first, in), first.a8_group),
                      what);
         } else {
             check_rc(gpu::rmsnorm_residual(x, add, gain.get<float>(), xn, T, D, c.norm_eps, stream), what);
@@ -194,7 +205,9 @@ void enqueue_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t strea
         const bool down_int8 = int8_tensor_core_linear(s, b.down);
         if (down_int8) {
             const Int8Input in = int8_input(s, T, F);
-            check_rc(gpu::swiglu_int8(gu, up, ld, in.codes, in.scales, in.sums, T, F, stream), "SwiGLU");
+            check_rc(gpu::swiglu_int8(gu, up, ld, in.codes, in.scales, in.sums, T, F, stream,
+                                      group_sums_for(b.down, in), b.down.a8_group),
+                     "SwiGLU");
         } else {
             check_rc(gpu::swiglu(gu, up, ld, hidden, T, F, stream), "SwiGLU");
         }
@@ -420,8 +433,9 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
             for (const DeviceLinear *l : block_linears(b)) {
                 if (l->n > 0 && !l->a8_codes) {
                     fail(TL_ERR_UNSUPPORTED, "activations int8 on the CUDA backend: '" + l->name + "' is not an "
-                                             "INT8 weight with one scale per row, or an INT4 one on a GPU of compute "
-                                             "capability 9.0, the kinds its INT8 kernels take");
+                                             "INT8 weight with one scale per row, or an INT4 one with one scale per "
+                                             "row or groups of 32, 64 or 128 on a GPU of compute capability 9.0, the "
+                                             "kinds its INT8 kernels take");
                 }
                 if (looped && l->a8_int4 && options.cross_iter_round()) {
                     fail(TL_ERR_UNSUPPORTED, "activations int8 on the CUDA backend: cross-iteration rounding of '" +

@@ -64,16 +64,28 @@ inline void require_gpu_activations(ActivationMode mode) {
     }
 }
 
-// INT8 activations on the GPU take a block linear with one scale per row (per output column) and K up to 2^17: an
-// INT8 weight, K a multiple of 4 (W8A8: the INT8 tensor-core kernel, cuda/int8_gemm.cu, where it runs, else cuBLAS's
-// INT8 GEMM and an epilogue, cuda/w8a8_gemm.cu), or where the INT8 tensor-core kernel runs, an INT4 weight, K a
-// multiple of 16 (W4A8). Both compute the CPU backend's rule for such weights.
+// INT8 activations on the GPU take a block linear with K up to 2^17: an INT8 weight with one scale per row (per
+// output column), K a multiple of 4 (W8A8: the INT8 tensor-core kernel, cuda/int8_gemm.cu, where it runs, else
+// cuBLAS's INT8 GEMM and an epilogue, cuda/w8a8_gemm.cu), or where the INT8 tensor-core kernel runs, an INT4 weight,
+// K a multiple of 16, with one scale per row or groups of 32, 64 or 128 in input order (W4A8). All compute the CPU
+// backend's rule for such weights.
 inline bool w8a8_linear(const Linear &w) {
     return w.quantized && w.bits == 8 && w.group_size == w.k && w.k % 4 == 0 && w.k <= (1 << 17);
 }
-inline bool w4a8_linear(const Linear &w) {
-    return w.quantized && w.bits == 4 && w.group_size == w.k && w.k % 16 == 0 && w.k <= (1 << 17);
+// Why an INT4 weight is not W4A8 on the INT8 tensor-core kernel, or "" where it is.
+inline std::string w4a8_refusal(const Linear &w) {
+    if (!w.quantized || w.bits != 4) return "not an INT4 weight";
+    if (w.k % 16 != 0 || w.k > (1 << 17)) return "K = " + std::to_string(w.k) + " (a multiple of 16 up to 131072)";
+    if (w.group_size == w.k) return "";
+    if ((w.group_size != 32 && w.group_size != 64 && w.group_size != 128) || w.k % w.group_size != 0) {
+        return "INT4 groups of " + std::to_string(w.group_size) + " (the kernel takes groups of 32, 64 or 128, or one "
+               "per row)";
+    }
+    // The kernel's groups are runs of the input's columns, which act-order's groups are not.
+    if (w.k_perm != nullptr) return "grouped INT4 with a K permutation (act-order)";
+    return "";
 }
+inline bool w4a8_linear(const Linear &w) { return w4a8_refusal(w).empty(); }
 
 // Scoring: FP16 always; INT8 when every block linear is w8a8_linear, or w4a8_linear where `int8_tensor_cores` (the
 // device runs gpu::int8_gemm); FP8 not yet.
@@ -84,9 +96,14 @@ inline void require_gpu_activations(const Model &model, ActivationMode mode, boo
     for (const Linear *w : model.linears()) {
         if (w == &model.head) continue;  // the head's input stays as computed
         if (w8a8_linear(*w) || (int8_tensor_cores && w4a8_linear(*w))) continue;
+        if (int8_tensor_cores && w->quantized && w->bits == 4) {
+            fail(TL_ERR_UNSUPPORTED, what + "'" + w->name + "': " + w4a8_refusal(*w) +
+                                         "; the CPU backend takes every weight");
+        }
         fail(TL_ERR_UNSUPPORTED,
              what + "'" + w->name + "' is not an INT8 weight with one scale per row (K a multiple of 4 up to 131072)" +
-                 (int8_tensor_cores ? " or an INT4 weight with one scale per row (K a multiple of 16 up to 131072)"
+                 (int8_tensor_cores ? " or an INT4 weight with one scale per row or groups of 32, 64 or 128 (K a "
+                                      "multiple of 16 up to 131072)"
                                     : " (INT4 weights need a GPU of compute capability 9.0)") +
                  ", the kinds its INT8 kernels take; the CPU backend takes every weight");
     }

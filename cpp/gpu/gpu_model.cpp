@@ -169,16 +169,22 @@ void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, 
 }
 
 // A block's weight with one scale per row also keeps its integer codes in input order and FP32 scales (and zeros),
-// for INT8 activations: an INT8 weight's codes (W8A8), or where gpu::int8_gemm runs an INT4 weight's, packed (W4A8).
+// for INT8 activations: an INT8 weight's codes (W8A8), or where gpu::int8_gemm runs an INT4 weight's, packed (W4A8);
+// an INT4 weight with groups (w4a8_linear) its codes and its scales and zeros packed for the grouped kernel.
 void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
     const bool int4 = s.int8_tensor_cores && w4a8_linear(w);
     if (!w8a8_linear(w) && !int4) return;
     const size_t K = static_cast<size_t>(w.k), N = static_cast<size_t>(w.n);
+    const int32_t group = int4 && w.group_size != w.k ? w.group_size : 0;
     auto input = [&](size_t kk) { return w.k_perm != nullptr ? static_cast<size_t>(w.k_perm[kk]) : kk; };
-    std::vector<float> scales(N), zeros(int4 ? N : 0);
-    for (size_t n = 0; n < N; ++n) {
-        scales[n] = half_to_float(w.scales[n]);
-        if (int4) zeros[n] = half_to_float(w.zeros[n]);
+    std::vector<float> scales(group > 0 ? 0 : N), zeros(int4 && group == 0 ? N : 0);
+    if (group > 0) {
+        scales = w4a8_pack_groups(w.scales, w.zeros, w.n, w.k, group);
+    } else {
+        for (size_t n = 0; n < N; ++n) {
+            scales[n] = half_to_float(w.scales[n]);
+            if (int4) zeros[n] = half_to_float(w.zeros[n]);
+        }
     }
     if (int4) {
         std::vector<uint8_t> codes(N * K / 2, 0);  // the file's layout, in input order
@@ -191,7 +197,7 @@ void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
         }
         const std::vector<uint32_t> packed = w4a8_pack(codes.data(), w.n, w.k);
         d.a8_codes = DeviceBuffer::upload_sync(s.device, packed.data(), packed.size() * sizeof(uint32_t));
-        d.a8_zeros = DeviceBuffer::upload_sync(s.device, zeros.data(), zeros.size() * sizeof(float));
+        if (group == 0) d.a8_zeros = DeviceBuffer::upload_sync(s.device, zeros.data(), zeros.size() * sizeof(float));
     } else {
         std::vector<int8_t> codes(N * K);
         for (size_t n = 0; n < N; ++n) {
@@ -201,6 +207,7 @@ void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
     }
     d.a8_scales = DeviceBuffer::upload_sync(s.device, scales.data(), scales.size() * sizeof(float));
     d.a8_int4 = int4;
+    d.a8_group = group;
     d.bytes += d.a8_codes.bytes() + d.a8_scales.bytes() + d.a8_zeros.bytes();
 }
 
@@ -339,7 +346,7 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
             // Past the region the kernels keep zeroed: X's codes, scales and code sums, or the cuBLAS path's scratch.
             const size_t rows = static_cast<size_t>(max_m);
             const size_t own = s.int8_tensor_cores && l->k % 16 == 0
-                                   ? int8_input_layout(rows, static_cast<size_t>(l->k)).bytes
+                                   ? int8_input_layout(rows, static_cast<size_t>(l->k), l->a8_group).bytes
                                    : gpu::w8a8_scratch_bytes(std::min<int32_t>(static_cast<int32_t>(max_m),
                                                                               kW8a8ChunkRows), l->n, l->k);
             needed = std::max(needed, zeroed_workspace_bytes(s.sm_count) + own);

@@ -65,9 +65,11 @@ struct DeviceLinear {
     // For INT8 activations, a block's weight with one scale per row also keeps its integer codes in input order (a
     // k_perm undone) and FP32 scales [n] (and zeros [n]): an INT8 weight's codes [n][k] (W8A8: gpu::int8_gemm, or
     // gpu::w8a8_gemm where that does not run), or on a device where gpu::int8_gemm runs an INT4 weight's codes packed
-    // by w4a8_pack (W4A8). Empty otherwise.
+    // by w4a8_pack (W4A8). An INT4 weight with groups of 32, 64 or 128 (a8_group; no k_perm) keeps its scales and
+    // zeros in a8_scales, packed by w4a8_pack_groups. Empty otherwise.
     DeviceBuffer a8_codes, a8_scales, a8_zeros;
     bool a8_int4 = false;
+    int32_t a8_group = 0;  // W4A8 group size, 0 for one group per row
     uint64_t bytes = 0;
 };
 
@@ -141,15 +143,18 @@ inline size_t zeroed_workspace_bytes(int32_t sm_count) {
     return (gpu::marlin_workspace_bytes(sm_count) + 255) / 256 * 256;
 }
 
-// INT8 activations for gpu::int8_gemm, past that head: m rows of k codes, then m row scales, then m code sums, each
-// part 256-byte aligned. The offsets of the scales and the sums, and the bytes of all three.
+// INT8 activations for gpu::int8_gemm, past that head: m rows of k codes, then m row scales, then m code sums, then
+// (for a weight with groups of `group`) the group sums [k / group][int8_group_sums_ld(m)] FP32, each part 256-byte
+// aligned. The offsets of the scales, sums and group sums (which do not depend on the group), and the bytes.
 struct Int8InputLayout {
-    size_t scales, sums, bytes;
+    size_t scales, sums, group_sums, bytes;
 };
-inline Int8InputLayout int8_input_layout(size_t m, size_t k) {
+inline Int8InputLayout int8_input_layout(size_t m, size_t k, int32_t group = 0) {
     auto up = [](size_t b) { return (b + 255) / 256 * 256; };
     const size_t scales = up(m * k), sums = scales + up(m * sizeof(float));
-    return {scales, sums, sums + up(m * sizeof(int32_t))};
+    const size_t group_sums = sums + up(m * sizeof(int32_t));
+    const size_t ld = static_cast<size_t>(gpu::int8_group_sums_ld(static_cast<int>(m)));
+    return {scales, sums, group_sums, group_sums + (group > 0 ? up(k / group * ld * sizeof(float)) : 0)};
 }
 
 using BlockLinears = std::array<const DeviceLinear *, 5>;

@@ -401,7 +401,8 @@ class Model:
         callable (done, total) called between windows; a true return value stops the call (Error CANCELLED).
         activations: "fp16" (default, the activations as computed), "int8" or "fp8": each token's input to the
         blocks' linear layers quantized with its own scale (the CUDA backend runs "int8" on models whose block
-        linears have one scale per row and declines the rest; docs/quality.md "Activation precision")."""
+        linears are INT8 with one scale per row, or INT4 with one scale per row or groups of 32, 64 or 128 on
+        compute capability 9.0, and declines the rest; docs/quality.md "Activation precision")."""
         handle = self._live_handle()
         tokens = self.tokens(data)
         nll = np.zeros(max(tokens.size - 1, 1), dtype=np.float32) if per_token else None

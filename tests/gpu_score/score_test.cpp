@@ -859,13 +859,17 @@ TEST(ScoreInt8, MatchesCpuWithinFp16Error) {
 
 // INT8 activations on the GPU: a model of INT8 weights with one scale per row runs its block linears as W8A8 (per-token
 // INT8 x; the INT8 tensor-core kernel on compute capability 9.0, else cuBLAS's INT8 GEMM and the rule's epilogue),
-// one of INT4 weights with one scale and zero per row as W4A8 on the INT8 tensor-core kernel (declined by name on other
-// GPUs), and both agree with the CPU backend's INT8 activations within the FP16 bounds, eager and with graphs, a window
-// per pass and packed; FP16 activations give other bits. FP8 activations are declined by name.
-static void int8_activations_match_cpu(int32_t bits) {
+// one of INT4 weights with one scale and zero per row, or per group of `group_size` (the tiny model widened to
+// d_model 256 and FFN 512 so that every linear has several groups), as W4A8 on the INT8 tensor-core kernel (declined
+// by name on other GPUs), and all agree with the CPU backend's INT8 activations within the FP16 bounds, eager and
+// with graphs, a window per pass and packed; FP16 activations give other bits. FP8 activations are declined by name.
+static void int8_activations_match_cpu(int32_t bits, int32_t group_size = 0) {
     const bool tensor_cores = tl::int8_tensor_cores(0);
     tl::ModelConfig c = tiny_config();
-    c.group_size = 0;
+    if (group_size > 0) {
+        c.d_model = 256, c.n_heads = 4, c.head_dim = 64, c.ffn = 512;
+    }
+    c.group_size = group_size;
     c.bits = bits;
     tl::SyntheticOptions synthetic;
     synthetic.seed = rng()();
@@ -930,12 +934,15 @@ static void int8_activations_match_cpu(int32_t bits) {
 
 TEST(ScoreInt8, Int8ActivationsMatchCpu) { int8_activations_match_cpu(8); }
 TEST(ScoreInt8, Int8ActivationsOnInt4WeightsMatchCpu) { int8_activations_match_cpu(4); }
+TEST(ScoreInt8, Int8ActivationsOnGroup128Int4WeightsMatchCpu) { int8_activations_match_cpu(4, 128); }
+TEST(ScoreInt8, Int8ActivationsOnGroup64Int4WeightsMatchCpu) { int8_activations_match_cpu(4, 64); }
 
-// A grouped INT8 model is declined by name.
-TEST(ScoreInt8, GroupedWeightsAreDeclined) {
+// A grouped model of `bits` the INT8 activations decline: scoring on the device model and the host check, each
+// failing with its message.
+static void expect_int8_declined(int32_t bits, int32_t group_size, const char *on_device, const char *on_host) {
     tl::ModelConfig c = tiny_config();
-    c.bits = 8;
-    c.group_size = 32;
+    c.bits = bits;
+    c.group_size = group_size;
     tl::SyntheticOptions synthetic;
     synthetic.seed = rng()();
     const std::unique_ptr<tl::Model> grouped = tl::make_synthetic_model(c, synthetic);
@@ -944,9 +951,19 @@ TEST(ScoreInt8, GroupedWeightsAreDeclined) {
     o.window = 128;
     o.activations = tl::ActivationMode::Int8;
     tl::GpuModel gg(*grouped, 0);
-    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "one scale per row",
+    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, on_device,
                            [&] { tl::score_cuda(gg, tokens.data(), tokens.size(), o, 0, nullptr); }));
-    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "one scale per row", [&] {
+    EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, on_host, [&] {
         tl::require_gpu_activations(*grouped, tl::ActivationMode::Int8, tl::int8_tensor_cores(0));
     }));
 }
+
+// INT4 groups the INT8 tensor-core kernel does not take (16) are declined by name, the reason given.
+TEST(ScoreInt8, UnsupportedInt4GroupsAreDeclined) {
+    const bool tensor_cores = tl::int8_tensor_cores(0);
+    expect_int8_declined(4, 16, tensor_cores ? "groups of 32, 64 or 128" : "compute capability 9.0",
+                         tensor_cores ? "INT4 groups of 16" : "compute capability 9.0");
+}
+
+// A grouped INT8 model is declined by name.
+TEST(ScoreInt8, GroupedWeightsAreDeclined) { expect_int8_declined(8, 32, "one scale per row", "one scale per row"); }

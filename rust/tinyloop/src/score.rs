@@ -45,8 +45,9 @@ pub enum Activations {
     #[default]
     Fp16,
     /// Each token's input quantized to INT8 with its own scale (max |x| / 127), multiplied with the weights' codes
-    /// in exact int32 group sums. The CUDA backend runs it on models whose block linears have one scale per row
-    /// (INT8 weights on any GPU, INT4 ones on compute capability 9.0) and declines the others
+    /// in exact int32 group sums. The CUDA backend runs it on models whose block linears are INT8 weights with one
+    /// scale per row (any GPU) or INT4 ones with one scale per row or groups of 32, 64 or 128 (compute capability
+    /// 9.0) and declines the others
     /// ([`Error::Unsupported`]; `Auto` then runs on the CPU).
     Int8,
     /// Each token's input quantized to FP8 e4m3 with its own scale (max |x| / 448), exact group sums. CPU backend
