@@ -1,10 +1,11 @@
 // w8a8_bench: the GEMMs of INT8 activations on the benchmark layers, beside dense cuBLAS FP16 and cuBLAS's bare INT8
 // GEMM: W8A8 the seed's two ways (cuda/w8a8_gemm.cu: per-token quantization of X, cuBLAS INT8 GEMM into INT32, a
 // scaling epilogue kernel; cuda/int8_gemm.cu: the quantization, then one kernel with the scaling in its epilogue),
-// W4A8 (the quantization with code sums, then int8_gemm on packed INT4 codes with zero points), and int8_gemm alone
+// W4A8 (the quantization with code sums, then int8_gemm on packed INT4 codes with zero points; with --group G, the
+// quantization with group sums and int8_gemm on INT4 codes with scales and zeros per group of G), and int8_gemm alone
 // on quantized X (against the bare INT8 GEMM).
 //
-//   w8a8_bench <out.csv> [--m M[,M...]] [--layer NAME]      (default M = 1024,4096; every layer)
+//   w8a8_bench <out.csv> [--m M[,M...]] [--layer NAME] [--group G]   (default M = 1024,4096; every layer; per row)
 //
 // Method: random data; each path run 20 times back to back between CUDA events, after 3 warm-up calls; the median of 7
 // such timings, divided by 20. The weights are not rotated: at these M the GEMMs are compute-bound, so whether the
@@ -90,11 +91,12 @@ double time_us(cudaStream_t stream, Run run) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: w8a8_bench <out.csv> [--m M[,M...]] [--layer NAME]\n");
+        std::fprintf(stderr, "usage: w8a8_bench <out.csv> [--m M[,M...]] [--layer NAME] [--group 32|64|128]\n");
         return 2;
     }
     std::vector<int> ms = {1024, 4096};
     const char *only_layer = nullptr;  // --layer NAME: that layer alone (a profiler's run)
+    int group = 0;                     // --group G: the W4A8 column with groups of G (0: one group per row)
     for (int i = 2; i + 1 < argc; ++i) {
         if (std::strcmp(argv[i], "--m") == 0) {
             ms.clear();
@@ -103,6 +105,12 @@ int main(int argc, char **argv) {
             }
         } else if (std::strcmp(argv[i], "--layer") == 0) {
             only_layer = argv[++i];
+        } else if (std::strcmp(argv[i], "--group") == 0) {
+            group = std::atoi(argv[++i]);
+            if (group != 32 && group != 64 && group != 128) {
+                std::fprintf(stderr, "--group takes 32, 64 or 128\n");
+                return 2;
+            }
         }
     }
     FILE *csv = std::fopen(argv[1], "w");
@@ -113,10 +121,10 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop{};
     CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
     std::fprintf(csv, "layer,k,n,m,fp16_us,int8_gemm_us,w8a8_us,w8a8_fused_us,w4a8_us,int8_mma_us,fp16_tflops,"
-                      "int8_gemm_tops,w8a8_tops,w8a8_fused_tops,w4a8_tops,int8_mma_tops\n");
-    std::printf("%s\n| layer | M | cuBLAS FP16 µs | cuBLAS INT8 GEMM µs | W8A8 cuBLAS µs | W8A8 fused µs | W4A8 µs | "
-                "int8_gemm alone µs |\n|---|---|---|---|---|---|---|---|\n",
-                prop.name);
+                      "int8_gemm_tops,w8a8_tops,w8a8_fused_tops,w4a8_tops,int8_mma_tops,w4a8_group\n");
+    std::printf("%s\n| layer | M | cuBLAS FP16 µs | cuBLAS INT8 GEMM µs | W8A8 cuBLAS µs | W8A8 fused µs | "
+                "W4A8 (group %d) µs | int8_gemm alone µs |\n|---|---|---|---|---|---|---|---|\n",
+                prop.name, group);
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreate(&stream));
     cublasHandle_t handle;
@@ -137,6 +145,13 @@ int main(int argc, char **argv) {
         auto *x8 = device_random<int8_t>(static_cast<size_t>(max_m) * l.k, g);
         auto *w4 = device_random<uint32_t>(tl::gpu::w4a8::packed_bytes(l.n, l.k) / 4, g);
         auto *wz = device_random<float>(static_cast<size_t>(l.n), g);
+        // Grouped: scales and zeros in w4a8_pack_groups's layout, and the group sums of X.
+        auto *wg = group > 0 ? device_random<float>(tl::gpu::w4a8::group_floats(l.n, l.k, group), g) : nullptr;
+        float *group_sums = nullptr;
+        if (group > 0) {
+            CHECK_CUDA(cudaMalloc(&group_sums, static_cast<size_t>(l.k / group) * tl::gpu::int8_group_sums_ld(max_m) *
+                                                   sizeof(float)));
+        }
         __half *y = nullptr;
         int32_t *acc = nullptr;
         void *scratch = nullptr, *workspace = nullptr;
@@ -191,10 +206,18 @@ int main(int argc, char **argv) {
             });
             tl::gpu::Int8GemmArgs a4 = a;
             a4.w = w4;
-            a4.w_zeros = wz;
-            a4.x_sums = sums;
+            if (group > 0) {
+                a4.w_scales = nullptr;
+                a4.group_size = group;
+                a4.w_groups = wg;
+                a4.x_group_sums = group_sums;
+            } else {
+                a4.w_zeros = wz;
+                a4.x_sums = sums;
+            }
             const double w4a8 = time_us(stream, [&] {
-                rc |= tl::gpu::quantize_rows_int8(xh, m, l.k, xq, xs, stream, sums);
+                rc |= tl::gpu::quantize_rows_int8(xh, m, l.k, xq, xs, stream, group > 0 ? nullptr : sums, group_sums,
+                                                  group);
                 rc |= tl::gpu::int8_gemm(a4, tl::gpu::Int8Weights::Int4Packed, workspace, workspace_bytes, stream);
             });
             tl::gpu::Int8GemmArgs bare = a;
@@ -209,17 +232,17 @@ int main(int argc, char **argv) {
             }
             const double flops = 2.0 * m * l.n * static_cast<double>(l.k);
             auto t = [&](double us) { return flops / us / 1e6; };
-            std::fprintf(csv, "%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n", l.name, l.k,
-                         l.n, m, fp16, int8, w8a8, fused, w4a8, mma, t(fp16), t(int8), t(w8a8), t(fused), t(w4a8),
-                         t(mma));
+            std::fprintf(csv, "%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d\n", l.name,
+                         l.k, l.n, m, fp16, int8, w8a8, fused, w4a8, mma, t(fp16), t(int8), t(w8a8), t(fused),
+                         t(w4a8), t(mma), group);
             std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", l.name, m, fp16, int8, w8a8, fused,
                         w4a8, mma);
             std::fflush(stdout);
         }
         for (void *p : {static_cast<void *>(w16), static_cast<void *>(w8), static_cast<void *>(ws),
                         static_cast<void *>(x), static_cast<void *>(x8), static_cast<void *>(y),
-                        static_cast<void *>(acc), static_cast<void *>(w4), static_cast<void *>(wz), scratch,
-                        workspace}) {
+                        static_cast<void *>(acc), static_cast<void *>(w4), static_cast<void *>(wz),
+                        static_cast<void *>(wg), static_cast<void *>(group_sums), scratch, workspace}) {
             cudaFree(p);
         }
     }
