@@ -29,7 +29,8 @@ struct tl_model {
     std::vector<std::unique_ptr<tl_weight>> weights;  // the quantized linears, canonical order
     std::map<std::string, size_t> weight_index;
     // The model on each device tl_score's CUDA backend used, created on first use (under gpu_mutex). A GpuModel
-    // serializes its own calls.
+    // serializes its own calls, and points at `model` (declared above, so destroyed after these): it builds its
+    // forms for INT8 activations from it on the first call that asks for them.
     mutable std::mutex gpu_mutex;
     mutable std::map<int32_t, std::unique_ptr<tl::GpuModel>> gpu_models;
 };

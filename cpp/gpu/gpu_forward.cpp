@@ -60,7 +60,7 @@ void check_rc(int rc, const std::string &what) {
 // Whether w's INT8 activations go through gpu::int8_gemm, whose input (codes, row scales and code sums) lies in the
 // workspace past the region the kernels keep zeroed: where the norm or SwiGLU before it can write it (int8_input).
 bool int8_tensor_core_linear(const GpuModel::State &s, const DeviceLinear &w) {
-    return s.activations == ActivationMode::Int8 && w.a8_codes && s.int8_tensor_cores && w.k % 16 == 0;
+    return s.activations == ActivationMode::Int8 && w.a8 && s.int8_tensor_cores && w.k % 16 == 0;
 }
 struct Int8Input {
     int8_t *codes;
@@ -84,6 +84,7 @@ float *group_sums_for(const DeviceLinear &w, const Int8Input &in) { return w.a8_
 void int8_activations_gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m,
                            cudaStream_t stream, bool quantized) {
     const std::string what = (w.a8_int4 ? "W4A8 GEMM of '" : "W8A8 GEMM of '") + w.name + "'";
+    if (!w.a8_codes) fail(TL_ERR_INTERNAL, what + ": its forms for INT8 activations were not built");
     if (int8_tensor_core_linear(s, w)) {
         const Int8Input in = int8_input(s, m, w.k);
         const bool grouped = w.a8_group > 0, row_sums = w.a8_int4 && !grouped;
@@ -128,7 +129,7 @@ void int8_activations_gemm(GpuModel::State &s, const DeviceLinear &w, const uint
 // is already in int8_input (int8_tensor_core_linear weights only).
 void gemm(GpuModel::State &s, const DeviceLinear &w, const uint16_t *x, uint16_t *y, int32_t m, cudaStream_t stream,
           const uint16_t *dequantized = nullptr, bool x_quantized = false) {
-    if (s.activations == ActivationMode::Int8 && w.a8_codes) {
+    if (s.activations == ActivationMode::Int8 && w.a8) {
         int8_activations_gemm(s, w, x, y, m, stream, x_quantized);
     } else if (w.quant) {
         // The model's own cuBLAS handle: graphs captured here keep its workspace, which no other model shares.
@@ -428,10 +429,12 @@ cudaStream_t check_call(GpuModel::State &s, const ScoreOptions &options, int32_t
     if (options.activations == ActivationMode::Fp8) {
         fail(TL_ERR_UNSUPPORTED, "activations fp8 on the CUDA backend: not implemented (the CPU backend has them)");
     }
-    if (options.activations == ActivationMode::Int8) {  // the host check (require_gpu_activations), on the device forms
+    // The host check (require_gpu_activations) on the forms decided at load, which never change: read without the
+    // lock, before the call builds anything for INT8 activations.
+    if (options.activations == ActivationMode::Int8) {
         auto check_block = [&](const DeviceBlock &b, bool looped) {
             for (const DeviceLinear *l : block_linears(b)) {
-                if (l->n > 0 && !l->a8_codes) {
+                if (l->n > 0 && !l->a8) {
                     fail(TL_ERR_UNSUPPORTED, "activations int8 on the CUDA backend: '" + l->name + "' is not an "
                                              "INT8 weight with one scale per row, or an INT4 one with one scale per "
                                              "row or groups of 32, 64 or 128 on a GPU of compute capability 9.0, the "
@@ -473,6 +476,8 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
     s.dispatch = options.dispatch;
     s.activations = options.activations;
     DeviceScope scope(s.device);
+    // Under the lock, after check_call: a declined call builds nothing, and no other call's pass runs meanwhile.
+    if (options.activations == ActivationMode::Int8) ensure_int8_weights(s);
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, windows, options, stream, lock, stats, nullptr);
     result.n_windows = static_cast<int32_t>(plan.n_windows);
@@ -502,6 +507,7 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
     s.dispatch = options.dispatch;
     s.activations = options.activations;
     DeviceScope scope(s.device);
+    if (options.activations == ActivationMode::Int8) ensure_int8_weights(s);
     GpuScoreStats stats;
     ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);
     result.n_windows = static_cast<int32_t>(n_sequences);

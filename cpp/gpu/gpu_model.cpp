@@ -48,6 +48,7 @@ GpuModel::~GpuModel() = default;
 int32_t GpuModel::device() const { return 0; }
 const ModelConfig &GpuModel::config() const { return state_->config; }
 GpuScoreStats GpuModel::stats() const { return {}; }
+uint64_t GpuModel::weight_bytes() const { return 0; }
 uint64_t GpuModel::device_bytes() const { return 0; }
 
 #else
@@ -168,14 +169,27 @@ void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, 
     jobs.push_back([&s, &slot, &w, n_multiple] { slot = make_linear(s, w, n_multiple); });
 }
 
-// A block's weight with one scale per row also keeps its integer codes in input order and FP32 scales (and zeros),
-// for INT8 activations: an INT8 weight's codes (W8A8), or where gpu::int8_gemm runs an INT4 weight's, packed (W4A8);
-// an INT4 weight with groups (w4a8_linear) its codes and its scales and zeros packed for the grouped kernel.
-void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
-    const bool int4 = s.int8_tensor_cores && w4a8_linear(w);
-    if (!w8a8_linear(w) && !int4) return;
+// Whether a block linear takes INT8 activations and in which form (DeviceLinear::a8): an INT8 weight with one scale
+// per row (W8A8), or where gpu::int8_gemm runs an INT4 weight it takes (W4A8, per row or grouped). Only the
+// description: the forms are built by ensure_int8_weights when a call first asks for INT8 activations.
+void describe_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
+    d.a8_int4 = s.int8_tensor_cores && w4a8_linear(w);
+    d.a8 = d.a8_int4 || w8a8_linear(w);
+    d.a8_group = d.a8_int4 && w.group_size != w.k ? w.group_size : 0;
+}
+
+struct Act8Forms {
+    DeviceBuffer codes, scales, zeros;
+    uint64_t bytes() const { return codes.bytes() + scales.bytes() + zeros.bytes(); }
+};
+
+// The forms d (described by describe_act8) takes INT8 activations with, from its host weight w: an INT8 weight's codes
+// in input order (W8A8), an INT4 weight's packed by w4a8_pack (W4A8), FP32 scales (and an INT4 weight's zeros) per
+// row, or a grouped INT4 weight's scales and zeros packed by w4a8_pack_groups.
+Act8Forms make_act8(const GpuModel::State &s, const DeviceLinear &d, const Linear &w) {
+    const bool int4 = d.a8_int4;
+    const int32_t group = d.a8_group;
     const size_t K = static_cast<size_t>(w.k), N = static_cast<size_t>(w.n);
-    const int32_t group = int4 && w.group_size != w.k ? w.group_size : 0;
     auto input = [&](size_t kk) { return w.k_perm != nullptr ? static_cast<size_t>(w.k_perm[kk]) : kk; };
     std::vector<float> scales(group > 0 ? 0 : N), zeros(int4 && group == 0 ? N : 0);
     if (group > 0) {
@@ -186,6 +200,7 @@ void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
             if (int4) zeros[n] = half_to_float(w.zeros[n]);
         }
     }
+    Act8Forms f;
     if (int4) {
         std::vector<uint8_t> codes(N * K / 2, 0);  // the file's layout, in input order
         for (size_t n = 0; n < N; ++n) {
@@ -196,19 +211,17 @@ void attach_act8(const GpuModel::State &s, DeviceLinear &d, const Linear &w) {
             }
         }
         const std::vector<uint32_t> packed = w4a8_pack(codes.data(), w.n, w.k);
-        d.a8_codes = DeviceBuffer::upload_sync(s.device, packed.data(), packed.size() * sizeof(uint32_t));
-        if (group == 0) d.a8_zeros = DeviceBuffer::upload_sync(s.device, zeros.data(), zeros.size() * sizeof(float));
+        f.codes = DeviceBuffer::upload_sync(s.device, packed.data(), packed.size() * sizeof(uint32_t));
+        if (group == 0) f.zeros = DeviceBuffer::upload_sync(s.device, zeros.data(), zeros.size() * sizeof(float));
     } else {
         std::vector<int8_t> codes(N * K);
         for (size_t n = 0; n < N; ++n) {
             for (size_t kk = 0; kk < K; ++kk) codes[n * K + input(kk)] = static_cast<int8_t>(w.codes[n * K + kk]);
         }
-        d.a8_codes = DeviceBuffer::upload_sync(s.device, codes.data(), codes.size());
+        f.codes = DeviceBuffer::upload_sync(s.device, codes.data(), codes.size());
     }
-    d.a8_scales = DeviceBuffer::upload_sync(s.device, scales.data(), scales.size() * sizeof(float));
-    d.a8_int4 = int4;
-    d.a8_group = group;
-    d.bytes += d.a8_codes.bytes() + d.a8_scales.bytes() + d.a8_zeros.bytes();
+    f.scales = DeviceBuffer::upload_sync(s.device, scales.data(), scales.size() * sizeof(float));
+    return f;
 }
 
 // A looped linear keeps its rounding channels on the device, for cross-iteration rounding (`second`: the weight whose
@@ -231,7 +244,7 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
     auto add = [&](DeviceLinear &slot, const Linear &w) {
         jobs.push_back([&s, &slot, &w, looped] {
             slot = make_linear(s, w);
-            attach_act8(s, slot, w);
+            describe_act8(s, slot, w);
             if (looped) attach_rounding(s, slot, w);
         });
     };
@@ -251,7 +264,7 @@ void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &
                 gate_up.bias = std::move(bias);
             }
             d.gate_up = make_linear(s, gate_up);
-            attach_act8(s, d.gate_up, gate_up);
+            describe_act8(s, d.gate_up, gate_up);
             if (looped) attach_rounding(s, d.gate_up, gate, &up);
         });
     } else {
@@ -342,7 +355,7 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
         if (dequantized_per_iteration(s, *l)) {
             needed = std::max(needed, dequantized_gemm_workspace_size(*l->quant, max_m));
         }
-        if (s.activations == ActivationMode::Int8 && l->a8_codes) {
+        if (s.activations == ActivationMode::Int8 && l->a8) {
             // Past the region the kernels keep zeroed: X's codes, scales and code sums, or the cuBLAS path's scratch.
             const size_t rows = static_cast<size_t>(max_m);
             const size_t own = s.int8_tensor_cores && l->k % 16 == 0
@@ -508,6 +521,63 @@ Tally run_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream, 
     return ran;
 }
 
+void ensure_int8_weights(GpuModel::State &s) {
+    if (s.int8_weights) return;
+    // A block linear, its host weight, and for a fused gate|up the up projection that follows the gate's rows.
+    struct Job {
+        DeviceLinear *d;
+        const Linear *w, *up;
+    };
+    std::vector<Job> jobs;
+    auto add_block = [&](DeviceBlock &d, const Block &b) {
+        auto add = [&](DeviceLinear &l, const Linear &w, const Linear *up = nullptr) {
+            if (l.a8) jobs.push_back({&l, &w, up});
+        };
+        add(d.qkv, b.attn_qkv);
+        add(d.out, b.attn_out);
+        if (d.up.n == 0) {
+            add(d.gate_up, b.mlp_gate, &b.mlp_up);
+        } else {
+            add(d.gate_up, b.mlp_gate);
+            add(d.up, b.mlp_up);
+        }
+        add(d.down, b.mlp_down);
+    };
+    const Model &model = *s.host;
+    for (size_t i = 0; i < s.pre.size(); ++i) add_block(s.pre[i], model.pre[i]);
+    add_block(s.loop, model.loop);
+    // Built aside and moved in only once all exist: a failure leaves no linear half-built, and frees the rest here.
+    std::vector<Act8Forms> built(jobs.size());
+    try {
+        const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+        ThreadPool pool(static_cast<int32_t>(std::min<size_t>(std::max<size_t>(jobs.size(), 1), std::min(cores, 64u))));
+        pool.parallel_for(jobs.size(), [&](size_t i, int32_t) {
+            DeviceScope job_scope(s.device);
+            const Job &j = jobs[i];
+            // The fused weight is concatenated again (the one packed at load was not kept): host memory only here.
+            built[i] = j.up != nullptr ? make_act8(s, *j.d, concat_linear_rows(*j.w, *j.up, j.d->name))
+                                       : make_act8(s, *j.d, *j.w);
+        });
+        // upload_sync's copies from pageable memory may still be in flight on the legacy stream, which the passes'
+        // non-blocking streams do not wait for.
+        check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (upload)");
+    } catch (const Error &e) {
+        fail(e.code(), std::string("building the weights' forms for INT8 activations (on the first call that asks for "
+                                   "them; nothing was kept, FP16 activations are unaffected): ") +
+                           e.what());
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        DeviceLinear &d = *jobs[i].d;
+        const uint64_t bytes = built[i].bytes();
+        d.a8_codes = std::move(built[i].codes);
+        d.a8_scales = std::move(built[i].scales);
+        d.a8_zeros = std::move(built[i].zeros);
+        d.bytes += bytes;
+        s.weight_bytes += bytes;
+    }
+    s.int8_weights = true;
+}
+
 }  // namespace detail
 
 GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &options) {
@@ -517,6 +587,7 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
     auto s = std::make_unique<State>();  // destroyed inside `scope` if building fails
     s->device = device;
     s->config = model.config;
+    s->host = &model;
     s->options = options;
     check_cuda(cudaStreamCreateWithFlags(&s->own_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     s->sm_count = device_info(device).sm_count;
@@ -579,6 +650,11 @@ GpuScoreStats GpuModel::stats() const {
     out.graph_capture_failures = s.uncapturable.size();  // each pass shape fails at most once: it is not retried
     out.capture_seconds = s.capture_seconds;
     return out;
+}
+
+uint64_t GpuModel::weight_bytes() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->weight_bytes;
 }
 
 uint64_t GpuModel::device_bytes() const {

@@ -8,10 +8,16 @@
 // when that is F16) multiplied through cuBLAS (gpu::cublas_gemm), its rows padded to a multiple of 64 as well
 // so that cuBLAS's aligned kernels serve it; dense block linears likewise.
 //
+// INT8 activations need other forms of the block linears (integer codes in input order, FP32 scales and zeros; see
+// DeviceLinear in gpu_model_state.hpp), 0.5 to 1 byte a weight more. They are built from the host Model the first
+// time a call asks for INT8 activations (after its checks, under the model's lock), never for FP16 ones, and kept
+// until the GpuModel is freed.
+//
 // Thread safety: a GpuModel serializes its own calls (an internal mutex held while a score_cuda call uses the model,
 // released around the progress callback), so the caller needs no lock; calls on one GpuModel take turns pass by
 // pass, calls on different GpuModels may overlap. Each call runs under the dispatcher settings it passes
-// (ScoreOptions::dispatch, the settings of the C API's model).
+// (ScoreOptions::dispatch, the settings of the C API's model). Building the INT8-activation forms happens under that
+// mutex too: calls that arrive meanwhile wait, and every later call sees them.
 #pragma once
 
 #include <cstddef>
@@ -51,7 +57,9 @@ struct GpuScoreStats {
 class GpuModel {
 public:
     // Uploads and packs `model` on `device` (TL_ERR_NO_DEVICE without CUDA or a device; TL_ERR_INVALID_ARGUMENT for
-    // an inconsistent model; TL_ERR_UNSUPPORTED for head_dim > 256). The Model may be freed afterwards.
+    // an inconsistent model; TL_ERR_UNSUPPORTED for head_dim > 256). The GpuModel keeps a pointer to `model`, which
+    // the caller owns and must keep, unchanged, until the GpuModel is freed: the first call asking for INT8
+    // activations builds their forms from it (the C API's tl_model holds the Model beside its GpuModels).
     GpuModel(const Model &model, int32_t device, const GpuModelOptions &options = {});
     ~GpuModel();
     GpuModel(const GpuModel &) = delete;
@@ -60,7 +68,9 @@ public:
     int32_t device() const;
     const ModelConfig &config() const;
     GpuScoreStats stats() const;
-    // Device bytes held: weights in every packed form, activations, logits chunk, workspace.
+    // Device bytes of the weights in every form built so far: the INT8-activation forms count once a call built them.
+    uint64_t weight_bytes() const;
+    // Device bytes held: weight_bytes(), activations, logits chunk, workspace.
     uint64_t device_bytes() const;
 
     struct State;

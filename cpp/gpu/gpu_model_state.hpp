@@ -62,15 +62,18 @@ struct DeviceLinear {
     DeviceBuffer dense;                      // FP16 [n][k], unless the values are shared
     const uint16_t *dense_values = nullptr;  // dense, or the embedding table (tied F16 head)
     DeviceBuffer bias;                       // FP32 [n] (zero in padding rows), added after the GEMM; empty: none
-    // For INT8 activations, a block's weight with one scale per row also keeps its integer codes in input order (a
-    // k_perm undone) and FP32 scales [n] (and zeros [n]): an INT8 weight's codes [n][k] (W8A8: gpu::int8_gemm, or
+    // a8: the block linear takes INT8 activations (decided at load, never changed, so a call's checks may read it
+    // before taking the model's lock). Its forms for them are built by ensure_int8_weights, on the first call that asks
+    // for INT8 activations; until then the buffers are empty. Those forms: integer codes in input order (a k_perm
+    // undone) and FP32 scales [n] (and zeros [n]): an INT8 weight's codes [n][k] (W8A8: gpu::int8_gemm, or
     // gpu::w8a8_gemm where that does not run), or on a device where gpu::int8_gemm runs an INT4 weight's codes packed
     // by w4a8_pack (W4A8). An INT4 weight with groups of 32, 64 or 128 (a8_group; no k_perm) keeps its scales and
-    // zeros in a8_scales, packed by w4a8_pack_groups. Empty otherwise.
-    DeviceBuffer a8_codes, a8_scales, a8_zeros;
+    // zeros in a8_scales, packed by w4a8_pack_groups.
+    bool a8 = false;
     bool a8_int4 = false;
     int32_t a8_group = 0;  // W4A8 group size, 0 for one group per row
-    uint64_t bytes = 0;
+    DeviceBuffer a8_codes, a8_scales, a8_zeros;
+    uint64_t bytes = 0;  // device bytes of every form built so far
 };
 
 struct DeviceBlock {
@@ -166,6 +169,7 @@ struct GpuModel::State {
     int32_t device = 0;
     ModelConfig config;
     GpuModelOptions options;
+    const Model *host = nullptr;  // the model built from (gpu_model.hpp: it outlives the GpuModel)
     std::mutex mutex;  // one call at a time
     // The dispatcher settings of the call holding `mutex` (a call sets them again after releasing it around its
     // progress callback, since another call may have run with other settings meanwhile).
@@ -182,7 +186,8 @@ struct GpuModel::State {
     detail::DeviceBlock loop;
     DeviceBuffer final_norm;
     detail::DeviceLinear head;
-    uint64_t weight_bytes = 0;
+    uint64_t weight_bytes = 0;  // every form built so far, the INT8-activation ones included once built
+    bool int8_weights = false;  // ensure_int8_weights has built the block linears' a8_ forms
 
     detail::Activations act;
     DeviceBuffer workspace;  // the dispatcher's, zero-filled once
@@ -253,6 +258,12 @@ bool dequantized_per_iteration(const GpuModel::State &s, const DeviceLinear &l);
 // which must fit).
 int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest, size_t total_tokens,
                   uint64_t budget);
+
+// Builds the a8_ forms of every block linear that takes INT8 activations (DeviceLinear::a8) from the host model, once:
+// a call that asks for INT8 activations runs it after its checks, holding s.mutex, before sizing its buffers. All or
+// nothing: a failure (out of device memory, a CUDA error) frees what it built and is rethrown with its status and a
+// message naming these forms; the model scores FP16 activations as before, and a later INT8 call tries again.
+void ensure_int8_weights(GpuModel::State &s);
 
 // Activations for passes of `rows` tokens and a workspace for every weight at that many rows; both only grow.
 // Any change drops the captured graphs (they hold the old addresses). The working set a call of `rows` tokens
