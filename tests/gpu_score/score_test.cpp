@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -21,6 +22,7 @@
 #include "gpu/gemm_dispatch.hpp"
 #include "util/error.hpp"
 #include "gpu/gpu_forward.hpp"
+#include "gpu/w4a8_pack.hpp"
 #include "util/half.hpp"
 #include "quant/quant.hpp"
 #include "import/synthetic.hpp"
@@ -857,12 +859,52 @@ TEST(ScoreInt8, MatchesCpuWithinFp16Error) {
     }
 }
 
+// The device bytes of the forms a GpuModel's block linears take INT8 activations with, which it builds on the first
+// call that asks for them: per linear (gate and up as one weight when both are INT4 with one group size), W8A8 N·K
+// codes and N FP32 scales; W4A8 its codes as w4a8_pack lays them out and, per row, N FP32 scales and N zeros, or
+// grouped, its scales and zeros as w4a8_pack_groups lays them out.
+static uint64_t int8_form_bytes(const tl::Model &m) {
+    uint64_t bytes = 0;
+    auto add = [&](int32_t bits, int32_t n, int32_t k, int32_t group) {
+        const uint64_t N = static_cast<uint64_t>(n), K = static_cast<uint64_t>(k);
+        if (bits == 8) {
+            bytes += N * K + N * sizeof(float);
+            return;
+        }
+        const std::vector<uint8_t> codes(N * K / 2, 0);
+        bytes += tl::w4a8_pack(codes.data(), n, k).size() * sizeof(uint32_t);
+        if (group == k) {
+            bytes += 2 * N * sizeof(float);
+        } else {
+            const std::vector<uint16_t> params(N * (K / group), 0);
+            bytes += tl::w4a8_pack_groups(params.data(), params.data(), n, k, group).size() * sizeof(float);
+        }
+    };
+    auto add_linear = [&](const tl::Linear &w) { add(w.bits, w.n, w.k, w.group_size); };
+    auto block = [&](const tl::Block &b) {
+        add_linear(b.attn_qkv);
+        add_linear(b.attn_out);
+        if (b.mlp_gate.bits == 4 && b.mlp_up.bits == 4 && b.mlp_gate.group_size == b.mlp_up.group_size) {
+            add(4, b.mlp_gate.n + b.mlp_up.n, b.mlp_gate.k, b.mlp_gate.group_size);
+        } else {
+            add_linear(b.mlp_gate);
+            add_linear(b.mlp_up);
+        }
+        add_linear(b.mlp_down);
+    };
+    for (const tl::Block &b : m.pre) block(b);
+    block(m.loop);
+    return bytes;
+}
+
 // INT8 activations on the GPU: a model of INT8 weights with one scale per row runs its block linears as W8A8 (per-token
 // INT8 x; the INT8 tensor-core kernel on compute capability 9.0, else cuBLAS's INT8 GEMM and the rule's epilogue),
 // one of INT4 weights with one scale and zero per row, or per group of `group_size` (the tiny model widened to
 // d_model 256 and FFN 512 so that every linear has several groups), as W4A8 on the INT8 tensor-core kernel (declined
 // by name on other GPUs), and all agree with the CPU backend's INT8 activations within the FP16 bounds, eager and
 // with graphs, a window per pass and packed; FP16 activations give other bits. FP8 activations are declined by name.
+// The weights' forms for INT8 activations are not on the device until the first INT8 call, which adds exactly their
+// bytes to the model's weight bytes; FP16 calls and declined INT8 calls build nothing.
 static void int8_activations_match_cpu(int32_t bits, int32_t group_size = 0) {
     const bool tensor_cores = tl::int8_tensor_cores(0);
     tl::ModelConfig c = tiny_config();
@@ -890,19 +932,25 @@ static void int8_activations_match_cpu(int32_t bits, int32_t group_size = 0) {
     o.activations = tl::ActivationMode::Int8;
     const double cpu_sum = tl::score_cpu(*model, tokens.data(), tokens.size(), o).nll_sum;
     tl::GpuModel gm(*model, 0);
+    const uint64_t loaded = gm.weight_bytes();
     std::vector<float> fp16(n, NAN);
     o.token_nll = fp16.data();
     o.activations = tl::ActivationMode::Fp16;
     tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr);
+    EXPECT_EQ(gm.weight_bytes(), loaded) << "FP16 activations built the INT8 forms";
+    const uint64_t fp16_device_bytes = gm.device_bytes();
     o.activations = tl::ActivationMode::Int8;
     if (bits == 4 && !tensor_cores) {
         EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "compute capability 9.0",
                                [&] { tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr); }));
         EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, "compute capability 9.0",
                                [&] { tl::require_gpu_activations(*model, tl::ActivationMode::Int8, false); }));
+        EXPECT_EQ(gm.weight_bytes(), loaded) << "a declined INT8 call built forms";
         return;
     }
     EXPECT_NO_THROW(tl::require_gpu_activations(*model, tl::ActivationMode::Int8, tensor_cores));
+    const uint64_t int8_bytes = int8_form_bytes(*model);
+    ASSERT_GT(int8_bytes, 0u);
     for (bool graphs : {false, true}) {
         for (int32_t pass_tokens : {128, 0}) {
             SCOPED_TRACE("graphs " + std::to_string(graphs) + " pass_tokens " + std::to_string(pass_tokens));
@@ -924,6 +972,9 @@ static void int8_activations_match_cpu(int32_t bits, int32_t group_size = 0) {
             if (tensor_cores) {
                 EXPECT_GT(stats.int8_activations, 0u) << "the INT8 tensor-core kernel did not run";
             }
+            // Built by the first INT8 call, once; counted in the device bytes too.
+            EXPECT_EQ(gm.weight_bytes(), loaded + int8_bytes);
+            EXPECT_GE(gm.device_bytes(), fp16_device_bytes + int8_bytes);
         }
     }
     o.token_nll = nullptr;
@@ -951,8 +1002,10 @@ static void expect_int8_declined(int32_t bits, int32_t group_size, const char *o
     o.window = 128;
     o.activations = tl::ActivationMode::Int8;
     tl::GpuModel gg(*grouped, 0);
+    const uint64_t loaded = gg.weight_bytes();
     EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, on_device,
                            [&] { tl::score_cuda(gg, tokens.data(), tokens.size(), o, 0, nullptr); }));
+    EXPECT_EQ(gg.weight_bytes(), loaded) << "a declined INT8 call built forms";
     EXPECT_TRUE(fails_with(TL_ERR_UNSUPPORTED, on_host, [&] {
         tl::require_gpu_activations(*grouped, tl::ActivationMode::Int8, tl::int8_tensor_cores(0));
     }));
@@ -967,3 +1020,157 @@ TEST(ScoreInt8, UnsupportedInt4GroupsAreDeclined) {
 
 // A grouped INT8 model is declined by name.
 TEST(ScoreInt8, GroupedWeightsAreDeclined) { expect_int8_declined(8, 32, "one scale per row", "one scale per row"); }
+
+// A model whose block linears all take INT8 activations on this GPU: INT4 with one scale per row where the INT8
+// tensor-core kernel runs (W4A8), else INT8 (W8A8), and an INT4 head.
+static std::unique_ptr<tl::Model> int8_capable_model(tl::ModelConfig c) {
+    c.group_size = 0;
+    c.bits = tl::int8_tensor_cores(0) ? 4 : 8;
+    tl::SyntheticOptions synthetic;
+    synthetic.seed = rng()();
+    synthetic.quantize_head = true;
+    return tl::make_synthetic_model(c, synthetic);
+}
+
+// Eight threads score one GpuModel at once from its creation on, half with INT8 activations (the first of them builds
+// their forms while the others wait on the model's lock) and half FP16, some with a progress callback (the lock is
+// released between passes, so the precisions interleave pass by pass), some with graphs: every call's NLLs equal the
+// same call's on a model scored by one thread, bit for bit, and the forms were built once. The native INT4 kernel
+// (the head's too) and the INT8 GEMMs' exact INT32 sums make every path deterministic, except FP16 on a GPU where the
+// INT8 weights' FP16 forms run on cuBLAS.
+TEST(ScoreInt8, ThreadsMixingFp16AndInt8ShareOneModel) {
+    constexpr int kThreads = 8, kRepeats = 3;
+    const bool tensor_cores = tl::int8_tensor_cores(0);
+    const std::unique_ptr<tl::Model> model = int8_capable_model(tiny_config());
+    const std::vector<int32_t> tokens = random_tokens(600, model->config.vocab);
+    tl::ScoreOptions base;
+    base.window = 128;
+    base.pass_tokens = 128;  // a window per pass: several passes, and progress calls, per call
+    base.dispatch[tl::DispatchSetting::UseMarlin] = 0;
+    base.dispatch[tl::DispatchSetting::Fp16Body] = 0;
+    auto options = [&](bool int8, bool graphs, std::vector<float> &nll) {
+        tl::ScoreOptions o = base;
+        o.activations = int8 ? tl::ActivationMode::Int8 : tl::ActivationMode::Fp16;
+        o.use_graphs = graphs;
+        nll.assign(tokens.size() - 1, NAN);
+        o.token_nll = nll.data();
+        return o;
+    };
+    std::vector<float> alone_fp16, alone_int8, scratch;
+    uint64_t alone_loaded = 0, alone_bytes = 0;
+    {
+        tl::GpuModel alone(*model, 0);
+        alone_loaded = alone.weight_bytes();
+        tl::score_cuda(alone, tokens.data(), tokens.size(), options(false, false, alone_fp16), 0, nullptr);
+        tl::score_cuda(alone, tokens.data(), tokens.size(), options(true, false, alone_int8), 0, nullptr);
+        alone_bytes = alone.weight_bytes();
+        ASSERT_NE(alone_fp16, alone_int8) << "INT8 activations gave FP16's bits";
+    }
+    EXPECT_EQ(alone_bytes, alone_loaded + int8_form_bytes(*model));
+    const double fp16_tol = tensor_cores ? 0.0 : kMaxRerunDiff;
+
+    tl::GpuModel shared(*model, 0);
+    EXPECT_EQ(shared.weight_bytes(), alone_loaded);
+    std::atomic<int> waiting{kThreads};
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            waiting.fetch_sub(1);
+            while (waiting.load() > 0) std::this_thread::yield();  // all threads' first calls start together
+            for (int rep = 0; rep < kRepeats && errors[t].empty(); ++rep) {
+                const bool int8 = (t + rep) % 2 == 0, graphs = (t / 2 + rep) % 2 == 1;
+                std::vector<float> nll;
+                tl::ScoreOptions o = options(int8, graphs, nll);
+                if (t % 4 < 2) {
+                    o.progress = [](uint64_t, uint64_t) {
+                        std::this_thread::yield();  // lets a waiting call of the other precision take a pass
+                        return true;
+                    };
+                }
+                try {
+                    tl::score_cuda(shared, tokens.data(), tokens.size(), o, 0, nullptr);
+                } catch (const std::exception &e) {
+                    errors[t] = "rep " + std::to_string(rep) + ": " + e.what();
+                    break;
+                }
+                const std::vector<float> &want = int8 ? alone_int8 : alone_fp16;
+                const double tol = int8 ? 0.0 : fp16_tol;
+                for (size_t i = 0; i < want.size(); ++i) {
+                    if (!(std::fabs(nll[i] - want[i]) <= tol)) {
+                        errors[t] = "rep " + std::to_string(rep) + (int8 ? " INT8" : " FP16") + ": token " +
+                                    std::to_string(i + 1) + " NLL " + std::to_string(nll[i]) + " alone " +
+                                    std::to_string(want[i]);
+                        break;
+                    }
+                }
+            }
+        });
+    }
+    for (auto &th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+    EXPECT_EQ(shared.weight_bytes(), alone_bytes) << "the INT8 forms were built more or less than once";
+}
+
+// A failure while building the INT8 forms (out of device memory: this test fills the device, hence its own serial
+// CTest entry) reports TL_ERR_OUT_OF_MEMORY naming them, keeps nothing of them, and leaves the model scoring FP16
+// activations with the same bits; once memory is back, the next INT8 call builds them. The model is wide enough that
+// its forms (about 7 MiB at 0.5 byte a weight) cannot fit in the 2 MiB left free.
+TEST(ScoreInt8Oom, FailedBuildLeavesTheModelUsable) {
+    tl::ModelConfig c = tiny_config();
+    c.d_model = 512, c.n_heads = 4, c.head_dim = 128, c.ffn = 4096;
+    const std::unique_ptr<tl::Model> model = int8_capable_model(c);
+    const uint64_t int8_bytes = int8_form_bytes(*model);
+    constexpr size_t kLeftFree = size_t(2) << 20;
+    ASSERT_GT(int8_bytes, 2 * kLeftFree);
+    const std::vector<int32_t> tokens = random_tokens(300, c.vocab);
+    tl::ScoreOptions o;
+    o.window = 128;
+    o.use_graphs = false;  // a capture could need memory of its own
+    o.dispatch[tl::DispatchSetting::UseMarlin] = 0;
+    o.dispatch[tl::DispatchSetting::Fp16Body] = 0;
+    std::vector<float> before(tokens.size() - 1), after(tokens.size() - 1);
+    tl::GpuModel gm(*model, 0);
+    const uint64_t loaded = gm.weight_bytes();
+    o.token_nll = before.data();
+    tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr);  // buffers allocated before the device fills
+
+    size_t free_bytes = 0, total = 0;
+    CUDA_OK(cudaMemGetInfo(&free_bytes, &total));
+    void *hog = nullptr;
+    for (size_t want = free_bytes - kLeftFree; hog == nullptr && want > (size_t(64) << 20); want -= size_t(64) << 20) {
+        if (cudaMalloc(&hog, want) != cudaSuccess) {
+            hog = nullptr;
+            cudaGetLastError();
+        }
+    }
+    ASSERT_NE(hog, nullptr);
+    CUDA_OK(cudaMemGetInfo(&free_bytes, &total));
+    if (free_bytes >= int8_bytes) {
+        cudaFree(hog);
+        GTEST_SKIP() << free_bytes << " bytes stayed free: the device could not be filled";
+    }
+    o.token_nll = nullptr;
+    o.activations = tl::ActivationMode::Int8;
+    auto score = [&] { tl::score_cuda(gm, tokens.data(), tokens.size(), o, 0, nullptr); };
+    const ::testing::AssertionResult oom = fails_with(TL_ERR_OUT_OF_MEMORY, "INT8 activations", score);
+    const uint64_t bytes_after_failure = gm.weight_bytes();
+    o.activations = tl::ActivationMode::Fp16;
+    o.token_nll = after.data();
+    const tlt::ErrorOf fp16 = tlt::error_of(score);  // the device still full
+    CUDA_OK(cudaFree(hog));
+    EXPECT_TRUE(oom);
+    EXPECT_EQ(bytes_after_failure, loaded) << "a failed build kept forms";
+    EXPECT_EQ(fp16.code, TL_OK) << fp16.message;
+    // Bit for bit where the FP16 path is deterministic (INT4 on the native kernel); INT8 weights' FP16 forms run on
+    // cuBLAS.
+    const double tol = tl::int8_tensor_cores(0) ? 0.0 : kMaxRerunDiff;
+    for (size_t i = 0; i < before.size(); ++i) {
+        ASSERT_LE(std::fabs(after[i] - before[i]), tol) << "token " << i + 1 << ": FP16 changed after the failed build";
+    }
+
+    o.activations = tl::ActivationMode::Int8;
+    o.token_nll = nullptr;
+    EXPECT_NO_THROW(score());
+    EXPECT_EQ(gm.weight_bytes(), loaded + int8_bytes);
+}
