@@ -641,10 +641,11 @@ typedef struct tl_score_options {
      *  0 runs every launch eagerly. Graphs measured faster, or within 3% at 4K-token windows (docs/benchmarks.md). */
     int32_t use_graphs;
     /** The most bytes of working memory the call may use for activations, scratch and logits: host memory on
-     *  the CPU backend, device memory on the CUDA backend (the model's weights, and the device copy the first
-     *  CUDA call makes of them, are not counted). 0 (default): no budget beyond what the machine has. Sizes
-     *  follow the tokens actually scored: min(window, n_tokens). Past the budget the call returns
-     *  TL_ERR_OUT_OF_MEMORY before allocating, and the message gives the size it needed.
+     *  the CPU backend, device memory on the CUDA backend (the model's weights, the device copy the first CUDA
+     *  call makes of them and the forms the first INT8 call adds, see `activations`, are not counted).
+     *  0 (default): no budget beyond what the machine has. Sizes follow the tokens actually scored:
+     *  min(window, n_tokens). Past the budget the call returns TL_ERR_OUT_OF_MEMORY before allocating, and the
+     *  message gives the size it needed.
      *  (Added after the struct's first version: a caller built against the older header gets the default.) */
     uint64_t max_memory_bytes;
     /** Optional top-k log-probabilities (added in the struct's third version): 0 (default) for none, else 1..20
@@ -674,6 +675,8 @@ typedef struct tl_score_options {
      *  precision", gives the rule). The CPU backend implements all three. The CUDA backend runs INT8 on models whose
      *  block linears all have one scale per row: INT8 weights (W8A8) on any GPU, and also INT4 weights (W4A8) on one
      *  of compute capability 9.0; it declines the rest and FP8 (TL_ERR_UNSUPPORTED; AUTO then scores on the CPU).
+     *  The first INT8 call on a model and device adds the device forms INT8 needs (0.5 byte a weight for INT4
+     *  weights, 1 for INT8 ones), kept until the model is freed; FP16 calls never hold them (docs/api.md).
      *  Another value is TL_ERR_INVALID_ARGUMENT. */
     int32_t activations;
     /** Must be 0. It sets this version's size apart from the fourth's, whose tail padding `activations` fills. */
