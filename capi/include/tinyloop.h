@@ -720,7 +720,8 @@ typedef struct tl_score_result {
     uint64_t gemm_fallbacks;
     /** Of `seconds`, the one-time work this call did (0 when there was none; added after the struct's first
      *  version): setup_seconds, the device copy and INT4 packing of the model, which the first CUDA call on a
-     *  device makes (packing runs on a thread pool); graph_capture_seconds, capturing and instantiating CUDA graphs
+     *  device makes (packing runs on a thread pool), and the forms the first call asking for INT8 activations
+     *  adds (`activations`); graph_capture_seconds, capturing and instantiating CUDA graphs
      *  for pass shapes not seen before. */
     double setup_seconds;
     double graph_capture_seconds;

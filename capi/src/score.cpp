@@ -193,6 +193,7 @@ tl_score_result run_score(const tl_model &model, const tl_score_options &opts, c
             tl::GpuModel &gpu_model = gpu_model_for(model, opts.device, &result.setup_seconds);
             tl::GpuScoreStats ran;  // this call's own counts, whatever other threads run on the model
             r = on_gpu(gpu_model, &ran);
+            result.setup_seconds += ran.setup_seconds;  // the INT8-activation forms, on the first INT8 call
             result.graph_capture_seconds = ran.capture_seconds;
             result.gemm_marlin_fused = ran.dispatch.marlin_fused;
             result.gemm_marlin_correction = ran.dispatch.marlin_correction;

@@ -476,9 +476,9 @@ ScoreResult score_cuda(GpuModel &model, const int32_t *tokens, size_t n_tokens, 
     s.dispatch = options.dispatch;
     s.activations = options.activations;
     DeviceScope scope(s.device);
-    // Under the lock, after check_call: a declined call builds nothing, and no other call's pass runs meanwhile.
-    if (options.activations == ActivationMode::Int8) ensure_int8_weights(s);
     GpuScoreStats stats;
+    // Under the lock, after check_call: a declined call builds nothing, and no other call's pass runs meanwhile.
+    if (options.activations == ActivationMode::Int8) stats.setup_seconds = ensure_int8_weights(s);
     ScoreResult result = score_segments(s, windows, options, stream, lock, stats, nullptr);
     result.n_windows = static_cast<int32_t>(plan.n_windows);
     if (call_stats != nullptr) *call_stats = stats;
@@ -507,8 +507,8 @@ ScoreResult score_batch_cuda(GpuModel &model, const Sequence *sequences, size_t 
     s.dispatch = options.dispatch;
     s.activations = options.activations;
     DeviceScope scope(s.device);
-    if (options.activations == ActivationMode::Int8) ensure_int8_weights(s);
     GpuScoreStats stats;
+    if (options.activations == ActivationMode::Int8) stats.setup_seconds = ensure_int8_weights(s);
     ScoreResult result = score_segments(s, segments, options, stream, lock, stats, scores);
     result.n_windows = static_cast<int32_t>(n_sequences);
     if (call_stats != nullptr) *call_stats = stats;

@@ -521,8 +521,9 @@ Tally run_pass(GpuModel::State &s, const PassShape &shape, cudaStream_t stream, 
     return ran;
 }
 
-void ensure_int8_weights(GpuModel::State &s) {
-    if (s.int8_weights) return;
+double ensure_int8_weights(GpuModel::State &s) {
+    if (s.int8_weights) return 0.0;
+    const auto start = std::chrono::steady_clock::now();
     // A block linear, its host weight, and for a fused gate|up the up projection that follows the gate's rows.
     struct Job {
         DeviceLinear *d;
@@ -576,6 +577,9 @@ void ensure_int8_weights(GpuModel::State &s) {
         s.weight_bytes += bytes;
     }
     s.int8_weights = true;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    s.setup_seconds += seconds;
+    return seconds;
 }
 
 }  // namespace detail
@@ -649,6 +653,7 @@ GpuScoreStats GpuModel::stats() const {
     out.graph_replays = s.replays;
     out.graph_capture_failures = s.uncapturable.size();  // each pass shape fails at most once: it is not retried
     out.capture_seconds = s.capture_seconds;
+    out.setup_seconds = s.setup_seconds;
     return out;
 }
 

@@ -52,6 +52,7 @@ struct GpuScoreStats {
     uint64_t graph_replays = 0;
     uint64_t graph_capture_failures = 0;  // captures that failed; those pass shapes then run eagerly
     double capture_seconds = 0.0;         // wall time spent capturing and instantiating graphs
+    double setup_seconds = 0.0;           // wall time spent building the weights' forms for INT8 activations
 };
 
 class GpuModel {

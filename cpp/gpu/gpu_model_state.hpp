@@ -206,6 +206,7 @@ struct GpuModel::State {
     detail::Tally ran;                 // GEMMs executed
     uint64_t windows = 0, captures = 0, replays = 0;
     double capture_seconds = 0.0;
+    double setup_seconds = 0.0;  // building the INT8-activation forms (ensure_int8_weights)
 
     ~State() {
         graphs.clear();
@@ -263,7 +264,8 @@ int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest
 // a call that asks for INT8 activations runs it after its checks, holding s.mutex, before sizing its buffers. All or
 // nothing: a failure (out of device memory, a CUDA error) frees what it built and is rethrown with its status and a
 // message naming these forms; the model scores FP16 activations as before, and a later INT8 call tries again.
-void ensure_int8_weights(GpuModel::State &s);
+// Returns the seconds it spent: 0 when they were built already.
+double ensure_int8_weights(GpuModel::State &s);
 
 // Activations for passes of `rows` tokens and a workspace for every weight at that many rows; both only grow.
 // Any change drops the captured graphs (they hold the old addresses). The working set a call of `rows` tokens

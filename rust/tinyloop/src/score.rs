@@ -140,7 +140,8 @@ pub struct ScoreResult {
     pub n_windows: usize,
     /// Wall-clock seconds spent in the call.
     pub seconds: f64,
-    /// Of `seconds`, the model's device copy and packing, which the first CUDA call on a device makes (0 otherwise).
+    /// Of `seconds`, the model's device copy and packing, which the first CUDA call on a device makes, and the
+    /// forms the first call asking for INT8 activations adds (0 otherwise).
     pub setup_seconds: f64,
     /// Of `seconds`, capturing CUDA graphs for pass shapes not seen before (0 otherwise).
     pub graph_capture_seconds: f64,
