@@ -470,9 +470,10 @@ TEST(Kernels, RopeGrouped) {
 }
 
 // Packed sequences: each sequence's rows must equal the FP64 reference of that sequence alone (attention never
-// crosses a sequence boundary), on both kernels, with sequences shorter, equal to and longer than a tile.
-TEST(Kernels, AttentionSegments) {
-    const std::vector<int32_t> lengths = {1, 17, 64, 65, 130, 3, 2, 200};
+// crosses a sequence boundary), on every kernel, with sequences shorter, equal to and longer than a tile. Where
+// `inf_sequence` names one, its keys and values are all +Inf: no other sequence may see them (a kernel that reads
+// a neighbour's rows into a tile, even masked, must not let 0 * Inf reach its products).
+void check_segments(const std::vector<int32_t> &lengths, int inf_sequence) {
     std::vector<int32_t> offsets = {0};
     for (int32_t len : lengths) offsets.push_back(offsets.back() + len);
     const int T = offsets.back();
@@ -483,13 +484,17 @@ TEST(Kernels, AttentionSegments) {
         for (auto [H, hd] : {std::pair{2, 64}, {3, 128}, {2, 16}}) {
             if (kernel != tl::gpu::AttentionKernel::Simt && hd == 16) continue;
             SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " H=" + std::to_string(H) +
-                         " hd=" + std::to_string(hd));
+                         " hd=" + std::to_string(hd) + " inf_sequence " + std::to_string(inf_sequence));
             const int A = H * hd;
             std::vector<uint16_t> qkv(static_cast<size_t>(T) * 3 * A);
             std::normal_distribution<float> q_dist(0.0f, 2.0f), kv_dist(0.0f, 1.0f);
             for (int t = 0; t < T; ++t)
                 for (int i = 0; i < 3 * A; ++i)
                     qkv[static_cast<size_t>(t) * 3 * A + i] = float_to_half(i < A ? q_dist(rng()) : kv_dist(rng()));
+            if (inf_sequence >= 0) {
+                for (int t = offsets[inf_sequence]; t < offsets[inf_sequence + 1]; ++t)
+                    for (int i = A; i < 3 * A; ++i) qkv[static_cast<size_t>(t) * 3 * A + i] = 0x7C00;  // +Inf
+            }
             DeviceArray<uint16_t> d_qkv(qkv.size()), out(static_cast<size_t>(T) * A);
             DeviceArray<int32_t> d_offsets(offsets.size());
             ASSERT_TRUE(upload_guarded(d_qkv, qkv) && upload_guarded(d_offsets, offsets) && out.ok());
@@ -500,6 +505,7 @@ TEST(Kernels, AttentionSegments) {
             CUDA_OK(out.download(got));
             const bool fp16_p = kernel != tl::gpu::AttentionKernel::Simt;
             for (size_t s = 0; s < lengths.size(); ++s) {
+                if (static_cast<int>(s) == inf_sequence) continue;
                 const size_t first = static_cast<size_t>(offsets[s]);
                 std::vector<double> seq(static_cast<size_t>(lengths[s]) * 3 * A);
                 for (size_t i = 0; i < seq.size(); ++i) seq[i] = half_to_float(qkv[first * 3 * A + i]);
@@ -517,6 +523,14 @@ TEST(Kernels, AttentionSegments) {
             EXPECT_TRUE(out.guard_intact() && d_qkv.guard_intact());
         }
     }
+}
+
+TEST(Kernels, AttentionSegments) { check_segments({1, 17, 64, 65, 130, 3, 2, 200}, -1); }
+
+// The sequence after a short one (and one inside a 128-row tile of its predecessor) holds Inf keys and values.
+TEST(Kernels, AttentionSegmentsIsolateNonFinite) {
+    check_segments({100, 40, 130, 3, 200}, 1);
+    check_segments({100, 40, 130, 3, 200}, 4);
 }
 
 // Information for the notes, not a check: each kernel's time on one shape (median of 5 timings of 5 launches) and
@@ -585,6 +599,11 @@ TEST(Kernels, AttentionLong) {
     time_attention({2048}, 16, 128, "T=2048");
     time_attention({1024}, 16, 128, "T=1024");
     time_attention({4096}, 4, 64, "T=4096");  // the demo preset's heads
+    // FlashAttention-3's published setting: 16K tokens a call (batch x sequence), 16 heads of 128 (and 32 of 64).
+    for (int T : {1024, 2048, 4096}) {
+        time_attention(std::vector<int>(16384 / T, T), 16, 128, std::to_string(16384 / T) + " x " + std::to_string(T));
+        time_attention(std::vector<int>(16384 / T, T), 32, 64, std::to_string(16384 / T) + " x " + std::to_string(T));
+    }
     // Packed sequences as scoring makes them: 16-token windows, 512-token windows, documents of 100-2000 tokens.
     time_attention(std::vector<int>(64, 16), 16, 128, "64 x 16 rows");
     time_attention(std::vector<int>(8, 512), 16, 128, "8 x 512 rows");
