@@ -235,6 +235,7 @@ int main(int argc, char **argv) {
             std::fprintf(csv, "%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d\n", l.name,
                          l.k, l.n, m, fp16, int8, w8a8, fused, w4a8, mma, t(fp16), t(int8), t(w8a8), t(fused),
                          t(w4a8), t(mma), group);
+            std::fflush(csv);  // a run stopped by a time limit keeps the rows it measured
             std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", l.name, m, fp16, int8, w8a8, fused,
                         w4a8, mma);
             std::fflush(stdout);
