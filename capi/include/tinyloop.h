@@ -673,8 +673,9 @@ typedef struct tl_score_options {
      *  (not the head) with one scale per token, to INT8 or to FP8 e4m3, and multiply it with the weight's 4-bit codes
      *  in exact group sums, scales and zero offsets applied per group in FP32 (docs/quality.md, "Activation
      *  precision", gives the rule). The CPU backend implements all three. The CUDA backend runs INT8 on models whose
-     *  block linears all have one scale per row: INT8 weights (W8A8) on any GPU, and also INT4 weights (W4A8) on one
-     *  of compute capability 9.0; it declines the rest and FP8 (TL_ERR_UNSUPPORTED; AUTO then scores on the CPU).
+     *  block linears are all INT8 weights with one scale per row (W8A8, any GPU) or INT4 weights with one scale per
+     *  row or groups of 32, 64 or 128 (W4A8, compute capability 9.0); it declines the rest and FP8
+     *  (TL_ERR_UNSUPPORTED, naming the reason; AUTO then scores on the CPU).
      *  The first INT8 call on a model and device adds the device forms INT8 needs (0.5 byte a weight for INT4
      *  weights, 1 for INT8 ones), kept until the model is freed; FP16 calls never hold them (docs/api.md).
      *  Another value is TL_ERR_INVALID_ARGUMENT. */

@@ -164,6 +164,16 @@ DeviceLinear make_linear(const GpuModel::State &s, const Linear &w, int32_t n_mu
 // others, so that they run on a thread pool (packing is most of a model's first-call time).
 using LinearJobs = std::vector<std::function<void()>>;
 
+// job(i) for every i < count, on a pool of up to 64 threads (one per core), each with `device` current.
+void run_on_device_pool(int32_t device, size_t count, const std::function<void(size_t)> &job) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    ThreadPool pool(static_cast<int32_t>(std::min<size_t>(std::max<size_t>(count, 1), std::min(cores, 64u))));
+    pool.parallel_for(count, [&](size_t i, int32_t) {
+        DeviceScope job_scope(device);
+        job(i);
+    });
+}
+
 void add_linear(LinearJobs &jobs, const GpuModel::State &s, DeviceLinear &slot, const Linear &w,
                 int32_t n_multiple = 1) {
     jobs.push_back([&s, &slot, &w, n_multiple] { slot = make_linear(s, w, n_multiple); });
@@ -550,10 +560,7 @@ double ensure_int8_weights(GpuModel::State &s) {
     // Built aside and moved in only once all exist: a failure leaves no linear half-built, and frees the rest here.
     std::vector<Act8Forms> built(jobs.size());
     try {
-        const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-        ThreadPool pool(static_cast<int32_t>(std::min<size_t>(std::max<size_t>(jobs.size(), 1), std::min(cores, 64u))));
-        pool.parallel_for(jobs.size(), [&](size_t i, int32_t) {
-            DeviceScope job_scope(s.device);
+        run_on_device_pool(s.device, jobs.size(), [&](size_t i) {
             const Job &j = jobs[i];
             // The fused weight is concatenated again (the one packed at load was not kept): host memory only here.
             built[i] = j.up != nullptr ? make_act8(s, *j.d, concat_linear_rows(*j.w, *j.up, j.d->name))
@@ -619,12 +626,7 @@ GpuModel::GpuModel(const Model &model, int32_t device, const GpuModelOptions &op
     s->final_norm = upload_floats(device, model.final_norm);
     s->weight_bytes += s->final_norm.bytes();
     make_head(*s, model, jobs);
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    ThreadPool pool(static_cast<int32_t>(std::min<size_t>(jobs.size(), std::min(cores, 64u))));
-    pool.parallel_for(jobs.size(), [&](size_t i, int32_t) {
-        DeviceScope job_scope(device);
-        jobs[i]();
-    });
+    run_on_device_pool(device, jobs.size(), [&](size_t i) { jobs[i](); });
     for (const DeviceLinear *l : s->linears()) s->weight_bytes += l->bytes;
     check_cuda(cudaStreamSynchronize(s->own_stream), "cudaStreamSynchronize (upload)");
     state_ = std::move(s);
