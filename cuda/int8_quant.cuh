@@ -72,4 +72,30 @@ __device__ __forceinline__ void group_sums(const int8_t *codes, int k, int group
     }
 }
 
+// One block of THREADS threads quantizes a row of n values, value(i) for i < n (the same FP32 value on each call: it is
+// called twice per element, for the maximum and for the codes), into codes[0..n), *scale, *code_sum (where given)
+// and the group sums (where given, group_ld apart; codes 16-byte aligned). The scratch arrays hold 32 entries each.
+template <int THREADS, class Value>
+__device__ __forceinline__ void quantize_row_block(Value value, int n, int8_t *codes, float *scale, int32_t *code_sum,
+                                                   float *group_sums_out, int group, size_t group_ld,
+                                                   float *scratch, int *int_scratch) {
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < n; i += THREADS) amax = max_nan(amax, fabsf(value(i)));
+    const float s = row_scale(block_max_nan(amax, scratch));
+    int sum = 0;
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+        const int q = quantize_one(value(i), s);
+        codes[i] = static_cast<int8_t>(q);
+        sum += q;
+    }
+    if (threadIdx.x == 0) *scale = s;
+    if (group_sums_out != nullptr) {
+        __syncthreads();
+        group_sums(codes, n, group, group_sums_out, group_ld, threadIdx.x, THREADS);
+    }
+    if (code_sum == nullptr) return;
+    sum = block_sum(sum, int_scratch);
+    if (threadIdx.x == 0) *code_sum = sum;
+}
+
 }  // namespace tl::gpu::int8q

@@ -95,28 +95,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_warp_kernel(const
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const __half *x, int m, int k, int8_t *xq,
                                                                       float *scales, int32_t *sums,
                                                                       float *group_sums, int group) {
+    __shared__ float scratch[32];
+    __shared__ int int_scratch[32];
     const size_t row = blockIdx.x;
     const __half *xr = x + row * k;
-    int8_t *qr = xq + row * k;
-    float amax = 0.0f;
-    for (int i = threadIdx.x; i < k; i += kQuantThreads) amax = max_nan(amax, fabsf(__half2float(xr[i])));
-    __shared__ float partial[32];
-    __shared__ int partial_sum[32];
-    const float s = int8q::row_scale(int8q::block_max_nan(amax, partial));
-    if (threadIdx.x == 0) scales[row] = s;
-    int sum = 0;
-    for (int i = threadIdx.x; i < k; i += kQuantThreads) {
-        const int q = quantize_one(__half2float(xr[i]), s);
-        sum += q;
-        qr[i] = static_cast<int8_t>(q);
-    }
-    if (group_sums != nullptr) {
-        __syncthreads();
-        int8q::group_sums(qr, k, group, group_sums + row, int8_group_sums_ld(m), threadIdx.x, kQuantThreads);
-    }
-    if (sums == nullptr) return;
-    sum = int8q::block_sum(sum, partial_sum);
-    if (threadIdx.x == 0) sums[row] = sum;
+    int8q::quantize_row_block<kQuantThreads>([&](int i) { return __half2float(xr[i]); }, k, xq + row * k,
+                                             scales + row, sums != nullptr ? sums + row : nullptr,
+                                             group_sums != nullptr ? group_sums + row : nullptr, group,
+                                             int8_group_sums_ld(m), scratch, int_scratch);
 }
 
 // y[r][c] = fp16(fl(s_x[r] · fl(s_w[c] · fl(acc[r][c])))): the rule's order for a weight with one group. Thread t of

@@ -246,42 +246,54 @@ bool same_rounding_channels(const Linear &a, const Linear &b) {
     return (a.frac4 != nullptr) == (b.frac4 != nullptr) && (a.sign_bit != nullptr) == (b.sign_bit != nullptr);
 }
 
+// f(slot, weight, up) for each of a block's linears, in pass order. `fused`: gate and up are one weight in d.gate_up,
+// and `up` names the up projection whose rows follow the gate's; null otherwise.
+template <class F>
+void for_each_block_linear(DeviceBlock &d, const Block &b, bool fused, F &&f) {
+    f(d.qkv, b.attn_qkv, nullptr);
+    f(d.out, b.attn_out, nullptr);
+    if (fused) {
+        f(d.gate_up, b.mlp_gate, &b.mlp_up);
+    } else {
+        f(d.gate_up, b.mlp_gate, nullptr);
+        f(d.up, b.mlp_up, nullptr);
+    }
+    f(d.down, b.mlp_down, nullptr);
+}
+
 // The block's norms now, its linears as jobs writing into `d` (which must stay where it is until they have run).
 void make_block(GpuModel::State &s, const Block &b, DeviceBlock &d, LinearJobs &jobs, bool looped) {
     d.attn_norm = upload_floats(s.device, b.attn_norm);
     d.mlp_norm = upload_floats(s.device, b.mlp_norm);
     s.weight_bytes += d.attn_norm.bytes() + d.mlp_norm.bytes();
-    auto add = [&](DeviceLinear &slot, const Linear &w) {
-        jobs.push_back([&s, &slot, &w, looped] {
-            slot = make_linear(s, w);
-            describe_act8(s, slot, w);
-            if (looped) attach_rounding(s, slot, w);
-        });
-    };
-    add(d.qkv, b.attn_qkv);
-    add(d.out, b.attn_out);
     const Linear &gate = b.mlp_gate, &up = b.mlp_up;
     // INT8 linears run dense (make_linear), so only two INT4 ones become one quantized weight.
-    if (gate.quantized && up.quantized && gate.bits == 4 && up.bits == 4 && gate.group_size == up.group_size &&
-        same_k_perm(gate, up) && (!looped || same_rounding_channels(gate, up))) {
-        const std::string name = gate.name.substr(0, gate.name.rfind('.') + 1) + "mlp_gate_up";
-        jobs.push_back([&s, &d, &gate, &up, name, looped] {
-            Linear gate_up = concat_linear_rows(gate, up, name);
-            if (gate.bias || up.bias) {  // [gate's | up's], zero for the one without
-                auto bias = std::make_shared<std::vector<float>>(static_cast<size_t>(gate.n + up.n), 0.0f);
-                if (gate.bias) std::copy(gate.bias->begin(), gate.bias->end(), bias->begin());
-                if (up.bias) std::copy(up.bias->begin(), up.bias->end(), bias->begin() + gate.n);
+    const bool fused = gate.quantized && up.quantized && gate.bits == 4 && up.bits == 4 &&
+                       gate.group_size == up.group_size && same_k_perm(gate, up) &&
+                       (!looped || same_rounding_channels(gate, up));
+    for_each_block_linear(d, b, fused, [&](DeviceLinear &slot, const Linear &w, const Linear *second) {
+        if (second == nullptr) {
+            jobs.push_back([&s, &slot, &w, looped] {
+                slot = make_linear(s, w);
+                describe_act8(s, slot, w);
+                if (looped) attach_rounding(s, slot, w);
+            });
+            return;
+        }
+        const std::string name = w.name.substr(0, w.name.rfind('.') + 1) + "mlp_gate_up";
+        jobs.push_back([&s, &slot, &w, second, name, looped] {
+            Linear gate_up = concat_linear_rows(w, *second, name);
+            if (w.bias || second->bias) {  // [gate's | up's], zero for the one without
+                auto bias = std::make_shared<std::vector<float>>(static_cast<size_t>(w.n + second->n), 0.0f);
+                if (w.bias) std::copy(w.bias->begin(), w.bias->end(), bias->begin());
+                if (second->bias) std::copy(second->bias->begin(), second->bias->end(), bias->begin() + w.n);
                 gate_up.bias = std::move(bias);
             }
-            d.gate_up = make_linear(s, gate_up);
-            describe_act8(s, d.gate_up, gate_up);
-            if (looped) attach_rounding(s, d.gate_up, gate, &up);
+            slot = make_linear(s, gate_up);
+            describe_act8(s, slot, gate_up);
+            if (looped) attach_rounding(s, slot, w, second);
         });
-    } else {
-        add(d.gate_up, gate);
-        add(d.up, up);
-    }
-    add(d.down, b.mlp_down);
+    });
 }
 
 // Whether the head is the FP16 embedding table itself, which then serves as the head's weight on the device.
@@ -541,18 +553,9 @@ double ensure_int8_weights(GpuModel::State &s) {
     };
     std::vector<Job> jobs;
     auto add_block = [&](DeviceBlock &d, const Block &b) {
-        auto add = [&](DeviceLinear &l, const Linear &w, const Linear *up = nullptr) {
+        for_each_block_linear(d, b, d.up.n == 0, [&](DeviceLinear &l, const Linear &w, const Linear *up) {
             if (l.a8) jobs.push_back({&l, &w, up});
-        };
-        add(d.qkv, b.attn_qkv);
-        add(d.out, b.attn_out);
-        if (d.up.n == 0) {
-            add(d.gate_up, b.mlp_gate, &b.mlp_up);
-        } else {
-            add(d.gate_up, b.mlp_gate);
-            add(d.up, b.mlp_up);
-        }
-        add(d.down, b.mlp_down);
+        });
     };
     const Model &model = *s.host;
     for (size_t i = 0; i < s.pre.size(); ++i) add_block(s.pre[i], model.pre[i]);

@@ -39,6 +39,8 @@ namespace {
 
 using attention::cp_async16_zfill;
 using attention::pack_half2;
+using attention::quad_max;
+using attention::quad_sum;
 using attention::smem_addr;
 
 constexpr int kWarps = 4;
@@ -204,9 +206,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
             float mx = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < kKeyTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[r], mx * scale_log2);  // scale_log2 > 0: max and scaling commute
+            const float m_new = fmaxf(m[r], quad_max(mx) * scale_log2);  // scale_log2 > 0: max and scaling commute
             alpha[r] = exp2f(m[r] - m_new);
             m[r] = m_new;
             float sum = 0.0f;
@@ -255,9 +255,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const __half *_
 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float total = l[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float total = quad_sum(l[r]);
         const float inv = 1.0f / total;  // total >= ~1: the row's maximum contributed exp2(0) when it was reached
         const int t = row0 + r * 8;
         if (t >= t_count) continue;

@@ -48,6 +48,8 @@ namespace {
 
 namespace ptx = cuda::ptx;
 using attention::pack_half2;
+using attention::quad_max;
+using attention::quad_sum;
 using attention::smem_addr;
 
 constexpr int kConsumers = 2;
@@ -253,9 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int nb = 0; nb < kKeyBlocks; ++nb) {
                     mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * r], s[4 * nb + 2 * r + 1]));
                 }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m[r], mx * scale_log2);  // scale_log2 > 0: max and scaling commute
+                const float m_new = fmaxf(m[r], quad_max(mx) * scale_log2);  // scale_log2 > 0: max and scaling commute
                 alpha[r] = exp2_ftz(m[r] - m_new);
                 m[r] = m_new;
                 float sum = 0.0f;
@@ -322,9 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __half *const out_rows = out + rows.first * static_cast<size_t>(attn_dim);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float total = l[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float total = quad_sum(l[r]);
         const float inv = 1.0f / total;  // total >= ~1: the row's maximum contributed exp2(0) when it was reached
         const int t = row0 + r * 8;
         if (t >= count) continue;

@@ -53,13 +53,10 @@ __global__ void __launch_bounds__(kRowThreads) embed_kernel(const int32_t *token
 
 // ---- Residual add + RMSNorm -------------------------------------------------------------------------------------
 
-// Each thread re-reads in the second pass exactly the x elements it wrote in the first, so no barrier is needed
-// between the update of x and its use.
-__global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(float *x, const __half *add, const float *gain, __half *y,
-                                                              int d, float eps) {
-    __shared__ float scratch[32];
-    const size_t offset = static_cast<size_t>(blockIdx.x) * d;
-    float *xr = x + offset;
+// Adds row `offset` of `add` (where given) into that row of x, and returns the row's 1 / rms. Each thread reads back
+// later exactly the x elements it wrote here, so its callers need no barrier between the update of x and its use.
+__device__ __forceinline__ float residual_inv_rms(float *xr, const __half *add, size_t offset, int d, float eps,
+                                                  float *scratch) {
     float sum_sq = 0.0f;
     for (int i = threadIdx.x; i < d; i += kRowThreads) {
         float v = xr[i];
@@ -71,14 +68,22 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(float *x, const __
     }
     sum_sq = block_reduce<false>(sum_sq, scratch);
     // As the CPU reference: 1 / sqrt(mean + eps), then (x * inv_rms) * gain, IEEE division and square root.
-    const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
+    return 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
+}
+
+__global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(float *x, const __half *add, const float *gain, __half *y,
+                                                              int d, float eps) {
+    __shared__ float scratch[32];
+    const size_t offset = static_cast<size_t>(blockIdx.x) * d;
+    float *xr = x + offset;
+    const float inv_rms = residual_inv_rms(xr, add, offset, d, eps, scratch);
     __half *yr = y + offset;
     for (int i = threadIdx.x; i < d; i += kRowThreads) yr[i] = __float2half_rn(xr[i] * inv_rms * gain[i]);
 }
 
 // rmsnorm_kernel whose FP16 rows are then quantized to INT8 by the rule (int8_quant.cuh) into yq, scales and (where
-// given) sums: the same bits as rmsnorm_kernel followed by quantize_rows_int8. The FP16 value of each element is
-// computed again in the third pass by the same expression (no stored copy needed); y keeps it where given.
+// given) sums: the same bits as rmsnorm_kernel followed by quantize_rows_int8. Each FP16 value is computed again by
+// the same expression where it is needed (no stored copy); y keeps it where given.
 __global__ void __launch_bounds__(kRowThreads) rmsnorm_int8_kernel(float *x, const __half *add, const float *gain,
                                                                    __half *y, int8_t *yq, float *scales,
                                                                    int32_t *sums, float *group_sums, int group,
@@ -87,39 +92,15 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_int8_kernel(float *x, con
     __shared__ int int_scratch[32];
     const size_t offset = static_cast<size_t>(blockIdx.x) * d;
     float *xr = x + offset;
-    float sum_sq = 0.0f;
-    for (int i = threadIdx.x; i < d; i += kRowThreads) {
-        float v = xr[i];
-        if (add != nullptr) {
-            v += __half2float(add[offset + i]);
-            xr[i] = v;
-        }
-        sum_sq = fmaf(v, v, sum_sq);
+    const float inv_rms = residual_inv_rms(xr, add, offset, d, eps, scratch);
+    auto value = [&](int i) { return __half2float(__float2half_rn(xr[i] * inv_rms * gain[i])); };
+    if (y != nullptr) {
+        for (int i = threadIdx.x; i < d; i += kRowThreads) y[offset + i] = __float2half_rn(value(i));
     }
-    sum_sq = block_reduce<false>(sum_sq, scratch);
-    const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
-    float amax = 0.0f;
-    for (int i = threadIdx.x; i < d; i += kRowThreads) {
-        const __half h = __float2half_rn(xr[i] * inv_rms * gain[i]);
-        if (y != nullptr) y[offset + i] = h;
-        amax = int8q::max_nan(amax, fabsf(__half2float(h)));
-    }
-    const float s = int8q::row_scale(int8q::block_max_nan(amax, scratch));
-    int sum = 0;
-    for (int i = threadIdx.x; i < d; i += kRowThreads) {
-        const int q = int8q::quantize_one(__half2float(__float2half_rn(xr[i] * inv_rms * gain[i])), s);
-        yq[offset + i] = static_cast<int8_t>(q);
-        sum += q;
-    }
-    if (threadIdx.x == 0) scales[blockIdx.x] = s;
-    if (group_sums != nullptr) {
-        __syncthreads();
-        int8q::group_sums(yq + offset, d, group, group_sums + blockIdx.x, int8_group_sums_ld(t_count), threadIdx.x,
-                          kRowThreads);
-    }
-    if (sums == nullptr) return;
-    sum = int8q::block_sum(sum, int_scratch);
-    if (threadIdx.x == 0) sums[blockIdx.x] = sum;
+    int8q::quantize_row_block<kRowThreads>(value, d, yq + offset, scales + blockIdx.x,
+                                           sums != nullptr ? sums + blockIdx.x : nullptr,
+                                           group_sums != nullptr ? group_sums + blockIdx.x : nullptr, group,
+                                           int8_group_sums_ld(t_count), scratch, int_scratch);
 }
 
 // ---- RoPE -------------------------------------------------------------------------------------------------------
@@ -215,23 +196,9 @@ __global__ void __launch_bounds__(kRowThreads) swiglu_int8_kernel(const __half *
     auto value = [&](int j) {
         return __half2float(__float2half_rn(silu_times(__half2float(g[j]), __half2float(u[j]))));
     };
-    float amax = 0.0f;
-    for (int j = threadIdx.x; j < f; j += kRowThreads) amax = int8q::max_nan(amax, fabsf(value(j)));
-    const float s = int8q::row_scale(int8q::block_max_nan(amax, scratch));
-    int sum = 0;
-    for (int j = threadIdx.x; j < f; j += kRowThreads) {
-        const int q = int8q::quantize_one(value(j), s);
-        hq[t * f + j] = static_cast<int8_t>(q);
-        sum += q;
-    }
-    if (threadIdx.x == 0) scales[t] = s;
-    if (group_sums != nullptr) {
-        __syncthreads();
-        int8q::group_sums(hq + t * f, f, group, group_sums + t, int8_group_sums_ld(t_count), threadIdx.x, kRowThreads);
-    }
-    if (sums == nullptr) return;
-    sum = int8q::block_sum(sum, int_scratch);
-    if (threadIdx.x == 0) sums[t] = sum;
+    int8q::quantize_row_block<kRowThreads>(value, f, hq + t * f, scales + t, sums != nullptr ? sums + t : nullptr,
+                                           group_sums != nullptr ? group_sums + t : nullptr, group,
+                                           int8_group_sums_ld(t_count), scratch, int_scratch);
 }
 
 // ---- Head: log-softmax NLL --------------------------------------------------------------------------------------

@@ -734,26 +734,6 @@ Int8Rows download_int8(DeviceArray<int8_t> &codes, DeviceArray<float> &scales, D
     EXPECT_EQ(cudaSuccess, sums.download(r.sums));
     return r;
 }
-// Group sums [d / group][int8_group_sums_ld(T)] as the producers write them: a row's codes summed per group on the
-// host, and both kernels' downloads equal to that.
-::testing::AssertionResult group_sums_match(const std::vector<int8_t> &codes, int T, int d, int group,
-                                            DeviceArray<float> &got, DeviceArray<float> &want) {
-    std::vector<float> g, w;
-    if (got.download(g) != cudaSuccess || want.download(w) != cudaSuccess) return ::testing::AssertionFailure();
-    const size_t ld = static_cast<size_t>(tl::gpu::int8_group_sums_ld(T));
-    for (int t = 0; t < T; ++t) {
-        for (int q = 0; q < d / group; ++q) {
-            int32_t sum = 0;
-            for (int i = 0; i < group; ++i) sum += codes[static_cast<size_t>(t) * d + q * group + i];
-            const size_t at = q * ld + t;
-            if (g[at] != static_cast<float>(sum) || w[at] != static_cast<float>(sum)) {
-                return ::testing::AssertionFailure() << "group " << q << " of row " << t << ": " << g[at] << " and "
-                                                     << w[at] << " against " << sum;
-            }
-        }
-    }
-    return ::testing::AssertionSuccess();
-}
 
 ::testing::AssertionResult same_int8(const Int8Rows &got, const Int8Rows &want) {
     for (size_t t = 0; t < want.scales.size(); ++t) {
@@ -770,6 +750,69 @@ Int8Rows download_int8(DeviceArray<int8_t> &codes, DeviceArray<float> &scales, D
     return ::testing::AssertionSuccess();
 }
 
+// A fused producer's INT8 outputs for T rows of d values and the reference's (the unfused kernel's FP16 rows through
+// quantize_rows_int8), poisoned, with group sums where d takes groups of 128 (else 32, else none) as grouped INT4
+// weights need them; check() compares the two, and the group sums with the codes summed on the host.
+struct Int8Outputs {
+    Int8Outputs(int rows, int width)
+        : T(rows), d(width), n(static_cast<size_t>(rows) * width),
+          group(width % 128 == 0 ? 128 : width % 32 == 0 ? 32 : 0),
+          n_group_sums(group > 0 ? static_cast<size_t>(width / group) * tl::gpu::int8_group_sums_ld(rows) : 1),
+          codes(n), want_codes(n), scales(rows), want_scales(rows), sums(rows), want_sums(rows),
+          group_sums(n_group_sums), want_group_sums(n_group_sums) {}
+
+    ::testing::AssertionResult poison() {
+        for (cudaError_t e : {codes.poison(0x7F), want_codes.poison(0x7F), scales.poison(0xFF), sums.poison(0xFF),
+                              group_sums.poison(0xFF)}) {
+            if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
+        }
+        return ::testing::AssertionSuccess();
+    }
+    float *fused_group_sums() { return group > 0 ? group_sums.get() : nullptr; }
+    int quantize_reference(const uint16_t *rows) {
+        return tl::gpu::quantize_rows_int8(rows, T, d, want_codes.get(), want_scales.get(), nullptr, want_sums.get(),
+                                           group > 0 ? want_group_sums.get() : nullptr, group);
+    }
+    void check() {
+        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        const Int8Rows fused = download_int8(codes, scales, sums);
+        EXPECT_TRUE(same_int8(fused, download_int8(want_codes, want_scales, want_sums)));
+        if (group > 0) EXPECT_TRUE(group_sums_match(fused.codes));
+        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact() && group_sums.guard_intact());
+    }
+
+    const int T, d;
+    const size_t n;
+    const int group;
+    const size_t n_group_sums;
+    DeviceArray<int8_t> codes, want_codes;
+    DeviceArray<float> scales, want_scales;
+    DeviceArray<int32_t> sums, want_sums;
+    DeviceArray<float> group_sums, want_group_sums;
+
+private:
+    // [d / group][int8_group_sums_ld(T)], as the producers write them.
+    ::testing::AssertionResult group_sums_match(const std::vector<int8_t> &row_codes) {
+        std::vector<float> g, w;
+        if (group_sums.download(g) != cudaSuccess || want_group_sums.download(w) != cudaSuccess) {
+            return ::testing::AssertionFailure() << "download of the group sums";
+        }
+        const size_t ld = static_cast<size_t>(tl::gpu::int8_group_sums_ld(T));
+        for (int t = 0; t < T; ++t) {
+            for (int q = 0; q < d / group; ++q) {
+                int32_t sum = 0;
+                for (int i = 0; i < group; ++i) sum += row_codes[static_cast<size_t>(t) * d + q * group + i];
+                const size_t at = q * ld + t;
+                if (g[at] != static_cast<float>(sum) || w[at] != static_cast<float>(sum)) {
+                    return ::testing::AssertionFailure() << "group " << q << " of row " << t << ": " << g[at]
+                                                         << " and " << w[at] << " against " << sum;
+                }
+            }
+        }
+        return ::testing::AssertionSuccess();
+    }
+};
+
 TEST(Kernels, RmsNormInt8EqualsRmsNormThenQuantization) {
     const float eps = 1e-5f;
     for (auto [T, d] : {std::pair{1, 64}, {5, 300}, {33, 2048}, {3, 8192}}) {
@@ -782,34 +825,20 @@ TEST(Kernels, RmsNormInt8EqualsRmsNormThenQuantization) {
         }
         const std::vector<uint16_t> add = random_half(n, 1.0);
         const std::vector<float> gain = random_float(d, 1.0, 0.1);
-        DeviceArray<float> x_fused(n), x_plain(n), gd(d), scales(T), want_scales(T);
+        DeviceArray<float> x_fused(n), x_plain(n), gd(d);
         DeviceArray<uint16_t> ad(n), y_fused(n), y_plain(n);
-        DeviceArray<int8_t> codes(n), want_codes(n);
-        DeviceArray<int32_t> sums(T), want_sums(T);
-        // Group sums too where d takes groups of 128 (else 32, else none), for grouped INT4 weights.
-        const int group = d % 128 == 0 ? 128 : d % 32 == 0 ? 32 : 0;
-        const size_t n_group_sums = group > 0 ? static_cast<size_t>(d / group) * tl::gpu::int8_group_sums_ld(T) : 1;
-        DeviceArray<float> group_sums(n_group_sums), want_group_sums(n_group_sums);
+        Int8Outputs q(T, d);
         ASSERT_TRUE(upload_guarded(x_fused, x) && upload_guarded(x_plain, x) && upload_guarded(gd, gain) &&
                     upload_guarded(ad, add));
-        for (auto *a : {&codes, &want_codes}) CUDA_OK(a->poison(0x7F));
-        CUDA_OK(scales.poison(0xFF));
-        CUDA_OK(sums.poison(0xFF));
+        ASSERT_TRUE(q.poison());
         CUDA_OK(y_fused.poison(0xFF));
-        CUDA_OK(group_sums.poison(0xFF));
         ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual_int8(x_fused.get(), ad.get(), gd.get(), y_fused.get(),
-                                                            codes.get(), scales.get(), sums.get(), T, d, eps,
-                                                            nullptr, group > 0 ? group_sums.get() : nullptr, group)));
+                                                            q.codes.get(), q.scales.get(), q.sums.get(), T, d, eps,
+                                                            nullptr, q.fused_group_sums(), q.group)));
         ASSERT_TRUE(launched(tl::gpu::rmsnorm_residual(x_plain.get(), ad.get(), gd.get(), y_plain.get(), T, d, eps,
                                                        nullptr)));
-        ASSERT_EQ(0, tl::gpu::quantize_rows_int8(y_plain.get(), T, d, want_codes.get(), want_scales.get(), nullptr,
-                                                 want_sums.get(), group > 0 ? want_group_sums.get() : nullptr, group));
-        CUDA_OK(cudaDeviceSynchronize());
-        const Int8Rows fused = download_int8(codes, scales, sums);
-        EXPECT_TRUE(same_int8(fused, download_int8(want_codes, want_scales, want_sums)));
-        if (group > 0) {
-            EXPECT_TRUE(group_sums_match(fused.codes, T, d, group, group_sums, want_group_sums));
-        }
+        ASSERT_EQ(0, q.quantize_reference(y_plain.get()));
+        q.check();
         std::vector<float> xf, xp;
         std::vector<uint16_t> yf, yp;
         CUDA_OK(x_fused.download(xf));
@@ -818,7 +847,6 @@ TEST(Kernels, RmsNormInt8EqualsRmsNormThenQuantization) {
         CUDA_OK(y_plain.download(yp));
         EXPECT_EQ(0, std::memcmp(xf.data(), xp.data(), n * sizeof(float))) << "the residual stream differs";
         EXPECT_EQ(yf, yp) << "the FP16 rows differ";
-        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact() && group_sums.guard_intact());
     }
 }
 
@@ -833,30 +861,15 @@ TEST(Kernels, SwigluInt8EqualsSwigluThenQuantization) {
             gate[static_cast<size_t>(2) * 2 * F] = 0x7E00;                          // row 2: a NaN
         }
         DeviceArray<uint16_t> d_gate(gate.size()), h(n);
-        DeviceArray<int8_t> codes(n), want_codes(n);
-        DeviceArray<float> scales(T), want_scales(T);
-        DeviceArray<int32_t> sums(T), want_sums(T);
-        const int group = F % 128 == 0 ? 128 : F % 32 == 0 ? 32 : 0;  // as in the RMSNorm test
-        const size_t n_group_sums = group > 0 ? static_cast<size_t>(F / group) * tl::gpu::int8_group_sums_ld(T) : 1;
-        DeviceArray<float> group_sums(n_group_sums), want_group_sums(n_group_sums);
+        Int8Outputs q(T, F);
         ASSERT_TRUE(upload_guarded(d_gate, gate) && h.ok());
-        for (auto *a : {&codes, &want_codes}) CUDA_OK(a->poison(0x7F));
-        CUDA_OK(scales.poison(0xFF));
-        CUDA_OK(sums.poison(0xFF));
-        CUDA_OK(group_sums.poison(0xFF));
+        ASSERT_TRUE(q.poison());
         const uint16_t *up = d_gate.get() + F;
-        ASSERT_TRUE(launched(tl::gpu::swiglu_int8(d_gate.get(), up, 2 * F, codes.get(), scales.get(), sums.get(), T,
-                                                  F, nullptr, group > 0 ? group_sums.get() : nullptr, group)));
+        ASSERT_TRUE(launched(tl::gpu::swiglu_int8(d_gate.get(), up, 2 * F, q.codes.get(), q.scales.get(),
+                                                  q.sums.get(), T, F, nullptr, q.fused_group_sums(), q.group)));
         ASSERT_TRUE(launched(tl::gpu::swiglu(d_gate.get(), up, 2 * F, h.get(), T, F, nullptr)));
-        ASSERT_EQ(0, tl::gpu::quantize_rows_int8(h.get(), T, F, want_codes.get(), want_scales.get(), nullptr,
-                                                 want_sums.get(), group > 0 ? want_group_sums.get() : nullptr, group));
-        CUDA_OK(cudaDeviceSynchronize());
-        const Int8Rows fused = download_int8(codes, scales, sums);
-        EXPECT_TRUE(same_int8(fused, download_int8(want_codes, want_scales, want_sums)));
-        if (group > 0) {
-            EXPECT_TRUE(group_sums_match(fused.codes, T, F, group, group_sums, want_group_sums));
-        }
-        EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact() && group_sums.guard_intact());
+        ASSERT_EQ(0, q.quantize_reference(h.get()));
+        q.check();
     }
 }
 
