@@ -6,7 +6,8 @@
 # two targets used here are rebuilt if stale):
 #
 #   OUT=/path tools/gpu/score_bench.sh     (BUILD=..., BUDGET=540, SEED=1, PYTHON=python3, WORK=/tmp/tl-score-bench,
-#                                           STEPS="bench-row bench-g128 peer crosscheck")
+#                                           STEPS="bench-row bench-g128 peer crosscheck",
+#                                           CONFIGS=default,fused,fp16body,int8)
 #
 # The four scenarios, every tool on the same splitmix64 tokens from seed $SEED: (a) 4096 tokens in one window,
 # (b) 1024 tokens in 16-token windows, (c) 1024 tokens in one window, (d) 256 documents of 100-2000 tokens (one
@@ -98,8 +99,8 @@ fi
 bench() {
   echo "---- tl_score_bench $2" >>"$LOG"
   bounded 150 "$BIN/tl_score_bench" "$WORK/2b-$1.tinyloop" "$OUT/score_bench.csv" "$OUT/score_bench.md" --label "$2" \
-    --tokens 1024,4096 --chunked 1024 --chunk-window 16 "${DOCS[@]}" --configs default,fused,fp16body,int8 \
-    --seed "$SEED" "${@:3}" >>"$LOG" 2>&1
+    --tokens 1024,4096 --chunked 1024 --chunk-window 16 "${DOCS[@]}" \
+    --configs "${CONFIGS:-default,fused,fp16body,int8}" --seed "$SEED" "${@:3}" >>"$LOG" 2>&1
   summary+=("tl_score_bench $2: rc=$?")
 }
 
