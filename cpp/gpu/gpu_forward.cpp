@@ -57,11 +57,8 @@ void check_rc(int rc, const std::string &what) {
     fail(TL_ERR_INTERNAL, what + " refused its arguments (rc " + std::to_string(rc) + ")");
 }
 
-// Whether w's INT8 activations go through gpu::int8_gemm, whose input (codes, row scales and code sums) lies in the
-// workspace past the region the kernels keep zeroed: where the norm or SwiGLU before it can write it (int8_input).
-bool int8_tensor_core_linear(const GpuModel::State &s, const DeviceLinear &w) {
-    return s.activations == ActivationMode::Int8 && w.a8 && s.int8_tensor_cores && w.k % 16 == 0;
-}
+// The INT8 input of an int8_tensor_core_linear weight in the workspace, where the norm or SwiGLU before it can write
+// it.
 struct Int8Input {
     int8_t *codes;
     float *scales;

@@ -380,7 +380,7 @@ size_t workspace_bytes(const GpuModel::State &s, int32_t rows, int32_t chunk) {
         if (s.activations == ActivationMode::Int8 && l->a8) {
             // Past the region the kernels keep zeroed: X's codes, scales and code sums, or the cuBLAS path's scratch.
             const size_t rows = static_cast<size_t>(max_m);
-            const size_t own = s.int8_tensor_cores && l->k % 16 == 0
+            const size_t own = int8_tensor_core_linear(s, *l)
                                    ? int8_input_layout(rows, static_cast<size_t>(l->k), l->a8_group).bytes
                                    : gpu::w8a8_scratch_bytes(std::min<int32_t>(static_cast<int32_t>(max_m),
                                                                               kW8a8ChunkRows), l->n, l->k);

@@ -267,6 +267,12 @@ int32_t pass_rows(const GpuModel::State &s, int32_t pass_tokens, int32_t longest
 // Returns the seconds it spent: 0 when they were built already.
 double ensure_int8_weights(GpuModel::State &s);
 
+// Whether the call's INT8 activations reach w through gpu::int8_gemm, whose input (int8_input_layout) lies in the
+// workspace past the region the kernels keep zeroed; the other INT8-activation linears take gpu::w8a8_gemm.
+inline bool int8_tensor_core_linear(const GpuModel::State &s, const DeviceLinear &w) {
+    return s.activations == ActivationMode::Int8 && w.a8 && s.int8_tensor_cores && w.k % 16 == 0;
+}
+
 // Activations for passes of `rows` tokens and a workspace for every weight at that many rows; both only grow.
 // Any change drops the captured graphs (they hold the old addresses). The working set a call of `rows` tokens
 // uses is checked against the budget before anything is allocated.

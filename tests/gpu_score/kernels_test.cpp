@@ -777,7 +777,9 @@ struct Int8Outputs {
         ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
         const Int8Rows fused = download_int8(codes, scales, sums);
         EXPECT_TRUE(same_int8(fused, download_int8(want_codes, want_scales, want_sums)));
-        if (group > 0) EXPECT_TRUE(group_sums_match(fused.codes));
+        if (group > 0) {
+            EXPECT_TRUE(group_sums_match(fused.codes));
+        }
         EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && sums.guard_intact() && group_sums.guard_intact());
     }
 
