@@ -1,28 +1,44 @@
 #!/usr/bin/env bash
-# What the next GPU command owes (notes/gpu-notes.md, "The folds, scoring with the TMA attention ..."): from the
-# repository root on the GPU machine, with .devdeps carried, OUT set. About 8 minutes.
-#   1. build (device_check.sh, no tests), the three Nsight Compute profiles of the missed targets;
-#   2. racecheck on the attention tests (cut at 45 s last time);
-#   3. the grouped W4A8 turn-taking patch: w8a8_bench --group 128 / 64 on two layers before, then the patch, its
-#      bit-for-bit tests, synccheck and racecheck on them, and the same benches after.
+# What the next GPU commands owe (notes/gpu-notes.md, "The folds, scoring with the TMA attention ..."): from the
+# repository root on the GPU machine, with .devdeps carried, OUT set. Two parts, one device command each:
+#   profile (about 8 minutes): build and CTest (device_check.sh), scoring's kernel-time breakdown, the three Nsight
+#     Compute profiles of the missed targets;
+#   turns (about 8 minutes): racecheck on the attention tests (cut at 45 s last time); W4A8 against W4A16 at M = 16
+#     and 64; the grouped W4A8 turn-taking patch: w8a8_bench --group 128 / 64 on two layers before,
+#     then the patch, its bit-for-bit tests, synccheck and racecheck on them, and the same benches after.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH LD_LIBRARY_PATH=$PWD/.devdeps/usr/lib/x86_64-linux-gnu
 BUILD=/tmp/tl-device-build B=/tmp/tl-device-build/bin
-SKIP_CTEST=1 SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -4
-export SECTIONS="SpeedOfLight WarpStateStats SchedulerStats ComputeWorkloadAnalysis InstructionStats LaunchStats
-  Occupancy"
-export OUT NCU_TIMEOUT=60
-KERNEL_BASE=demangled KERNEL='int8_gemm_kernel<\(bool\)1, \(int\)128>' NAME=w4a8-g128 \
-  bash tools/gpu/profile_kernel.sh -- \
-  $B/w8a8_bench /tmp/w.csv --layer "Llama-8B gate+up" --m 4096 --group 128
-KERNEL_BASE=demangled KERNEL='int8_gemm_kernel<\(bool\)0, \(int\)0>' NAME=int8-down \
-  bash tools/gpu/profile_kernel.sh -- \
-  $B/w8a8_bench /tmp/w.csv --layer "TinyLoop down" --m 1024
-KERNEL=attention_wgmma_kernel SKIP=3 NAME=attention bash tools/gpu/profile_kernel.sh -- \
-  $B/tl_gpu_score_tests --gtest_filter=Kernels.AttentionLong   # check its grid: (16, 32, 1)
-timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tl_gpu_score_tests \
-  --gtest_filter='Kernels.Attention*-Kernels.AttentionLong' >"$OUT/racecheck-attention.log" 2>&1
+if [ "${1:-}" = profile ]; then
+  SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -6
+  # Where scoring's time goes (CUPTI), FP16 and INT8 activations, one 4096-token window and 16-token windows.
+  timeout 60 $B/tinyloop make-model --preset 2b --group-size 0 --out /tmp/2b-row.tinyloop >/dev/null 2>&1
+  for spec in "4096 0 fp16" "4096 0 int8" "1024 16 fp16" "1024 16 int8"; do
+    set -- $spec
+    timeout 90 python3 tools/gpu/score_profile.py $BUILD/lib/libtinyloop.so /tmp/2b-row.tinyloop --tokens $1 \
+      --window $2 --activations $3 --top 8
+  done >"$OUT/score-profile.md" 2>&1
+  grep -E "^tl_score|^\| (FP16|INT8|attention|INT4|dequant)" "$OUT/score-profile.md"
+  export SECTIONS="SpeedOfLight WarpStateStats SchedulerStats ComputeWorkloadAnalysis InstructionStats LaunchStats
+    Occupancy"
+  export OUT NCU_TIMEOUT=60
+  KERNEL_BASE=demangled KERNEL='int8_gemm_kernel<\(bool\)1, \(int\)128>' NAME=w4a8-g128 \
+    bash tools/gpu/profile_kernel.sh -- \
+    $B/w8a8_bench /tmp/w.csv --layer "Llama-8B gate+up" --m 4096 --group 128
+  KERNEL_BASE=demangled KERNEL='int8_gemm_kernel<\(bool\)0, \(int\)0>' NAME=int8-down \
+    bash tools/gpu/profile_kernel.sh -- \
+    $B/w8a8_bench /tmp/w.csv --layer "TinyLoop down" --m 1024
+  KERNEL=attention_wgmma_kernel SKIP=3 NAME=attention bash tools/gpu/profile_kernel.sh -- \
+    $B/tl_gpu_score_tests --gtest_filter=Kernels.AttentionLong   # check its grid: (16, 32, 1)
+  exit 0
+fi
+# The tests of the tensor-core attention kernels (the SIMT ones and Long left out: 15 s of the 45 s cut last time).
+timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tl_gpu_score_tests \
+  --gtest_filter='Kernels.AttentionTensorCore:Kernels.AttentionGrouped:Kernels.AttentionSegments*' \
+  >"$OUT/racecheck-attention.log" 2>&1
 echo "racecheck attention: rc=$?"
+grep -E "OK \]|FAILED|SUMMARY" "$OUT/racecheck-attention.log" | tail -8
+[ -x $B/w8a8_bench ] || SKIP_CTEST=1 SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh | tail -3
 bench() {
   for g in 128 64; do
     for layer in "Llama-8B gate+up" "TinyLoop gate+up"; do
@@ -30,6 +46,18 @@ bench() {
     done
   done
 }
+# The target "at M <= 64, W4A8 at least as fast as W4A16": layers far larger than L2, since w8a8_bench does not
+# rotate its weights and tl_bench does.
+echo "== small M"
+for g in 0 128; do
+  timeout 60 $B/w8a8_bench /tmp/s.csv --layer "Llama-70B gate+up" --m 16,64 $([ $g = 0 ] || echo --group $g) |
+    grep '^| [A-Z]'
+done | tee "$OUT/small-m-w4a8.md"
+for g in row 128; do
+  timeout 90 $B/tl_bench /tmp/t.csv /tmp/t.md --layer "Llama-70B gate+up" --m 16,64 --group $g \
+    --kernels marlin_fused,cublas_fp16 >/dev/null 2>&1
+  grep -E '^\|' /tmp/t.md
+done | tee "$OUT/small-m-w4a16.md"
 echo "== before"; bench | tee "$OUT/turns-before.md"
 git apply notes/patches/w4a8-grouped-turns.patch && cmake --build "$BUILD" -j "$(nproc)" >/dev/null 2>&1 || exit 1
 timeout 120 $B/tl_gpu_tests --gtest_filter='Shapes/Int8Gemm*:Int8GemmLauncher.*' | tail -3

@@ -4,6 +4,7 @@ is loaded into the same process with ctypes).
 
 Usage (on the GPU machine, after a CUDA build):
   python3 tools/gpu/score_profile.py LIBTINYLOOP MODEL [--tokens 4096] [--window 0] [--seed 1] [--reps 3] [--top 12]
+                                     [--activations fp16|int8]
 
 Scores --tokens splitmix64 tokens (seed --seed, modulo the vocabulary: the sequence tl_score_bench and
 tools/torch_reference.py --random make) in --window windows (0 = the model's max_seq) with CUDA graphs off, so that
@@ -19,28 +20,34 @@ import sys
 import time
 
 MASK64 = (1 << 64) - 1
+ACTIVATIONS = {"fp16": 0, "int8": 1, "fp8": 2}  # TL_ACTIVATIONS_*
 
 # (category, regex over the kernel's name), first match wins.
 CATEGORIES = [
+    ("attention", r"attention"),
+    ("INT8 tensor-core GEMM (W4A8, W8A8)", r"int8_gemm"),
     ("INT4 GEMM (Marlin-class)", r"marlin|wgmma"),
     ("INT4 GEMM (native)", r"native_int4"),
     ("dequantize (for cuBLAS)", r"dequant"),
     ("FP16 GEMM (cuBLAS)", r"nvjet|cutlass|gemm|sm90_xmma|s1688|s16816"),
-    ("attention", r"attention"),
     ("RMSNorm + residual", r"rmsnorm"),
     ("SwiGLU", r"swiglu"),
+    ("quantize rows to INT8", r"quantize"),
     ("RoPE", r"rope"),
     ("head log-softmax NLL", r"nll"),
     ("embedding", r"embed"),
 ]
 
 
-class ScoreOptions(ctypes.Structure):  # tl_score_options, second version
+class ScoreOptions(ctypes.Structure):  # tl_score_options, fifth version
     _fields_ = [
         ("struct_size", ctypes.c_uint32), ("backend", ctypes.c_int32), ("n_threads", ctypes.c_int32),
         ("window", ctypes.c_int32), ("progress", ctypes.c_void_p), ("progress_user_data", ctypes.c_void_p),
         ("token_nll", ctypes.c_void_p), ("token_nll_len", ctypes.c_size_t), ("device", ctypes.c_int32),
         ("stream", ctypes.c_void_p), ("use_graphs", ctypes.c_int32), ("max_memory_bytes", ctypes.c_uint64),
+        ("top_k", ctypes.c_int32), ("top_ids", ctypes.c_void_p), ("top_logprobs", ctypes.c_void_p),
+        ("top_len", ctypes.c_size_t), ("empty_context_bos", ctypes.c_int32), ("activations", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
     ]
 
 
@@ -91,6 +98,7 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--activations", choices=ACTIVATIONS, default="fp16")
     args = p.parse_args()
 
     import torch  # imported after the arguments are checked: it takes seconds
@@ -109,7 +117,8 @@ def main():
     check("tl_model_info", lib.tl_model_info(model, ctypes.byref(info)))
     vocab = info.vocab
     tokens = (ctypes.c_int32 * args.tokens)(*splitmix64_tokens(args.tokens, args.seed, vocab))
-    options = ScoreOptions(struct_size=ctypes.sizeof(ScoreOptions), backend=2, window=args.window, use_graphs=0)
+    options = ScoreOptions(struct_size=ctypes.sizeof(ScoreOptions), backend=2, window=args.window, use_graphs=0,
+                           empty_context_bos=-1, activations=ACTIVATIONS[args.activations])
     result = ScoreResult(struct_size=ctypes.sizeof(ScoreResult))
 
     def score():
@@ -140,7 +149,8 @@ def main():
         ct, cn = by_category.get(category, (0.0, 0))
         by_category[category] = (ct + t, cn + n)
 
-    print(f"tl_score, {args.tokens} tokens, window {args.window or 'max_seq'}, graphs off, {result.n_windows} windows; "
+    print(f"tl_score, {args.tokens} tokens, window {args.window or 'max_seq'}, {args.activations} activations, "
+          f"graphs off, {result.n_windows} windows; "
           f"{total:.2f} ms of GPU time per call, {wall_ms:.2f} ms wall (one unprofiled call); "
           f"{torch.cuda.get_device_name()}\n")
     print("| category | ms per call | share | launches |")
