@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What the next GPU commands owe (notes/gpu-notes.md, "The folds, scoring with the TMA attention ..."): from the
 # repository root on the GPU machine, with .devdeps carried, OUT set. Two parts, one device command each:
-#   profile (about 8 minutes): build and CTest (device_check.sh), scoring's kernel-time breakdown, the three Nsight
-#     Compute profiles of the missed targets;
+#   profile (about 8 minutes): build, the three Nsight Compute profiles of the missed targets, scoring's kernel-time
+#     breakdown, CTest (device_check.sh; most needed first, in case the time runs out);
 #   turns (about 8 minutes): racecheck on the attention tests (cut at 45 s last time); W4A8 against W4A16 at M = 16
 #     and 64; the grouped W4A8 turn-taking patch: w8a8_bench --group 128 / 64 on two layers before,
 #     then the patch, its bit-for-bit tests, synccheck and racecheck on them, and the same benches after.
@@ -10,15 +10,8 @@ set -u
 export PATH=/usr/local/cuda/bin:$PATH LD_LIBRARY_PATH=$PWD/.devdeps/usr/lib/x86_64-linux-gnu
 BUILD=/tmp/tl-device-build B=/tmp/tl-device-build/bin
 if [ "${1:-}" = profile ]; then
-  SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -6
-  # Where scoring's time goes (CUPTI), FP16 and INT8 activations, one 4096-token window and 16-token windows.
-  timeout 60 $B/tinyloop make-model --preset 2b --group-size 0 --out /tmp/2b-row.tinyloop >/dev/null 2>&1
-  for spec in "4096 0 fp16" "4096 0 int8" "1024 16 fp16" "1024 16 int8"; do
-    set -- $spec
-    timeout 90 python3 tools/gpu/score_profile.py $BUILD/lib/libtinyloop.so /tmp/2b-row.tinyloop --tokens $1 \
-      --window $2 --activations $3 --top 8
-  done >"$OUT/score-profile.md" 2>&1
-  grep -E "^tl_score|^\| (FP16|INT8|attention|INT4|dequant)" "$OUT/score-profile.md"
+  BUILD_TARGETS="tinyloop tinyloop_cli w8a8_bench tl_gpu_score_tests" SKIP_CTEST=1 SKIP_SANITIZER=1 SKIP_BENCH=1 \
+    OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -3
   export SECTIONS="SpeedOfLight WarpStateStats SchedulerStats ComputeWorkloadAnalysis InstructionStats LaunchStats
     Occupancy"
   export OUT NCU_TIMEOUT=60
@@ -30,6 +23,15 @@ if [ "${1:-}" = profile ]; then
     $B/w8a8_bench /tmp/w.csv --layer "TinyLoop down" --m 1024
   KERNEL=attention_wgmma_kernel SKIP=3 NAME=attention bash tools/gpu/profile_kernel.sh -- \
     $B/tl_gpu_score_tests --gtest_filter=Kernels.AttentionLong   # check its grid: (16, 32, 1)
+  # Where scoring's time goes (CUPTI), FP16 and INT8 activations, one 4096-token window and 16-token windows.
+  timeout 60 $B/tinyloop make-model --preset 2b --group-size 0 --out /tmp/2b-row.tinyloop >/dev/null 2>&1
+  for spec in "4096 0 fp16" "4096 0 int8" "1024 16 fp16" "1024 16 int8"; do
+    set -- $spec
+    timeout 90 python3 tools/gpu/score_profile.py $BUILD/lib/libtinyloop.so /tmp/2b-row.tinyloop --tokens $1 \
+      --window $2 --activations $3 --top 8
+  done >"$OUT/score-profile.md" 2>&1
+  grep -E "^tl_score|^\| (FP16|INT8|attention|INT4|dequant)" "$OUT/score-profile.md"
+  SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -4   # CTest
   exit 0
 fi
 # The tests of the tensor-core attention kernels (the SIMT ones and Long left out: 15 s of the 45 s cut last time).

@@ -4,7 +4,8 @@
 # again under compute-sanitizer memcheck and racecheck, then the GEMM benchmark. Logs under $OUT.
 #
 #   OUT=/path tools/gpu/device_check.sh     (SKIP_CTEST=1, SKIP_SANITIZER=1, SKIP_BENCH=1, BENCH_ARGS=...,
-#                                       SANITIZER_TOOLS=memcheck, SANITIZE_ONLY=<binary name> to trim)
+#                                       SANITIZER_TOOLS=memcheck, SANITIZE_ONLY=<binary name>,
+#                                       BUILD_TARGETS="target ..." to trim)
 # Build dependencies the GPU image may lack can come in a folder .devdeps at the repository root, laid out like the
 # root file system: the header-only CLI11 and Eigen (.devdeps/usr/include/CLI, .devdeps/usr/include/eigen3,
 # .devdeps/usr/share/eigen3/cmake) and the tokenizers' libraries, Debian's packages unpacked with dpkg -x (libpcre2-dev,
@@ -39,7 +40,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTL_CUDA=ON -DCMAKE_
   -DTL_CAPI_TESTS=OFF ${devdeps[@]+"${devdeps[@]}"} >"$OUT/build.log" 2>&1 || {
   tail -30 "$OUT/build.log"; echo "configure failed"; exit 1; }
 step build
-if ! timeout "${BUILD_TIMEOUT:-360}" cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then
+if ! timeout "${BUILD_TIMEOUT:-360}" cmake --build "$BUILD" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} \
+    >>"$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "build failed"
   exit 1
