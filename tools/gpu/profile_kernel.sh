@@ -33,14 +33,15 @@ ncu_on() {
 }
 if [ "${1:-}" = "--" ]; then
   shift
-  ncu_on --launch-skip "${SKIP:-5}" --launch-count 1 "$@" >"$OUT/ncu-${NAME:-cmd}.txt" 2>&1
+  name=${NAME:-cmd} log=$OUT/ncu-${NAME:-cmd}.txt
+  ncu_on --launch-skip "${SKIP:-5}" --launch-count 1 "$@" >"$log" 2>&1
   rc=$?
   # A filter that matches nothing still exits 0: say so.
-  if grep -q "No kernels were profiled" "$OUT/ncu-${NAME:-cmd}.txt"; then
-    echo "ncu ${NAME:-cmd}: no launch matched KERNEL (the names it saw are in ncu-${NAME:-cmd}.txt)"
+  if grep -q "No kernels were profiled" "$log"; then
+    echo "ncu $name: no launch matched KERNEL (the names it saw are in ncu-$name.txt)"
     exit 1
   fi
-  echo "ncu ${NAME:-cmd}: rc=$rc ($(grep -c . "$OUT/ncu-${NAME:-cmd}.txt") lines)"
+  echo "ncu $name: rc=$rc ($(grep -c . "$log") lines)"
   exit "$rc"
 fi
 for m in ${M//,/ }; do
