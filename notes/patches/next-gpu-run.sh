@@ -37,7 +37,7 @@ fi
 # Everything built (a no-op after a whole profile run; the profile part builds only its targets first).
 SKIP_CTEST=1 SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -3
 # The tests of the tensor-core attention kernels (the SIMT ones and Long left out: 15 s of the 45 s cut last time).
-timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tl_gpu_score_tests \
+timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tl_gpu_score_tests \
   --gtest_filter='Kernels.AttentionTensorCore:Kernels.AttentionGrouped:Kernels.AttentionSegments*' \
   >"$OUT/racecheck-attention.log" 2>&1
 echo "racecheck attention: rc=$?"
@@ -62,11 +62,15 @@ for g in row 128; do
   grep -E '^\|' /tmp/t.md
 done | tee "$OUT/small-m-w4a16.md"
 echo "== before"; bench | tee "$OUT/turns-before.md"
+# The epilogue fold alone (bit for bit against the CPU rule), then the turns on top of it.
+git apply notes/patches/int8-epilogue-fold.patch && cmake --build "$BUILD" -j "$(nproc)" >/dev/null 2>&1 || exit 1
+echo "== fold"; timeout 120 $B/tl_gpu_tests --gtest_filter='Shapes/Int8Gemm*:Int8GemmLauncher.*:QuantizeGroupSums*' |
+  tail -3
 git apply notes/patches/w4a8-grouped-turns.patch && cmake --build "$BUILD" -j "$(nproc)" >/dev/null 2>&1 || exit 1
-timeout 120 $B/tl_gpu_tests --gtest_filter='Shapes/Int8Gemm*:Int8GemmLauncher.*' | tail -3
+echo "== turns"; timeout 120 $B/tl_gpu_tests --gtest_filter='Shapes/Int8Gemm*:Int8GemmLauncher.*' | tail -3
 for tool in synccheck racecheck; do
   timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/tl_gpu_tests --quick \
     --gtest_filter='Shapes/Int8GemmGrouped.*' | grep -E "SUMMARY|PASSED|FAILED"
 done
 echo "== after"; bench | tee "$OUT/turns-after.md"
-git apply -R notes/patches/w4a8-grouped-turns.patch
+git apply -R notes/patches/w4a8-grouped-turns.patch && git apply -R notes/patches/int8-epilogue-fold.patch
