@@ -151,34 +151,6 @@ __device__ __forceinline__ __half scale_out(int32_t d, float s, float z, float s
     return __float2half_rn(__fmul_rn(sx, __fmaf_rn(z, sum, __fmul_rn(s, __int2float_rn(d)))));
 }
 
-// Stores a thread's outputs: rows row0 + 8i + rr (i < ROWS_I, rr < 2) at columns col + 8h (h < 2) of Y, each
-// value(i, rr, h, s_x, sum) of its row's activation scale and (WITH_SUMS) code sum. Those are loaded in batches of 8
-// rows ahead of their stores: the compiler cannot tell them from Y, so a load after a store waits for it, and one row
-// at a time each row paid a load's latency.
-template <int ROWS_I, bool WITH_SUMS, class Value>
-__device__ __forceinline__ void store_rows(const Int8Params &p, int row0, int col, Value value) {
-    __half *y = reinterpret_cast<__half *>(p.y);
-    constexpr int kBatch = 4;  // i per batch: 2 kBatch rows
-#pragma unroll
-    for (int i0 = 0; i0 < ROWS_I; i0 += kBatch) {
-        float sx[2 * kBatch], sum[2 * kBatch];
-#pragma unroll
-        for (int b = 0; b < 2 * kBatch; ++b) {
-            const int row = row0 + 8 * (i0 + b / 2) + b % 2;
-            sx[b] = row < p.m ? p.x_scales[row] : 0.0f;
-            sum[b] = WITH_SUMS && row < p.m && p.x_sums != nullptr ? static_cast<float>(p.x_sums[row]) : 0.0f;
-        }
-#pragma unroll
-        for (int b = 0; b < 2 * kBatch; ++b) {
-            const int i = i0 + b / 2, rr = b % 2, row = row0 + 8 * i + rr;
-            if (row >= p.m) continue;
-            __half *yr = y + static_cast<size_t>(row) * p.n + col;
-            if (col < p.n) yr[0] = value(i, rr, 0, sx[b], sum[b]);
-            if (col + 8 < p.n) yr[8] = value(i, rr, 1, sx[b], sum[b]);
-        }
-    }
-}
-
 // The end of a tile's slices [kt_begin, kt_end) in this block. Thread (warpgroup wg, warp wj, lane) holds weight
 // columns c and c + 8 (c = 64 wg + 16 wj + lane / 4 of the tile) of rows 8i + 2 (lane % 4) + {0, 1}: acc[4i .. 4i + 3]
 // = (r, c), (r + 1, c), (r, c + 8), (r + 1, c + 8). Whole tile: written. Cut, without its last slice: the sums stored
@@ -233,9 +205,28 @@ __device__ __forceinline__ void finish_tile(const Int8Params &p, int32_t (&acc)[
         s[h] = in ? p.w_scales[col + 8 * h] : 0.0f;
         z[h] = in && p.w_zeros != nullptr ? p.w_zeros[col + 8 * h] : 0.0f;
     }
-    store_rows<32, true>(p, row0, col, [&](int i, int rr, int h, float sx, float sum) {
-        return scale_out(acc[4 * i + 2 * h + rr], s[h], z[h], sx, sum);
-    });
+    // The rows' scales and code sums are loaded in batches of 8 rows ahead of their stores: the compiler cannot tell
+    // them from Y, so a load after a store waits for it, and one row at a time each row paid a load's latency.
+    __half *y = reinterpret_cast<__half *>(p.y);
+    constexpr int kBatch = 4;  // i per batch: 2 kBatch rows
+#pragma unroll
+    for (int i0 = 0; i0 < 32; i0 += kBatch) {
+        float sx[2 * kBatch], sum[2 * kBatch];
+#pragma unroll
+        for (int b = 0; b < 2 * kBatch; ++b) {
+            const int row = row0 + 8 * (i0 + b / 2) + b % 2;
+            sx[b] = row < p.m ? p.x_scales[row] : 0.0f;
+            sum[b] = row < p.m && p.x_sums != nullptr ? static_cast<float>(p.x_sums[row]) : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < 2 * kBatch; ++b) {
+            const int i = i0 + b / 2, rr = b % 2, row = row0 + 8 * i + rr;
+            if (row >= p.m) continue;
+            __half *yr = y + static_cast<size_t>(row) * p.n + col;
+            if (col < p.n) yr[0] = scale_out(acc[4 * i + rr], s[0], z[0], sx[b], sum[b]);
+            if (col + 8 < p.n) yr[8] = scale_out(acc[4 * i + 2 + rr], s[1], z[1], sx[b], sum[b]);
+        }
+    }
 }
 
 // A grouped tile's outputs, y = fp16(fl(s_x · acc)): thread (wg, wj, lane) holds acc[4i .. 4i + 3] = (r, c),
@@ -244,10 +235,27 @@ __device__ __forceinline__ void finish_tile(const Int8Params &p, int32_t (&acc)[
 __device__ __forceinline__ void store_grouped_tile(const Int8Params &p, const float (&acc)[64], int tile, int wg,
                                                    int wj, int lane) {
     const int n_tile = tile / p.m_slices, m_slice = tile - n_tile * p.m_slices;
+    const int row0 = m_slice * 128 + 2 * (lane % 4);
     const int col = n_tile * kTileColumns + 64 * wg + 16 * wj + lane / 4;
-    store_rows<16, false>(p, m_slice * 128 + 2 * (lane % 4), col, [&](int i, int rr, int h, float sx, float) {
-        return __float2half_rn(__fmul_rn(sx, acc[4 * i + 2 * h + rr]));
-    });
+    __half *y = reinterpret_cast<__half *>(p.y);
+    constexpr int kBatch = 4;  // as finish_tile: the row scales of 8 rows loaded ahead of their stores
+#pragma unroll
+    for (int i0 = 0; i0 < 16; i0 += kBatch) {
+        float sx[2 * kBatch];
+#pragma unroll
+        for (int b = 0; b < 2 * kBatch; ++b) {
+            const int row = row0 + 8 * (i0 + b / 2) + b % 2;
+            sx[b] = row < p.m ? p.x_scales[row] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < 2 * kBatch; ++b) {
+            const int i = i0 + b / 2, rr = b % 2, row = row0 + 8 * i + rr;
+            if (row >= p.m) continue;
+            __half *yr = y + static_cast<size_t>(row) * p.n + col;
+            if (col < p.n) yr[0] = __float2half_rn(__fmul_rn(sx[b], acc[4 * i + rr]));
+            if (col + 8 < p.n) yr[8] = __float2half_rn(__fmul_rn(sx[b], acc[4 * i + 2 + rr]));
+        }
+    }
 }
 
 // The consumers of grouped INT4 weights: whole tiles, each group's k32 steps into INT32 sums that start from

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The next GPU command (one device call, about 6 minutes; from the repository root with .devdeps carried, OUT set):
-# applies the two compiled-only patches beside this script, builds, runs CTest, the attention timings with SDPA beside
-# them, the INT8 scoring breakdown, and memcheck / racecheck on the changed kernels' tests. Land each patch whose
-# tests pass: swiglu-int8-held.patch (expected: swiglu_int8_kernel 1.54 -> ~0.5 ms per 4096-token call of the 2B
+# applies the three patches beside this script, builds, runs CTest, the attention timings with SDPA beside them, the
+# INT8 scoring breakdown, and memcheck / racecheck on the changed kernels' tests. Land each patch whose tests pass:
+# int8-epilogue-fold.patch (finish_tile and store_grouped_tile through one store_rows helper; its own GPU tests
+# passed bit for bit, gpu.int8_gemm in CTest is what it still needs), swiglu-int8-held.patch (expected: swiglu_int8_kernel 1.54 -> ~0.5 ms per 4096-token call of the 2B
 # model, INT8 scoring ~10%), attention-hd64-three-consumers.patch (hd 64 on 192-query tiles where they fill the SMs;
 # AttentionTensorCoreManyHeads and the 16-head segments exercise that form).
 set -u
 export PATH=/usr/local/cuda/bin:$PATH LD_LIBRARY_PATH=$PWD/.devdeps/usr/lib/x86_64-linux-gnu
 BUILD=/tmp/tl-device-build B=/tmp/tl-device-build/bin
-git apply notes/patches/swiglu-int8-held.patch notes/patches/attention-hd64-three-consumers.patch || exit 1
+patches="notes/patches/int8-epilogue-fold.patch notes/patches/swiglu-int8-held.patch
+  notes/patches/attention-hd64-three-consumers.patch"
+git apply $patches || exit 1
 SKIP_SANITIZER=1 SKIP_BENCH=1 OUT=$OUT bash tools/gpu/device_check.sh 2>&1 | tail -6
 echo "== attention $(date +%T)"
 timeout 60 $B/tl_gpu_score_tests --gtest_filter='Kernels.AttentionLong:Kernels.AttentionTensorCoreManyHeads' \
@@ -34,4 +37,4 @@ echo "memcheck rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tai
 timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tl_gpu_score_tests \
   --gtest_filter='Kernels.AttentionSegments*:Kernels.SwigluInt8*' >"$OUT/racecheck.log" 2>&1
 echo "racecheck rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$OUT/racecheck.log" | tail -3
-git apply -R notes/patches/attention-hd64-three-consumers.patch notes/patches/swiglu-int8-held.patch
+git apply -R $patches

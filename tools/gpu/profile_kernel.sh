@@ -33,7 +33,8 @@ ncu_on() {
 }
 if [ "${1:-}" = "--" ]; then
   shift
-  name=${NAME:-cmd} log=$OUT/ncu-${NAME:-cmd}.txt
+  name=${NAME:-cmd}
+  log=$OUT/ncu-$name.txt
   ncu_on --launch-skip "${SKIP:-5}" --launch-count 1 "$@" >"$log" 2>&1
   rc=$?
   # A filter that matches nothing still exits 0: say so.
